@@ -1,0 +1,289 @@
+"""Concurrency harness shared by the tests and the benchmarks.
+
+Workers are separate processes (spawned), each with its own connection, released together by
+a barrier. Three ways to do the same work are measured side by side:
+
+* ``project``/``project_batch``: the connector's own Router (per lead, or batched);
+* ``raw``: the same statements sent straight through psycopg, no SQLAlchemy, no Python layer:
+  the ceiling the project is compared against;
+* ``naive``: **DELIBERATELY WRONG, kept to prove the tests can fail.** It picks the rep with
+  ``ORDER BY assigned_in_epoch LIMIT 1 FOR UPDATE``, the "lock the least-loaded rep" recipe
+  from the seed article. At READ COMMITTED a waiter re-checks the row it waited for but does
+  not re-sort, so concurrent transactions hand several leads to the same rep.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from sqlalchemy import Engine, text
+
+import db
+from connector.config import parse_config
+from connector.routing import Lead, Router
+from connector.store import make_engine
+
+MODES = ("project", "project_batch", "raw", "naive")
+
+
+def team_yaml(reps: int, weights: list[int] | None = None, org: str = "bench") -> str:
+    weights = weights or [1] * reps
+    members = "\n".join(
+        f'      - {{crm_user_id: "005{i:015d}", name: "Rep {i}", weight: {w}}}'
+        for i, w in enumerate(weights)
+    )
+    return f"""
+org: {org}
+crm:
+  kind: salesforce
+  instance_url: https://bench.my.salesforce.com
+  auth: {{method: session, access_token: "${{BENCH_TOKEN}}"}}
+  object: Lead
+teams:
+  - name: team
+    members:
+{members}
+rules:
+  - {{team: team}}
+"""
+
+
+ENV = {"BENCH_TOKEN": "unused"}
+
+
+@dataclass(frozen=True)
+class Job:
+    mode: str
+    db_url: str
+    yaml: str
+    ids: list[str]
+    batch: int = 1
+
+
+def _libpq_url(sqlalchemy_url: str) -> str:
+    return sqlalchemy_url.replace("postgresql+psycopg://", "postgresql://", 1)
+
+
+def _naive_assign(conn: psycopg.Connection[Any], org: str, crm_id: str) -> None:
+    """THE NAIVE ROTATION (wrong on purpose): least-loaded rep, locked, never re-sorted."""
+    q = db.queries("routing")
+    with conn.transaction():
+        row = conn.execute(
+            "INSERT INTO leads (org, crm_object, crm_id, fields, source) "
+            "VALUES (%s, 'Lead', %s, '{}', 'api') ON CONFLICT DO NOTHING RETURNING id",
+            (org, crm_id),
+        ).fetchone()
+        if row is None:
+            return
+        team_id, epoch = conn.execute(
+            "SELECT id, epoch FROM teams WHERE org = %s AND name = 'team'", (org,)
+        ).fetchone()
+        member_id = conn.execute(
+            "SELECT id FROM members WHERE team_id = %s AND active "
+            "ORDER BY assigned_in_epoch, position LIMIT 1 FOR UPDATE",
+            (team_id,),
+        ).fetchone()[0]
+        conn.execute(
+            _psycopg_sql(q["record_assignments"]),
+            {
+                "org": org,
+                "team_id": team_id,
+                "epoch": epoch,
+                "source": "api",
+                "lead_ids": [row[0]],
+                "member_ids": [member_id],
+                "rule_indexes": [0],
+                "rule_names": ["rule 0: default"],
+            },
+        )
+
+
+def _psycopg_sql(sql: str) -> str:
+    """Named SQL uses :name binds (SQLAlchemy); psycopg wants %(name)s."""
+    import re
+
+    return re.sub(r"(?<![:\w]):([a-z_]+)\b(?!:)", r"%(\1)s", sql)
+
+
+class RawRouter:
+    """The ceiling: the project's statements, prepared, straight through psycopg."""
+
+    def __init__(self, conn: psycopg.Connection[Any], org: str) -> None:
+        q = db.queries("routing")
+        self.conn, self.org = conn, org
+        self.sql = {k: _psycopg_sql(v) for k, v in q.items()}
+
+    def assign(self, crm_id: str) -> None:
+        s, c = self.sql, self.conn
+        with c.transaction():
+            rows = c.execute(
+                s["insert_leads"],
+                {
+                    "org": self.org,
+                    "crm_object": "Lead",
+                    "source": "api",
+                    "crm_ids": [crm_id],
+                    "fields": ["{}"],
+                    "parent_ids": [None],
+                },
+                prepare=True,
+            ).fetchall()
+            if not rows:
+                return
+            team_id, epoch = c.execute(
+                s["lock_team"], {"org": self.org, "name": "team"}, prepare=True
+            ).fetchone()
+            seats = c.execute(s["active_seats"], {"team_id": team_id}, prepare=True).fetchall()
+            # minimal pick: equal-weight round robin (least count, then position)
+            member_id = min(seats, key=lambda r: (r[2], r[3]))[0]
+            c.execute(
+                s["record_assignments"],
+                {
+                    "org": self.org,
+                    "team_id": team_id,
+                    "epoch": epoch,
+                    "source": "api",
+                    "lead_ids": [rows[0][0]],
+                    "member_ids": [member_id],
+                    "rule_indexes": [0],
+                    "rule_names": ["rule 0: default"],
+                },
+                prepare=True,
+            )
+
+
+def worker(job: Job, barrier: Any, out: Any) -> None:
+    """Run one worker's share; report (latencies in seconds, error text or None)."""
+    latencies: list[float] = []
+    try:
+        cfg = parse_config(job.yaml, "bench.yaml", ENV)
+        if job.mode in ("project", "project_batch"):
+            engine = make_engine(job.db_url, pool_size=1)
+            router = Router(engine, cfg)
+            with engine.connect():
+                pass
+            barrier.wait()
+            step = job.batch if job.mode == "project_batch" else 1
+            for i in range(0, len(job.ids), step):
+                chunk = job.ids[i : i + step]
+                t0 = time.perf_counter()
+                if step == 1:
+                    router.assign(Lead(chunk[0], {}), "api")
+                else:
+                    router.assign_many([Lead(x, {}) for x in chunk], "import")
+                latencies.append(time.perf_counter() - t0)
+            engine.dispose()
+        else:
+            with psycopg.connect(_libpq_url(job.db_url)) as conn:
+                raw = RawRouter(conn, cfg.org)
+                barrier.wait()
+                for crm_id in job.ids:
+                    t0 = time.perf_counter()
+                    if job.mode == "raw":
+                        raw.assign(crm_id)
+                    else:
+                        _naive_assign(conn, cfg.org, crm_id)
+                    latencies.append(time.perf_counter() - t0)
+        out.put((latencies, None))
+    except Exception as exc:  # reported to the parent, which fails loudly
+        out.put((latencies, f"{type(exc).__name__}: {exc}"))
+
+
+@dataclass(frozen=True)
+class RunResult:
+    mode: str
+    workers: int
+    leads: int
+    seconds: float
+    latencies: list[float]
+    errors: list[str]
+
+    @property
+    def leads_per_s(self) -> float:
+        return self.leads / self.seconds if self.seconds else 0.0
+
+    def percentile(self, p: float) -> float:
+        if not self.latencies:
+            return 0.0
+        xs = sorted(self.latencies)
+        return xs[min(len(xs) - 1, int(p / 100 * len(xs)))]
+
+
+def run(
+    mode: str, db_url: str, yaml_text: str, ids: list[str], workers: int, batch: int = 1
+) -> RunResult:
+    """Split ``ids`` over ``workers`` processes and run them at once."""
+    ctx = mp.get_context("spawn")
+    barrier = ctx.Barrier(workers + 1)
+    out = ctx.Queue()
+    shares = [ids[i::workers] for i in range(workers)]
+    procs = [
+        ctx.Process(target=worker, args=(Job(mode, db_url, yaml_text, s, batch), barrier, out))
+        for s in shares
+    ]
+    for p in procs:
+        p.start()
+    barrier.wait(timeout=300)
+    t0 = time.perf_counter()
+    results = [out.get(timeout=900) for _ in procs]
+    seconds = time.perf_counter() - t0
+    for p in procs:
+        p.join(timeout=60)
+    lat = [x for r in results for x in r[0]]
+    errs = [r[1] for r in results if r[1]]
+    return RunResult(mode, workers, len(ids), seconds, lat, errs)
+
+
+def fairness(engine: Engine, org: str) -> dict[str, Any]:
+    """Check the guarantee in SQL: spread, weighted lag, double owners, outbox rows."""
+    with engine.connect() as conn:
+        counts = conn.execute(
+            text(
+                "SELECT m.weight, count(a.id) FROM members m JOIN teams t ON t.id = m.team_id "
+                "LEFT JOIN assignments a ON a.member_id = m.id "
+                "WHERE t.org = :org AND m.active GROUP BY m.id, m.weight ORDER BY m.id"
+            ),
+            {"org": org},
+        ).all()
+        leads = conn.execute(
+            text("SELECT count(*) FROM leads WHERE org = :org"), {"org": org}
+        ).scalar_one()
+        assigned = conn.execute(
+            text("SELECT count(DISTINCT lead_id) FROM assignments WHERE org = :org"), {"org": org}
+        ).scalar_one()
+        multi = conn.execute(
+            text(
+                "SELECT count(*) FROM (SELECT lead_id FROM assignments WHERE org = :org "
+                "GROUP BY lead_id HAVING count(*) > 1) x"
+            ),
+            {"org": org},
+        ).scalar_one()
+        outbox = conn.execute(
+            text("SELECT count(*), count(DISTINCT lead_id) FROM outbox WHERE org = :org"),
+            {"org": org},
+        ).one()
+    weights = [w for w, _ in counts]
+    ns = [n for _, n in counts]
+    total_w, n = sum(weights), sum(ns)
+    lag = max(
+        (abs(c * total_w - n * w) / total_w for w, c in zip(weights, ns, strict=True)), default=0.0
+    )
+    return {
+        "leads": leads,
+        "assigned": assigned,
+        "counts": ns,
+        "spread": (max(ns) - min(ns)) if ns else 0,
+        "max_lag": lag,
+        "double_owners": multi,
+        "outbox_rows": outbox[0],
+        "outbox_leads": outbox[1],
+    }
+
+
+def as_json(obj: Any) -> str:
+    return json.dumps(obj, indent=2, sort_keys=True)

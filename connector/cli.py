@@ -1,0 +1,186 @@
+"""The `connector` command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from sqlalchemy import Engine
+from sqlalchemy.exc import DBAPIError
+
+from connector import __version__
+from connector.config import (
+    ConfigError,
+    OrgConfig,
+    all_orgs,
+    config_path_from,
+    load_configs,
+    pick_org,
+)
+
+log = logging.getLogger("connector")
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_REJECTED = 0, 1, 2, 3
+
+
+def _configs(args: argparse.Namespace) -> dict[str, OrgConfig]:
+    return load_configs(config_path_from(args.config))
+
+
+def open_database(configs: Sequence[OrgConfig], migrate_now: bool | None = None) -> Engine:
+    """Engine for the configured (or embedded) database, migrated and with teams applied.
+
+    Commands migrate on start unless CONNECTOR_AUTO_MIGRATE=0; then pending migrations are
+    an error that tells the operator to run `connector migrate`.
+    """
+    from connector.store import database_url, make_engine, migrate, pending_migrations
+    from connector.teams import apply_teams
+
+    engine = make_engine(database_url(configs))
+    if migrate_now is None:
+        migrate_now = os.environ.get("CONNECTOR_AUTO_MIGRATE", "1") != "0"
+    if migrate_now:
+        migrate(engine)
+    else:
+        pending = pending_migrations(engine)
+        if pending:
+            raise ConfigError(
+                f"database schema is behind (pending migrations {pending}): run `connector migrate`"
+            )
+    for cfg in configs:
+        apply_teams(engine, cfg)
+    return engine
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    from connector.store import database_url, make_engine, migrate
+    from connector.teams import apply_teams
+
+    configs = (
+        list(all_orgs(_configs(args)))
+        if (args.config or os.environ.get("CONNECTOR_CONFIG"))
+        else []
+    )
+    engine = make_engine(database_url(configs))
+    applied = migrate(engine)
+    print(f"migrations applied: {applied or 'none (up to date)'}")
+    for cfg in configs:
+        changes = apply_teams(engine, cfg)
+        restarted = [c.team for c in changes if c.epoch_restarted]
+        print(
+            f"org {cfg.org}: {len(cfg.teams)} teams applied"
+            + (f"; new rotation epoch for {', '.join(restarted)}" if restarted else "")
+        )
+    return EXIT_OK
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    configs = _configs(args)
+    for cfg in all_orgs(configs):
+        members = sum(len(t.members) for t in cfg.teams)
+        active = sum(1 for t in cfg.teams for m in t.members if m.active)
+        default = any(r.when is None for r in cfg.rules)
+        print(
+            f"org {cfg.org}: {cfg.crm.kind} {cfg.crm.object}, {len(cfg.teams)} teams, "
+            f"{members} members ({active} active), {len(cfg.rules)} rules"
+            + ("" if default else " (no default rule: unmatched leads stay unassigned)")
+        )
+    return EXIT_OK
+
+
+def cmd_ingest(args: argparse.Namespace) -> int:
+    from connector.importer import detect_format, ingest_file
+    from connector.routing import Router
+
+    cfg = pick_org(_configs(args), args.org)
+    path = Path(args.file)
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such file")
+    fmt = args.format or detect_format(path)
+    id_field = args.id_field or ("Id" if cfg.crm.kind == "salesforce" else "id")
+    engine = open_database([cfg])
+    summary = ingest_file(Router(engine, cfg), path, fmt, id_field, batch_size=args.batch_size)
+    for r in summary.rejected:
+        print(f"{path}:{r.line}: rejected: {r.reason}", file=sys.stderr)
+    s = summary.as_dict()
+    print(
+        f"{path}: {s['new']} new ({s['assigned']} assigned, {s['unassigned']} unassigned), "
+        f"{s['duplicate']} duplicate, {s['rejected']} rejected"
+    )
+    return EXIT_REJECTED if summary.rejected else EXIT_OK
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from connector.status import format_status, org_status
+
+    cfg = pick_org(_configs(args), args.org)
+    status = org_status(open_database([cfg]), cfg)
+    print(json.dumps(status, indent=2) if args.json else format_status(status))
+    return EXIT_OK
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from connector.demo import run_demo
+
+    return run_demo(workers=args.workers, leads=args.leads)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="connector", description=__doc__)
+    p.add_argument("--version", action="version", version=f"connector {__version__}")
+    p.add_argument("--config", help="org YAML file or folder of them (default $CONNECTOR_CONFIG)")
+    p.add_argument("--log-level", default=os.environ.get("CONNECTOR_LOG_LEVEL", "WARNING"))
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("migrate", help="apply schema migrations and the configured teams")
+    s.set_defaults(func=cmd_migrate)
+    s = sub.add_parser("check-config", help="validate the org configs")
+    s.set_defaults(func=cmd_check_config)
+    s = sub.add_parser("ingest", help="import leads from a JSON lines or CSV file")
+    s.add_argument("--org")
+    s.add_argument("--format", choices=["jsonl", "csv"])
+    s.add_argument("--id-field", help="column holding the CRM id (Salesforce Id, HubSpot id)")
+    s.add_argument("--batch-size", type=int, default=500)
+    s.add_argument("file")
+    s.set_defaults(func=cmd_ingest)
+    s = sub.add_parser("status", help="leads, per-rep counts and outbox for one org")
+    s.add_argument("--org")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_status)
+    s = sub.add_parser("demo", help="a burst of concurrent leads on the embedded Postgres")
+    s.add_argument("--workers", type=int, default=8)
+    s.add_argument("--leads", type=int, default=2000)
+    s.set_defaults(func=cmd_demo)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+    try:
+        code: int = args.func(args)
+        return code
+    except ConfigError as exc:
+        print(f"connector: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except ValueError as exc:
+        print(f"connector: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except DBAPIError as exc:
+        print(f"connector: database error: {exc.orig or exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

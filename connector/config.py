@@ -1,0 +1,303 @@
+"""Org configuration: one YAML file per CRM org, validated into typed models.
+
+Secrets never live in the file: a value may be written as ``${ENV_NAME}`` and is resolved from
+the environment when the file is loaded. Errors name the file, the key path and the problem.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+ORG_NAME = r"^[a-z0-9][a-z0-9_-]{0,62}$"
+
+
+class ConfigError(Exception):
+    """A configuration file is missing, unreadable or invalid; the message says where and why."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Member(_Model):
+    crm_user_id: Annotated[str, Field(min_length=1, max_length=64)]
+    name: Annotated[str, Field(min_length=1, max_length=200)]
+    weight: Annotated[int, Field(ge=1, le=1000)] = 1
+    active: bool = True
+
+
+class Team(_Model):
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")]
+    members: Annotated[list[Member], Field(min_length=1)]
+
+    @field_validator("members")
+    @classmethod
+    def _unique_members(cls, members: list[Member]) -> list[Member]:
+        seen: set[str] = set()
+        for m in members:
+            if m.crm_user_id in seen:
+                raise ValueError(f"crm_user_id {m.crm_user_id!r} is listed twice")
+            seen.add(m.crm_user_id)
+        return members
+
+
+FieldValues = str | int | float | bool | list[str | int | float | bool]
+
+
+class Rule(_Model):
+    """Route to ``team`` when every field in ``when`` equals one of its values; no ``when``
+    matches everything (the default rule)."""
+
+    team: str
+    when: dict[str, FieldValues] | None = None
+    name: str | None = None
+
+    @field_validator("when")
+    @classmethod
+    def _non_empty(cls, when: dict[str, FieldValues] | None) -> dict[str, FieldValues] | None:
+        if when is not None and not when:
+            raise ValueError("`when` must name at least one field; omit it for a default rule")
+        if when:
+            for key, value in when.items():
+                if isinstance(value, list) and not value:
+                    raise ValueError(f"`when.{key}` lists no values")
+        return when
+
+
+class SalesforceAuth(_Model):
+    method: Literal["client_credentials", "jwt", "password", "session"]
+    client_id: SecretStr | None = None
+    client_secret: SecretStr | None = None
+    username: str | None = None
+    password: SecretStr | None = None
+    security_token: SecretStr | None = None
+    private_key: SecretStr | None = None
+    private_key_file: str | None = None
+    access_token: SecretStr | None = None
+
+    @model_validator(mode="after")
+    def _required_for_method(self) -> SalesforceAuth:
+        needs: dict[str, tuple[str, ...]] = {
+            "client_credentials": ("client_id", "client_secret"),
+            "jwt": ("client_id", "username"),
+            "password": ("username", "password"),
+            "session": ("access_token",),
+        }
+        missing = [k for k in needs[self.method] if getattr(self, k) in (None, "")]
+        if missing:
+            raise ValueError(f"auth method {self.method!r} needs {', '.join(missing)}")
+        if self.method == "jwt" and not (self.private_key or self.private_key_file):
+            raise ValueError("auth method 'jwt' needs private_key or private_key_file")
+        return self
+
+
+class HubSpotAuth(_Model):
+    method: Literal["private_app"] = "private_app"
+    access_token: SecretStr
+
+
+class SalesforceCrm(_Model):
+    kind: Literal["salesforce"]
+    instance_url: Annotated[str, Field(pattern=r"^https?://[^\s/]+(:\d+)?/?$")]
+    auth: SalesforceAuth
+    object: Literal["Lead", "Contact"] = "Lead"
+    parent_field: str | None = None
+    organization_id: str | None = None
+    api_version: Annotated[str, Field(pattern=r"^\d+\.\d$")] = "62.0"
+
+    @property
+    def parent_key(self) -> str | None:
+        """The field that names the record's parent Account (Contact: AccountId)."""
+        if self.parent_field:
+            return self.parent_field
+        return "AccountId" if self.object == "Contact" else None
+
+
+class HubSpotCrm(_Model):
+    kind: Literal["hubspot"]
+    base_url: Annotated[str, Field(pattern=r"^https?://[^\s/]+(:\d+)?/?$")] = (
+        "https://api.hubapi.com"
+    )
+    auth: HubSpotAuth
+    object: Literal["contacts", "leads"] = "contacts"
+    parent_field: str | None = None
+    limit_per_10s: Annotated[int, Field(ge=1, le=1000)] = 100
+
+    @property
+    def parent_key(self) -> str | None:
+        return self.parent_field
+
+
+class OrgConfig(_Model):
+    org: Annotated[str, Field(pattern=ORG_NAME)]
+    crm: Annotated[SalesforceCrm | HubSpotCrm, Field(discriminator="kind")]
+    database_url: SecretStr | None = None
+    teams: Annotated[list[Team], Field(min_length=1)]
+    rules: Annotated[list[Rule], Field(min_length=1)]
+
+    @model_validator(mode="after")
+    def _rules_name_teams(self) -> OrgConfig:
+        names = [t.name for t in self.teams]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"team names must be unique: {', '.join(dupes)}")
+        for i, rule in enumerate(self.rules):
+            if rule.team not in names:
+                raise ValueError(f"rules[{i}] routes to unknown team {rule.team!r}")
+        return self
+
+    @property
+    def crm_object(self) -> str:
+        return self.crm.object
+
+    def team(self, name: str) -> Team:
+        for t in self.teams:
+            if t.name == name:
+                return t
+        raise KeyError(name)
+
+
+def _resolve_env(value: Any, env: Mapping[str, str], path: str, missing: list[str]) -> Any:
+    if isinstance(value, str):
+
+        def sub(m: re.Match[str]) -> str:
+            name = m.group(1)
+            if name not in env:
+                missing.append(f"{path}: environment variable {name} is not set")
+                return ""
+            return env[name]
+
+        return ENV_REF.sub(sub, value)
+    if isinstance(value, dict):
+        return {
+            k: _resolve_env(v, env, f"{path}.{k}" if path else str(k), missing)
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [_resolve_env(v, env, f"{path}[{i}]", missing) for i, v in enumerate(value)]
+    return value
+
+
+_SECRET_KEYS = {"client_secret", "password", "security_token", "private_key", "access_token"}
+
+
+def _literal_secrets(value: Any, path: str = "") -> list[str]:
+    """Key paths of secrets written into the file itself instead of as ${ENV} references."""
+    found: list[str] = []
+    if isinstance(value, dict):
+        for k, v in value.items():
+            sub = f"{path}.{k}" if path else str(k)
+            if k in _SECRET_KEYS and isinstance(v, str) and v and not ENV_REF.fullmatch(v.strip()):
+                found.append(sub)
+            else:
+                found.extend(_literal_secrets(v, sub))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            found.extend(_literal_secrets(v, f"{path}[{i}]"))
+    return found
+
+
+def _format_validation(source: str, err: ValidationError) -> str:
+    lines = [f"{source}: invalid configuration"]
+    for e in err.errors():
+        loc = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in e["loc"])
+        loc = loc.replace(".[", "[")
+        msg = e["msg"].removeprefix("Value error, ")
+        lines.append(f"  {loc or '(top level)'}: {msg}")
+    return "\n".join(lines)
+
+
+def parse_config(
+    text: str, source: str = "<string>", env: Mapping[str, str] | None = None
+) -> OrgConfig:
+    """Parse one org's YAML text; ``source`` names it in error messages."""
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or "not valid YAML"
+        raise ConfigError(f"{source}: {problem}{where}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: expected a mapping at the top level")
+    literal = _literal_secrets(raw)
+    if literal:
+        raise ConfigError(
+            f"{source}: secrets must be ${{ENV_NAME}} references, not literal values: "
+            + ", ".join(literal)
+        )
+    missing: list[str] = []
+    resolved = _resolve_env(raw, os.environ if env is None else env, "", missing)
+    if missing:
+        raise ConfigError(f"{source}: " + "; ".join(missing))
+    try:
+        return OrgConfig.model_validate(resolved)
+    except ValidationError as exc:
+        raise ConfigError(_format_validation(source, exc)) from None
+
+
+def _config_files(path: Path) -> list[Path]:
+    if path.is_dir():
+        files = sorted(p for p in path.iterdir() if p.suffix in (".yaml", ".yml") and p.is_file())
+        if not files:
+            raise ConfigError(f"{path}: folder holds no .yaml or .yml file")
+        return files
+    if path.is_file():
+        return [path]
+    raise ConfigError(f"{path}: no such file or folder")
+
+
+def load_configs(path: str | Path, env: Mapping[str, str] | None = None) -> dict[str, OrgConfig]:
+    """Load a YAML file or every YAML file in a folder, keyed by org name."""
+    configs: dict[str, OrgConfig] = {}
+    for file in _config_files(Path(path)):
+        try:
+            text = file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{file}: cannot read: {exc}") from None
+        cfg = parse_config(text, str(file), env)
+        if cfg.org in configs:
+            raise ConfigError(f"{file}: org {cfg.org!r} is already defined by another file")
+        configs[cfg.org] = cfg
+    return configs
+
+
+def config_path_from(arg: str | None, env: Mapping[str, str] | None = None) -> str:
+    """The --config argument, else $CONNECTOR_CONFIG; a clear error when neither is set."""
+    value = arg or (os.environ if env is None else env).get("CONNECTOR_CONFIG")
+    if not value:
+        raise ConfigError("no configuration: pass --config FILE_OR_FOLDER or set CONNECTOR_CONFIG")
+    return value
+
+
+def pick_org(configs: Mapping[str, OrgConfig], org: str | None) -> OrgConfig:
+    if org is None:
+        if len(configs) == 1:
+            return next(iter(configs.values()))
+        raise ConfigError(f"several orgs configured ({', '.join(sorted(configs))}): pass --org")
+    try:
+        return configs[org]
+    except KeyError:
+        raise ConfigError(
+            f"org {org!r} is not configured (known: {', '.join(sorted(configs))})"
+        ) from None
+
+
+def all_orgs(configs: Mapping[str, OrgConfig]) -> Iterable[OrgConfig]:
+    return (configs[k] for k in sorted(configs))

@@ -1,0 +1,185 @@
+"""File import: JSON lines or CSV with a header, one lead per line.
+
+Parsing is pure and reports every bad row with its line number; good rows are still
+ingested, in batches, through the same assignment code as every other input.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import sys
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, TextIO
+
+from connector.routing import Lead, LeadError, Outcome, Router, validate_lead
+
+Format = Literal["jsonl", "csv"]
+
+
+@dataclass(frozen=True)
+class Rejected:
+    line: int
+    reason: str
+
+
+@dataclass
+class Summary:
+    new: int = 0
+    assigned: int = 0
+    unassigned: int = 0
+    duplicate: int = 0
+    rejected: list[Rejected] = field(default_factory=list)
+
+    def add(self, outcome: Outcome) -> None:
+        if outcome.status == "duplicate":
+            self.duplicate += 1
+            return
+        self.new += 1
+        if outcome.status == "assigned":
+            self.assigned += 1
+        else:
+            self.unassigned += 1
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "new": self.new,
+            "assigned": self.assigned,
+            "unassigned": self.unassigned,
+            "duplicate": self.duplicate,
+            "rejected": len(self.rejected),
+        }
+
+
+def detect_format(path: Path) -> Format:
+    suffix = path.suffix.lower()
+    if suffix in (".jsonl", ".ndjson", ".json"):
+        return "jsonl"
+    if suffix == ".csv":
+        return "csv"
+    raise ValueError(f"{path}: cannot tell the format from the name; pass --format jsonl|csv")
+
+
+def parse_jsonl(lines: Iterable[str], id_field: str) -> Iterator[tuple[int, Lead | Rejected]]:
+    """Yield (line number, lead or rejection) for each non-blank line."""
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            yield number, Rejected(number, f"not valid JSON ({exc.msg})")
+            continue
+        if not isinstance(obj, dict):
+            yield number, Rejected(number, "expected a JSON object")
+            continue
+        yield number, _to_lead(number, obj, id_field)
+
+
+def parse_csv(stream: TextIO, id_field: str) -> Iterator[tuple[int, Lead | Rejected]]:
+    """Yield (line number, lead or rejection) for each data row; empty cells are missing."""
+    reader = csv.reader(stream)
+    try:
+        header = next(reader)
+    except StopIteration:
+        return
+    except csv.Error as exc:
+        yield 1, Rejected(1, f"bad CSV header ({exc})")
+        return
+    header = [h.strip().lstrip("\ufeff") for h in header]
+    if id_field not in header:
+        yield 1, Rejected(1, f"header has no {id_field!r} column")
+        return
+    while True:
+        line = reader.line_num + 1
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as exc:
+            yield line, Rejected(line, f"bad CSV row ({exc})")
+            continue
+        if not any(cell.strip() for cell in row):
+            continue
+        if len(row) != len(header):
+            yield line, Rejected(line, f"expected {len(header)} cells, found {len(row)}")
+            continue
+        obj = {k: (v if v.strip() else None) for k, v in zip(header, row, strict=True)}
+        yield line, _to_lead(line, obj, id_field)
+
+
+def _to_lead(line: int, obj: Mapping[str, object], id_field: str) -> Lead | Rejected:
+    try:
+        return validate_lead(obj.get(id_field), obj)
+    except LeadError as exc:
+        reason = (
+            f"{exc.reason} (column {id_field!r})" if exc.reason == "missing CRM id" else exc.reason
+        )
+        return Rejected(line, reason)
+
+
+def read_file(path: Path, fmt: Format, id_field: str) -> Iterator[tuple[int, Lead | Rejected]]:
+    raw = path.read_bytes()
+    try:
+        body = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    if fmt == "jsonl":
+        return parse_jsonl(body.splitlines(), id_field)
+    return parse_csv(io.StringIO(body, newline=""), id_field)
+
+
+class Progress:
+    """A one-line progress bar on a terminal; silent when stderr is not a terminal."""
+
+    def __init__(self, total: int, stream: TextIO | None = None) -> None:
+        self.total = max(total, 1)
+        self.stream = stream or sys.stderr
+        self.enabled = self.stream.isatty()
+        self.done = 0
+
+    def advance(self, n: int) -> None:
+        self.done += n
+        if self.enabled:
+            width = 30
+            filled = int(width * self.done / self.total)
+            self.stream.write(
+                f"\r[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total}"
+            )
+            self.stream.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            self.stream.write("\n")
+
+
+def ingest_file(
+    router: Router, path: Path, fmt: Format, id_field: str, batch_size: int = 500
+) -> Summary:
+    """Ingest every good row of ``path``; rejections are collected with line numbers."""
+    summary = Summary()
+    rows = list(read_file(path, fmt, id_field))
+    progress = Progress(len(rows))
+    batch: list[Lead] = []
+
+    def flush() -> None:
+        for outcome in router.assign_many(batch, "import"):
+            summary.add(outcome)
+        progress.advance(len(batch))
+        batch.clear()
+
+    for _, item in rows:
+        if isinstance(item, Rejected):
+            summary.rejected.append(item)
+            progress.advance(1)
+            continue
+        batch.append(item)
+        if len(batch) >= batch_size:
+            flush()
+    if batch:
+        flush()
+    progress.close()
+    return summary

@@ -1,0 +1,230 @@
+"""Assignment: the one code path every input (webhook, poll, import) goes through.
+
+``Router.assign_in(conn, leads, source)`` runs inside the caller's transaction, so a webhook
+can acknowledge only after its commit. In that transaction it inserts the leads (unique per
+org, object and CRM id: a repeat changes nothing and reports the existing owner), matches the
+rules, locks each team row it routes to (teams in name order, so two batches never deadlock),
+reads the active seats with a fresh snapshot, picks owners with the rotation in
+``connector.rotation``, and records the assignments, the members' counts and one outbox row
+per assignment in a single statement. The team row lock is what serialises a team's
+rotation across any number of processes; it is held only for two statements and the commit,
+and never while a CRM is called.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from sqlalchemy import Connection, Engine, TextClause, text
+
+import db
+from connector.config import OrgConfig
+from connector.rotation import Seat, next_owners
+from connector.rules import Match, compile_rules, match
+
+log = logging.getLogger(__name__)
+
+SOURCES = ("salesforce_outbound", "hubspot_webhook", "poll", "import", "api")
+MAX_ID_LENGTH = 64
+MAX_FIELDS_BYTES = 64 * 1024
+
+_SQL: dict[str, TextClause] = {k: text(v) for k, v in db.queries("routing").items()}
+
+Status = Literal["assigned", "duplicate", "unassigned"]
+
+
+class LeadError(ValueError):
+    """A lead that cannot be stored; ``reason`` is short and safe to log (no field values)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Lead:
+    crm_id: str
+    fields: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    crm_id: str
+    status: Status
+    team: str | None = None
+    owner_id: str | None = None
+    owner_name: str | None = None
+    reason: str | None = None
+
+
+def _has_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, Mapping):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_nul(v) for v in value)
+    return False
+
+
+def validate_lead(crm_id: object, fields: object) -> Lead:
+    """Check one lead's shape before anything is stored; raise LeadError saying why not."""
+    if isinstance(crm_id, int) and not isinstance(crm_id, bool):
+        crm_id = str(crm_id)
+    if not isinstance(crm_id, str) or not crm_id.strip():
+        raise LeadError("missing CRM id")
+    crm_id = crm_id.strip()
+    if len(crm_id) > MAX_ID_LENGTH:
+        raise LeadError(f"CRM id longer than {MAX_ID_LENGTH} characters")
+    if not crm_id.isprintable():
+        raise LeadError("CRM id contains control characters")
+    if not isinstance(fields, Mapping):
+        raise LeadError("fields must be an object")
+    if not all(isinstance(k, str) and k for k in fields):
+        raise LeadError("field names must be non-empty text")
+    if _has_nul(fields):
+        raise LeadError("a field contains a NUL character")
+    try:
+        encoded = json.dumps(fields)
+    except (TypeError, ValueError):
+        raise LeadError("fields must be JSON values") from None
+    if len(encoded) > MAX_FIELDS_BYTES:
+        raise LeadError(f"fields larger than {MAX_FIELDS_BYTES} bytes")
+    return Lead(crm_id, dict(fields))
+
+
+class RoutingError(RuntimeError):
+    """The routing state does not match the config (e.g. a team was never applied)."""
+
+
+class Router:
+    """Assigns one org's leads; safe to share between threads (it holds no connection)."""
+
+    def __init__(self, engine: Engine, cfg: OrgConfig) -> None:
+        self.engine = engine
+        self.cfg = cfg
+        self.rules = compile_rules(cfg.rules)
+        self.parent_key = cfg.crm.parent_key
+
+    def assign(self, lead: Lead, source: str) -> Outcome:
+        """Store and assign one lead in its own short transaction."""
+        with self.engine.begin() as conn:
+            return self.assign_in(conn, [lead], source)[0]
+
+    def assign_many(self, leads: Sequence[Lead], source: str) -> list[Outcome]:
+        """Store and assign a batch in one transaction, with the same guarantees."""
+        if not leads:
+            return []
+        with self.engine.begin() as conn:
+            return self.assign_in(conn, leads, source)
+
+    def assign_in(self, conn: Connection, leads: Sequence[Lead], source: str) -> list[Outcome]:
+        """Assign ``leads`` inside the caller's open transaction; outcomes in input order."""
+        if source not in SOURCES:
+            raise ValueError(f"unknown source {source!r}")
+        org, obj = self.cfg.org, self.cfg.crm_object
+        first: dict[str, Lead] = {}
+        for lead in leads:
+            first.setdefault(lead.crm_id, lead)
+        unique = list(first.values())
+        rows = conn.execute(
+            _SQL["insert_leads"],
+            {
+                "org": org,
+                "crm_object": obj,
+                "source": source,
+                "crm_ids": [x.crm_id for x in unique],
+                "fields": [json.dumps(x.fields) for x in unique],
+                "parent_ids": [self._parent(x) for x in unique],
+            },
+        ).all()
+        new_ids = {r.crm_id: r.id for r in rows}
+        results: dict[str, Outcome] = {}
+
+        old = [cid for cid in first if cid not in new_ids]
+        if old:
+            for r in conn.execute(
+                _SQL["existing_leads"], {"org": org, "crm_object": obj, "crm_ids": old}
+            ):
+                results[r.crm_id] = Outcome(
+                    r.crm_id,
+                    "duplicate",
+                    r.team,
+                    r.crm_user_id,
+                    r.owner_name,
+                    None if r.crm_user_id else r.unassigned_reason,
+                )
+
+        by_team: dict[str, list[tuple[int, str, Match]]] = defaultdict(list)
+        unassigned: dict[str, list[int]] = defaultdict(list)
+        for cid in first:  # input order: the earliest lead gets the next rep
+            if cid not in new_ids:
+                continue
+            lead_id = new_ids[cid]
+            m = match(self.rules, first[cid].fields)
+            if m is None:
+                unassigned["no_rule_matched"].append(lead_id)
+                results[cid] = Outcome(cid, "unassigned", reason="no_rule_matched")
+            else:
+                by_team[m.team].append((lead_id, cid, m))
+
+        for team_name in sorted(by_team):
+            group = by_team[team_name]
+            team = conn.execute(_SQL["lock_team"], {"org": org, "name": team_name}).one_or_none()
+            if team is None:
+                raise RoutingError(
+                    f"team {team_name!r} of org {org!r} is not in the database: "
+                    "run `connector migrate` with this config"
+                )
+            seats = conn.execute(_SQL["active_seats"], {"team_id": team.id}).all()
+            if not seats:
+                for lead_id, cid, _ in group:
+                    unassigned["no_active_member"].append(lead_id)
+                    results[cid] = Outcome(cid, "unassigned", team_name, reason="no_active_member")
+                continue
+            picks = next_owners(
+                [Seat(s.id, s.weight, s.assigned_in_epoch, s.position) for s in seats],
+                sum(s.assigned_in_epoch for s in seats),
+                len(group),
+            )
+            seat_by_id = {s.id: s for s in seats}
+            conn.execute(
+                _SQL["record_assignments"],
+                {
+                    "org": org,
+                    "team_id": team.id,
+                    "epoch": team.epoch,
+                    "source": source,
+                    "lead_ids": [g[0] for g in group],
+                    "member_ids": picks,
+                    "rule_indexes": [g[2].rule_index for g in group],
+                    "rule_names": [g[2].rule_name for g in group],
+                },
+            )
+            for (_, cid, _m), member_id in zip(group, picks, strict=True):
+                s = seat_by_id[member_id]
+                results[cid] = Outcome(cid, "assigned", team_name, s.crm_user_id, s.name)
+
+        for reason, ids in unassigned.items():
+            conn.execute(_SQL["mark_unassigned"], {"reason": reason, "lead_ids": ids})
+
+        out: list[Outcome] = []
+        seen: set[str] = set()
+        for lead in leads:
+            o = results[lead.crm_id]
+            if lead.crm_id in seen:  # a repeat inside the same batch
+                o = Outcome(o.crm_id, "duplicate", o.team, o.owner_id, o.owner_name, o.reason)
+            seen.add(lead.crm_id)
+            out.append(o)
+        return out
+
+    def _parent(self, lead: Lead) -> str | None:
+        if not self.parent_key:
+            return None
+        value = lead.fields.get(self.parent_key)
+        return str(value) if value not in (None, "") else None

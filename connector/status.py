@@ -1,0 +1,72 @@
+"""`connector status`: what the routing state holds for one org."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Engine, text
+
+import db
+from connector.config import OrgConfig
+
+OUTBOX_STATES = ("pending", "claimed", "sent", "dead", "superseded")
+
+
+def org_status(engine: Engine, cfg: OrgConfig) -> dict[str, Any]:
+    """The documented JSON shape: org, leads, teams (config order) with members, outbox."""
+    q = db.queries("status")
+    with engine.connect() as conn:
+        leads = conn.execute(text(q["lead_counts"]), {"org": cfg.org}).one()
+        members = conn.execute(text(q["member_counts"]), {"org": cfg.org}).all()
+        outbox = {r.state: r.n for r in conn.execute(text(q["outbox_counts"]), {"org": cfg.org})}
+    by_team: dict[str, list[dict[str, Any]]] = {}
+    for r in members:
+        if not r.in_config and r.assigned == 0:
+            continue
+        by_team.setdefault(r.team, []).append(
+            {
+                "crm_user_id": r.crm_user_id,
+                "name": r.name,
+                "assigned": r.assigned,
+                "weight": r.weight,
+                "active": r.active and r.in_config,
+            }
+        )
+    teams = [{"name": t.name, "members": by_team.get(t.name, [])} for t in cfg.teams]
+    return {
+        "org": cfg.org,
+        "leads": {
+            "total": leads.total,
+            "assigned": leads.assigned,
+            "unassigned": leads.total - leads.assigned,
+        },
+        "teams": teams,
+        "outbox": {
+            # "pending" counts what the CRM has not seen yet, claimed rows included.
+            "pending": outbox.get("pending", 0) + outbox.get("claimed", 0),
+            "sent": outbox.get("sent", 0),
+            "dead": outbox.get("dead", 0),
+        },
+    }
+
+
+def format_status(status: dict[str, Any]) -> str:
+    """A human-readable table of the same figures."""
+    leads = status["leads"]
+    lines = [
+        f"org {status['org']}: {leads['total']} leads, {leads['assigned']} assigned, "
+        f"{leads['unassigned']} unassigned"
+    ]
+    for team in status["teams"]:
+        counts = [m["assigned"] for m in team["members"] if m["active"]]
+        spread = (max(counts) - min(counts)) if counts else 0
+        lines.append(f"  team {team['name']} (spread {spread})")
+        for m in team["members"]:
+            flag = "" if m["active"] else "  (inactive)"
+            lines.append(
+                f"    {m['name']:<28} {m['crm_user_id']:<20} w={m['weight']:<3} "
+                f"{m['assigned']:>8}{flag}"
+            )
+    ob = status["outbox"]
+    lines.append(f"  outbox: {ob['pending']} pending, {ob['sent']} sent, {ob['dead']} dead")
+    return "\n".join(lines)

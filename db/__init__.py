@@ -1,0 +1,57 @@
+"""Schema migrations and named SQL, loaded once from the .sql files beside this module.
+
+A query file holds blocks that start with ``-- name: some_name``; code refers to queries by
+name, so every statement the connector runs can be read (and reviewed) in one place.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+HERE = Path(__file__).parent
+_NAME = re.compile(r"^--\s*name:\s*([a-z_][a-z0-9_]*)\s*$", re.MULTILINE)
+_MIGRATION = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+
+
+def parse_named(text: str) -> dict[str, str]:
+    """Split a file into its ``-- name:`` blocks."""
+    parts = _NAME.split(text)
+    queries: dict[str, str] = {}
+    for name, body in zip(parts[1::2], parts[2::2], strict=True):
+        if name in queries:
+            raise ValueError(f"query {name!r} is defined twice")
+        queries[name] = body.strip()
+    return queries
+
+
+@cache
+def queries(concern: str) -> dict[str, str]:
+    """The named queries of one concern, e.g. ``queries("routing")["insert_leads"]``."""
+    return parse_named((HERE / f"{concern}.sql").read_text(encoding="utf-8"))
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    sql: str
+
+
+def migrations() -> list[Migration]:
+    found = []
+    for path in sorted((HERE / "migrations").glob("*.sql")):
+        m = _MIGRATION.match(path.name)
+        if not m:
+            raise ValueError(f"migration file name must look like 0001_name.sql: {path.name}")
+        found.append(Migration(int(m.group(1)), m.group(2), path.read_text(encoding="utf-8")))
+    versions = [m.version for m in found]
+    if versions != list(range(1, len(found) + 1)):
+        raise ValueError(f"migration versions must run 1..n without gaps: {versions}")
+    return found
+
+
+def schema_sql() -> str:
+    return (HERE / "schema.sql").read_text(encoding="utf-8")

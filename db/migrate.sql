@@ -1,0 +1,15 @@
+-- name: create_version_table
+CREATE TABLE IF NOT EXISTS schema_migrations (
+    version    integer PRIMARY KEY,
+    name       text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+)
+
+-- name: lock
+SELECT pg_advisory_xact_lock(hashtext('lead-routing-connector:migrate'))
+
+-- name: applied
+SELECT version FROM schema_migrations ORDER BY version
+
+-- name: record
+INSERT INTO schema_migrations (version, name) VALUES (:version, :name)

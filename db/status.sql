@@ -1,0 +1,16 @@
+-- Named SQL for `connector status`.
+
+-- name: lead_counts
+SELECT count(*) AS total, count(a.id) AS assigned
+FROM leads l LEFT JOIN assignments a ON a.lead_id = l.id
+WHERE l.org = :org
+
+-- name: member_counts
+SELECT t.name AS team, m.crm_user_id, m.name, m.weight, m.active, m.in_config,
+       (SELECT count(*) FROM assignments a WHERE a.member_id = m.id) AS assigned
+FROM teams t JOIN members m ON m.team_id = t.id
+WHERE t.org = :org AND t.in_config
+ORDER BY t.name, m.position, m.crm_user_id
+
+-- name: outbox_counts
+SELECT state, count(*) AS n FROM outbox WHERE org = :org GROUP BY state

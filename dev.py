@@ -1,0 +1,68 @@
+#!/usr/bin/env python3
+"""Bootstrap and run: needs only Python 3.11+; creates .venv and installs the project.
+
+python3 dev.py demo        the main job: a burst of leads routed on an embedded Postgres
+python3 dev.py test [ARGS] the whole test suite (ARGS go to pytest)
+python3 dev.py lint        ruff (lint + format check) and mypy
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+VENV = ROOT / ".venv"
+BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
+STAMP = VENV / ".installed"
+
+
+def _fingerprint() -> str:
+    return hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
+
+
+def ensure_venv() -> None:
+    if sys.version_info < (3, 11):  # noqa: UP036 - this script runs under any python3
+        sys.exit(f"Python 3.11 or newer is needed (this is {sys.version.split()[0]})")
+    if not (BIN / "python").exists():
+        print("creating .venv ...", file=sys.stderr)
+        venv.EnvBuilder(with_pip=True).create(VENV)
+    if STAMP.exists() and STAMP.read_text() == _fingerprint():
+        return
+    print("installing the project and its dev tools into .venv ...", file=sys.stderr)
+    pip = [str(BIN / "python"), "-m", "pip", "install", "--disable-pip-version-check", "-q"]
+    subprocess.run([*pip, "-e", f"{ROOT}[dev]"], check=True, cwd=ROOT)
+    STAMP.write_text(_fingerprint())
+
+
+def run(cmd: list[str]) -> int:
+    return subprocess.run(cmd, cwd=ROOT).returncode
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] not in ("demo", "test", "lint"):
+        print(__doc__, file=sys.stderr)
+        return 2
+    ensure_venv()
+    what, rest = argv[0], argv[1:]
+    if what == "demo":
+        return run([str(BIN / "connector"), "demo", *rest])
+    if what == "lint":
+        for cmd in (["ruff", "check", "."], ["ruff", "format", "--check", "."], ["mypy"]):
+            code = run([str(BIN / cmd[0]), *cmd[1:]])
+            if code:
+                return code
+        return 0
+    code = run([str(BIN / "python"), "-m", "pytest", *rest])
+    if code == 5:  # pytest collected no tests: that is a failure, not a pass
+        print("dev.py: pytest ran no tests", file=sys.stderr)
+        return 1
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,71 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from sqlalchemy import Engine
+
+from connector.config import OrgConfig, parse_config
+from connector.store import make_engine
+from connector.teams import apply_teams
+from tests.pg import DatabaseFactory, server_url
+
+SAMPLE_YAML = """
+org: acme
+crm:
+  kind: salesforce
+  instance_url: https://acme.my.salesforce.com
+  auth: {method: client_credentials, client_id: "${ACME_SF_ID}", client_secret: "${ACME_SF_SECRET}"}
+  object: Lead
+teams:
+  - name: na_ae
+    members:
+      - {crm_user_id: "0055g00000AbCdEAAA", name: Ada Lovelace, weight: 1}
+      - {crm_user_id: "0055g00000AbCdFAAA", name: Alan Turing, weight: 2, active: true}
+  - name: row_ae
+    members:
+      - {crm_user_id: "0055g00000AbCdGAAA", name: Grace Hopper}
+      - {crm_user_id: "0055g00000AbCdHAAA", name: Edsger Dijkstra}
+      - {crm_user_id: "0055g00000AbCdIAAA", name: Barbara Liskov}
+rules:
+  - {team: na_ae, when: {Country: [US, CA]}}
+  - {team: row_ae}
+"""
+SAMPLE_ENV = {"ACME_SF_ID": "id-123", "ACME_SF_SECRET": "s3cret-value"}
+
+
+@pytest.fixture(scope="session")
+def databases() -> Iterator[DatabaseFactory]:
+    factory = DatabaseFactory(server_url())
+    yield factory
+    factory.drop_all()
+
+
+@pytest.fixture
+def db_url(databases: DatabaseFactory) -> str:
+    """A fresh, migrated database for this test."""
+    return databases.new()
+
+
+@pytest.fixture
+def engine(db_url: str) -> Iterator[Engine]:
+    eng = make_engine(db_url)
+    yield eng
+    eng.dispose()
+
+
+@pytest.fixture
+def sample_cfg() -> OrgConfig:
+    return parse_config(SAMPLE_YAML, "acme.yaml", SAMPLE_ENV)
+
+
+@pytest.fixture
+def applied(engine: Engine, sample_cfg: OrgConfig) -> OrgConfig:
+    apply_teams(engine, sample_cfg)
+    return sample_cfg
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "databases" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.db)
