@@ -28,7 +28,7 @@ from connector.config import parse_config
 from connector.routing import Lead, Router
 from connector.store import make_engine
 
-MODES = ("project", "project_batch", "raw", "naive")
+MODES = ("project", "project_batch", "raw", "raw_batch", "naive")
 
 
 def team_yaml(reps: int, weights: list[int] | None = None, org: str = "bench") -> str:
@@ -156,6 +156,46 @@ class RawRouter:
                 prepare=True,
             )
 
+    def assign_batch(self, crm_ids: list[str]) -> None:
+        """The batched ceiling: the same four statements for a whole batch."""
+        s, c = self.sql, self.conn
+        with c.transaction():
+            rows = c.execute(
+                s["insert_leads"],
+                {
+                    "org": self.org,
+                    "crm_object": "Lead",
+                    "source": "import",
+                    "crm_ids": crm_ids,
+                    "fields": ["{}"] * len(crm_ids),
+                    "parent_ids": [None] * len(crm_ids),
+                },
+                prepare=True,
+            ).fetchall()
+            if not rows:
+                return
+            team_id, epoch = c.execute(
+                s["lock_team"], {"org": self.org, "name": "team"}, prepare=True
+            ).fetchone()
+            seats = c.execute(s["active_seats"], {"team_id": team_id}, prepare=True).fetchall()
+            # minimal pick: equal-weight round robin continuing from the current counts
+            order = sorted(seats, key=lambda r: (r[2], r[3]))
+            members = [order[i % len(order)][0] for i in range(len(rows))]
+            c.execute(
+                s["record_assignments"],
+                {
+                    "org": self.org,
+                    "team_id": team_id,
+                    "epoch": epoch,
+                    "source": "import",
+                    "lead_ids": [r[0] for r in rows],
+                    "member_ids": members,
+                    "rule_indexes": [0] * len(rows),
+                    "rule_names": ["rule 0: default"] * len(rows),
+                },
+                prepare=True,
+            )
+
 
 def worker(job: Job, barrier: Any, out: Any) -> None:
     """Run one worker's share; report (latencies in seconds, error text or None)."""
@@ -182,12 +222,15 @@ def worker(job: Job, barrier: Any, out: Any) -> None:
             with psycopg.connect(_libpq_url(job.db_url)) as conn:
                 raw = RawRouter(conn, cfg.org)
                 barrier.wait()
-                for crm_id in job.ids:
+                step = job.batch if job.mode == "raw_batch" else 1
+                for i in range(0, len(job.ids), step):
                     t0 = time.perf_counter()
                     if job.mode == "raw":
-                        raw.assign(crm_id)
+                        raw.assign(job.ids[i])
+                    elif job.mode == "raw_batch":
+                        raw.assign_batch(job.ids[i : i + step])
                     else:
-                        _naive_assign(conn, cfg.org, crm_id)
+                        _naive_assign(conn, cfg.org, job.ids[i])
                     latencies.append(time.perf_counter() - t0)
         out.put((latencies, None))
     except Exception as exc:  # reported to the parent, which fails loudly

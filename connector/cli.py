@@ -90,7 +90,23 @@ def cmd_check_config(args: argparse.Namespace) -> int:
             f"{members} members ({active} active), {len(cfg.rules)} rules"
             + ("" if default else " (no default rule: unmatched leads stay unassigned)")
         )
-    return EXIT_OK
+    if not args.online:
+        return EXIT_OK
+    from connector.crm import adapter_for
+
+    problems = 0
+    for cfg in all_orgs(configs):
+        ids = sorted({m.crm_user_id for t in cfg.teams for m in t.members if m.active})
+        found = adapter_for(cfg).check_owners(ids)
+        bad = 0
+        for owner_id in ids:
+            reason = found.get(owner_id, "not checked")
+            if reason is not None:
+                bad += 1
+                print(f"org {cfg.org}: owner {owner_id}: {reason}", file=sys.stderr)
+        problems += bad
+        print(f"org {cfg.org}: {len(ids) - bad} of {len(ids)} active owners verified in the CRM")
+    return EXIT_ERROR if problems else EXIT_OK
 
 
 def cmd_ingest(args: argparse.Namespace) -> int:
@@ -124,6 +140,74 @@ def cmd_status(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_dispatch(args: argparse.Namespace) -> int:
+    import signal
+    import threading
+
+    from connector.crm import adapter_for
+    from connector.dispatch import Dispatcher
+
+    configs = _configs(args)
+    orgs = [pick_org(configs, args.org)] if args.org else list(all_orgs(configs))
+    engine = open_database(orgs)
+    dispatchers = [Dispatcher(engine, cfg.org, adapter_for(cfg)) for cfg in orgs]
+    if args.once:
+        failed = False
+        for d in dispatchers:
+            stats = d.drain(timeout=args.timeout)
+            left, _ = d.open_rows()
+            print(
+                f"org {d.org}: {stats.sent} sent, {stats.dead} dead, {stats.retried} retried "
+                f"in {stats.requests} CRM requests; {left} still open"
+            )
+            failed = failed or left > 0
+        return EXIT_ERROR if failed else EXIT_OK
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    threads = [
+        threading.Thread(target=d.run_forever, args=(stop,), name=f"dispatch-{d.org}")
+        for d in dispatchers
+        for _ in range(args.concurrency)
+    ]
+    for t in threads:
+        t.start()
+    try:
+        while not stop.wait(0.5):
+            pass
+    except KeyboardInterrupt:
+        stop.set()
+    for t in threads:
+        t.join()
+    return EXIT_OK
+
+
+def cmd_outbox(args: argparse.Namespace) -> int:
+    from connector.dispatch import dead_rows, retry_dead
+
+    cfg = pick_org(_configs(args), args.org)
+    engine = open_database([cfg])
+    if args.action == "list":
+        rows = dead_rows(engine, cfg.org, limit=args.limit)
+        for r in rows:
+            print(
+                f"{r['id']}\t{r['crm_object']}\t{r['crm_id']}\towner={r['owner_id']}\t"
+                f"attempts={r['attempts']}\t{r['last_error']}"
+            )
+        print(f"{len(rows)} dead rows", file=sys.stderr)
+        return EXIT_OK
+    n = retry_dead(engine, cfg.org, args.id or None)
+    print(f"requeued {n} dead rows")
+    return EXIT_OK
+
+
+def cmd_sandbox(args: argparse.Namespace) -> int:
+    from crm_adapters.sandbox import serve
+
+    print(f"{args.kind} sandbox on http://{args.host}:{args.port}", file=sys.stderr)
+    serve(args.kind, args.host, args.port)
+    return EXIT_OK
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from connector.demo import run_demo
 
@@ -140,6 +224,11 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("migrate", help="apply schema migrations and the configured teams")
     s.set_defaults(func=cmd_migrate)
     s = sub.add_parser("check-config", help="validate the org configs")
+    s.add_argument(
+        "--online",
+        action="store_true",
+        help="also check in the CRM that every active owner exists and is active",
+    )
     s.set_defaults(func=cmd_check_config)
     s = sub.add_parser("ingest", help="import leads from a JSON lines or CSV file")
     s.add_argument("--org")
@@ -152,6 +241,24 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--org")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_status)
+    s = sub.add_parser("dispatch", help="write assigned owners back to the CRM")
+    s.add_argument("--org")
+    s.add_argument("--once", action="store_true", help="drain what is pending, then exit")
+    s.add_argument("--timeout", type=float, default=600.0, help="--once gives up after this")
+    s.add_argument("--concurrency", type=int, default=2, help="dispatchers per org")
+    s.set_defaults(func=cmd_dispatch)
+    s = sub.add_parser("outbox", help="list dead outbox rows or requeue them")
+    s.add_argument("action", choices=["list", "retry"])
+    s.add_argument("--org")
+    s.add_argument("--dead", action="store_true", help="(list) dead rows; the default")
+    s.add_argument("--id", type=int, action="append", help="(retry) only these rows")
+    s.add_argument("--limit", type=int, default=100)
+    s.set_defaults(func=cmd_outbox)
+    s = sub.add_parser("sandbox", help="run a local CRM API simulator")
+    s.add_argument("kind", choices=["salesforce", "hubspot"])
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8900)
+    s.set_defaults(func=cmd_sandbox)
     s = sub.add_parser("demo", help="a burst of concurrent leads on the embedded Postgres")
     s.add_argument("--workers", type=int, default=8)
     s.add_argument("--leads", type=int, default=2000)

@@ -138,10 +138,37 @@ class HubSpotCrm(_Model):
     object: Literal["contacts", "leads"] = "contacts"
     parent_field: str | None = None
     limit_per_10s: Annotated[int, Field(ge=1, le=1000)] = 100
+    # The app's client secret(s) that sign webhooks (v3); two during a rotation.
+    webhook_secrets: Annotated[list[SecretStr], Field(max_length=2)] = []
+    # Property changes that re-route a record (creation events always do).
+    routed_properties: list[str] = []
+    # Properties fetched for routing when an event carries only an id.
+    fetch_properties: list[str] = []
 
     @property
     def parent_key(self) -> str | None:
         return self.parent_field
+
+
+class Poll(_Model):
+    """The scheduled sync that catches what pushes missed."""
+
+    enabled: bool = True
+    interval_seconds: Annotated[int, Field(ge=1, le=86_400)] = 60
+    # Each poll re-reads this much before the watermark: late commits in the CRM are caught,
+    # and the unique lead key makes the repeats harmless.
+    overlap_seconds: Annotated[int, Field(ge=0, le=3_600)] = 120
+    # Where the very first poll starts (how far back from now).
+    initial_lookback_seconds: Annotated[int, Field(ge=0, le=2_592_000)] = 3_600
+    # Fields read for routing (the rules' fields); the owner and parent are always read.
+    fields: list[str] = []
+    # Only records owned by one of these (e.g. the intake queue or integration user), or by
+    # nobody, are routed by the poller; records a person already owns are left alone.
+    unrouted_owner_ids: list[str] = []
+
+
+class Webhook(_Model):
+    max_body_bytes: Annotated[int, Field(ge=1_024, le=10_485_760)] = 1_048_576
 
 
 class OrgConfig(_Model):
@@ -150,6 +177,8 @@ class OrgConfig(_Model):
     database_url: SecretStr | None = None
     teams: Annotated[list[Team], Field(min_length=1)]
     rules: Annotated[list[Rule], Field(min_length=1)]
+    poll: Poll = Poll()
+    webhook: Webhook = Webhook()
 
     @model_validator(mode="after")
     def _rules_name_teams(self) -> OrgConfig:
@@ -194,7 +223,14 @@ def _resolve_env(value: Any, env: Mapping[str, str], path: str, missing: list[st
     return value
 
 
-_SECRET_KEYS = {"client_secret", "password", "security_token", "private_key", "access_token"}
+_SECRET_KEYS = {
+    "client_secret",
+    "password",
+    "security_token",
+    "private_key",
+    "access_token",
+    "webhook_secrets",
+}
 
 
 def _literal_secrets(value: Any, path: str = "") -> list[str]:
@@ -205,6 +241,12 @@ def _literal_secrets(value: Any, path: str = "") -> list[str]:
             sub = f"{path}.{k}" if path else str(k)
             if k in _SECRET_KEYS and isinstance(v, str) and v and not ENV_REF.fullmatch(v.strip()):
                 found.append(sub)
+            elif k in _SECRET_KEYS and isinstance(v, list):
+                found.extend(
+                    f"{sub}[{i}]"
+                    for i, item in enumerate(v)
+                    if isinstance(item, str) and not ENV_REF.fullmatch(item.strip())
+                )
             else:
                 found.extend(_literal_secrets(v, sub))
     elif isinstance(value, list):
@@ -216,7 +258,10 @@ def _literal_secrets(value: Any, path: str = "") -> list[str]:
 def _format_validation(source: str, err: ValidationError) -> str:
     lines = [f"{source}: invalid configuration"]
     for e in err.errors():
-        loc = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in e["loc"])
+        parts = list(e["loc"])
+        if parts[:1] == ["crm"] and parts[1:2] in (["salesforce"], ["hubspot"]):
+            del parts[1]  # the union's tag, not a key written in the file
+        loc = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in parts)
         loc = loc.replace(".[", "[")
         msg = e["msg"].removeprefix("Value error, ")
         lines.append(f"  {loc or '(top level)'}: {msg}")

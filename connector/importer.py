@@ -89,7 +89,7 @@ def parse_csv(stream: TextIO, id_field: str) -> Iterator[tuple[int, Lead | Rejec
     except csv.Error as exc:
         yield 1, Rejected(1, f"bad CSV header ({exc})")
         return
-    header = [h.strip().lstrip("\ufeff") for h in header]
+    header = [h.lstrip("\ufeff").strip() for h in header]
     if id_field not in header:
         yield 1, Rejected(1, f"header has no {id_field!r} column")
         return
@@ -128,7 +128,8 @@ def read_file(path: Path, fmt: Format, id_field: str) -> Iterator[tuple[int, Lea
     except UnicodeDecodeError as exc:
         raise ValueError(f"{path}: not UTF-8 text (byte {exc.start})") from None
     if fmt == "jsonl":
-        return parse_jsonl(body.splitlines(), id_field)
+        # not splitlines(): JSON strings may hold U+2028 or U+0085, which it splits on
+        return parse_jsonl(io.StringIO(body, newline=None), id_field)
     return parse_csv(io.StringIO(body, newline=""), id_field)
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from sqlalchemy import Connection, Engine, TextClause, text
+from sqlalchemy.exc import DBAPIError
 
 import db
 from connector.config import OrgConfig
@@ -32,6 +33,7 @@ log = logging.getLogger(__name__)
 SOURCES = ("salesforce_outbound", "hubspot_webhook", "poll", "import", "api")
 MAX_ID_LENGTH = 64
 MAX_FIELDS_BYTES = 64 * 1024
+RECONNECT_ATTEMPTS = 3
 
 _SQL: dict[str, TextClause] = {k: text(v) for k, v in db.queries("routing").items()}
 
@@ -89,8 +91,8 @@ def validate_lead(crm_id: object, fields: object) -> Lead:
         raise LeadError("field names must be non-empty text")
     if _has_nul(fields):
         raise LeadError("a field contains a NUL character")
-    try:
-        encoded = json.dumps(fields)
+    try:  # NaN and Infinity are not JSON: Postgres' jsonb refuses them
+        encoded = json.dumps(fields, allow_nan=False)
     except (TypeError, ValueError):
         raise LeadError("fields must be JSON values") from None
     if len(encoded) > MAX_FIELDS_BYTES:
@@ -113,15 +115,26 @@ class Router:
 
     def assign(self, lead: Lead, source: str) -> Outcome:
         """Store and assign one lead in its own short transaction."""
-        with self.engine.begin() as conn:
-            return self.assign_in(conn, [lead], source)[0]
+        return self.assign_many([lead], source)[0]
 
     def assign_many(self, leads: Sequence[Lead], source: str) -> list[Outcome]:
-        """Store and assign a batch in one transaction, with the same guarantees."""
+        """Store and assign a batch in one transaction, with the same guarantees.
+
+        A connection lost mid-transaction (server restart, network) is retried on a fresh
+        connection. That is safe even when the commit's fate is unknown: a lead that did get
+        stored comes back as a duplicate with its owner, never with a second one.
+        """
         if not leads:
             return []
-        with self.engine.begin() as conn:
-            return self.assign_in(conn, leads, source)
+        for attempt in range(RECONNECT_ATTEMPTS):
+            try:
+                with self.engine.begin() as conn:
+                    return self.assign_in(conn, leads, source)
+            except DBAPIError as exc:
+                if not exc.connection_invalidated or attempt == RECONNECT_ATTEMPTS - 1:
+                    raise
+                log.warning("database connection lost; retrying (attempt %d)", attempt + 2)
+        raise AssertionError("unreachable")
 
     def assign_in(self, conn: Connection, leads: Sequence[Lead], source: str) -> list[Outcome]:
         """Assign ``leads`` inside the caller's open transaction; outcomes in input order."""

@@ -90,7 +90,10 @@ def make_engine(url: str, pool_size: int = 5) -> Engine:
         sqlalchemy_url(url),
         pool_size=pool_size,
         max_overflow=pool_size,
-        pool_pre_ping=True,
+        # No ping per checkout (it costs a round trip per transaction): a connection that died
+        # with its server is detected on use, the pool is invalidated, and callers retry
+        # (assignment is idempotent, see Router).
+        pool_pre_ping=False,
         pool_recycle=1800,
         connect_args={"application_name": APP_NAME, "connect_timeout": 10},
     )

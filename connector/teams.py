@@ -57,6 +57,9 @@ def _apply_team(conn: Connection, org: str, team: Team) -> TeamChange | None:
     new_fp = rotation_fingerprint(team)
     if new_fp == fingerprint:
         return None
+    if not fingerprint:  # a team seen for the first time starts in its first epoch
+        conn.execute(text(q["set_fingerprint"]), {"team_id": team_id, "fingerprint": new_fp})
+        return None
     conn.execute(text(q["restart_epoch"]), {"team_id": team_id, "fingerprint": new_fp})
     log.info("org %s team %s: rotation changed, new epoch", org, team.name)
     return TeamChange(team.name, True)

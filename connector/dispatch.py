@@ -1,0 +1,355 @@
+"""The outbox dispatcher: writes assigned owners back to the CRM.
+
+Any number of dispatchers (threads, processes, machines) share an org's outbox: each claim
+takes ready rows under a lease in a short transaction, the CRM is called with no transaction
+open, and the result is recorded in another short transaction. A parent Account with a
+claim in flight is not claimed again until that claim finishes, and within a claim
+``plan_batches`` never splits a parent across two requests, so one Account is never locked by
+two of our requests at the same time (Salesforce's UNABLE_TO_LOCK_ROW). Rows whose
+dispatcher died are claimed again once their lease expires; the dead worker's late result is
+ignored because finishing checks the claim token.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import Engine, TextClause, text
+
+import db
+from crm_adapters.base import (
+    AuthError,
+    CrmAdapter,
+    CrmError,
+    OwnerWrite,
+    PermanentError,
+    RateLimitedError,
+    RetryableError,
+    WriteOutcome,
+)
+from crm_adapters.batching import backoff_delay, plan_batches
+
+log = logging.getLogger(__name__)
+
+_SQL: dict[str, TextClause] = {k: text(v) for k, v in db.queries("outbox").items()}
+
+
+@dataclass
+class DispatchStats:
+    claimed: int = 0
+    sent: int = 0
+    retried: int = 0
+    dead: int = 0
+    requests: int = 0
+    stale: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+
+    def add(self, other: DispatchStats) -> None:
+        self.claimed += other.claimed
+        self.sent += other.sent
+        self.retried += other.retried
+        self.dead += other.dead
+        self.requests += other.requests
+        self.stale += other.stale
+        for k, v in other.errors.items():
+            self.errors[k] = self.errors.get(k, 0) + v
+
+
+@dataclass(frozen=True)
+class Claimed:
+    id: int
+    crm_id: str
+    owner_id: str
+    parent_id: str | None
+    attempts: int
+
+
+@dataclass
+class _Finish:
+    sent: list[int] = field(default_factory=list)
+    dead: list[tuple[int, str]] = field(default_factory=list)
+    retry: list[tuple[int, str, float]] = field(default_factory=list)
+
+
+class Dispatcher:
+    """Drains one org's outbox through one adapter."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        org: str,
+        adapter: CrmAdapter,
+        *,
+        claim_limit: int | None = None,
+        lease_seconds: float = 60.0,
+        max_attempts: int = 8,
+        backoff_base: float = 0.5,
+        backoff_cap: float = 60.0,
+        auth_pause_seconds: float = 60.0,
+        on_result: Callable[[str, int], None] | None = None,
+    ) -> None:
+        self.engine = engine
+        self.org = org
+        self.adapter = adapter
+        self.claim_limit = claim_limit or adapter.max_batch * 5
+        self.lease_seconds = lease_seconds
+        self.max_attempts = max_attempts
+        self.backoff_base = backoff_base
+        self.backoff_cap = backoff_cap
+        self.auth_pause_seconds = auth_pause_seconds
+        self.on_result = on_result
+
+    # -- claiming -------------------------------------------------------------------------
+    def claim(self, token: str) -> list[Claimed]:
+        with self.engine.begin() as conn:
+            conn.execute(_SQL["claim_lock"], {"org": self.org})
+            rescued = conn.execute(_SQL["rescue_expired"], {"org": self.org}).all()
+            if rescued:
+                log.warning(
+                    "org %s: %d outbox rows had an expired lease; claimable again",
+                    self.org,
+                    len(rescued),
+                )
+            if conn.execute(_SQL["paused_until"], {"org": self.org}).first() is not None:
+                return []
+            rows = conn.execute(
+                _SQL["claim"],
+                {
+                    "org": self.org,
+                    "token": token,
+                    "limit": self.claim_limit,
+                    "lease_seconds": self.lease_seconds,
+                },
+            ).all()
+        return [Claimed(r.id, r.crm_id, r.owner_id, r.parent_id, r.attempts) for r in rows]
+
+    # -- one round --------------------------------------------------------------------------
+    def run_once(self) -> DispatchStats:
+        """Claim what is ready, write it to the CRM, record the results."""
+        token = uuid.uuid4().hex
+        claimed = self.claim(token)
+        stats = DispatchStats(claimed=len(claimed))
+        if not claimed:
+            return stats
+        by_key = {str(c.id): c for c in claimed}
+        writes = [OwnerWrite(str(c.id), c.crm_id, c.owner_id, c.parent_id) for c in claimed]
+        batches = plan_batches(writes, self.adapter.max_batch)
+        for i, batch in enumerate(batches):
+            finish = _Finish()
+            try:
+                stats.requests += 1
+                outcomes = self.adapter.write_owners(batch)
+                self._sort_outcomes(outcomes, by_key, finish, stats)
+            except CrmError as exc:
+                self._count(stats, exc.code)
+                rest = [w for b in batches[i:] for w in b]
+                self._whole_request_failed(exc, rest, by_key, finish, stats)
+                self._record(token, finish, stats)
+                break
+            except Exception as exc:  # an adapter bug or a transport error it did not classify
+                log.exception("org %s: unexpected error writing owners", self.org)
+                self._count(stats, type(exc).__name__)
+                rest = [w for b in batches[i:] for w in b]
+                err = RetryableError("UNEXPECTED", type(exc).__name__)
+                self._whole_request_failed(err, rest, by_key, finish, stats)
+                self._record(token, finish, stats)
+                break
+            self._record(token, finish, stats)
+        return stats
+
+    def _sort_outcomes(
+        self,
+        outcomes: Sequence[WriteOutcome],
+        by_key: dict[str, Claimed],
+        finish: _Finish,
+        stats: DispatchStats,
+    ) -> None:
+        for o in outcomes:
+            row = by_key[o.key]
+            if o.ok:
+                finish.sent.append(row.id)
+                continue
+            err = o.error or PermanentError("UNKNOWN", "no error given")
+            self._count(stats, err.code)
+            if isinstance(err, RetryableError) and row.attempts < self.max_attempts:
+                finish.retry.append((row.id, _describe(err), self._delay(row.attempts, err)))
+            else:
+                finish.dead.append((row.id, _describe(err)))
+
+    def _whole_request_failed(
+        self,
+        exc: CrmError,
+        writes: Sequence[OwnerWrite],
+        by_key: dict[str, Claimed],
+        finish: _Finish,
+        stats: DispatchStats,
+    ) -> None:
+        """A raise covers every write not yet attempted in this claim."""
+        if isinstance(exc, RateLimitedError) and exc.scope == "org":
+            seconds = exc.retry_after if exc.retry_after is not None else 3600.0
+            self._pause(seconds, _describe(exc))
+        if isinstance(exc, AuthError):
+            log.error(
+                "org %s: CRM refused our credentials (%s); pausing writes for %.0f s",
+                self.org,
+                exc.code,
+                self.auth_pause_seconds,
+            )
+            self._pause(self.auth_pause_seconds, _describe(exc))
+        for w in writes:
+            row = by_key[w.key]
+            if isinstance(exc, PermanentError):
+                finish.dead.append((row.id, _describe(exc)))
+            elif isinstance(exc, RateLimitedError | AuthError) or (
+                isinstance(exc, RetryableError) and row.attempts < self.max_attempts
+            ):
+                # quota and credential trouble is not the record's fault: never dead-letter it
+                delay = self._delay(row.attempts, exc)
+                finish.retry.append((row.id, _describe(exc), delay))
+            else:
+                finish.dead.append((row.id, _describe(exc)))
+
+    def _delay(self, attempts: int, err: CrmError) -> float:
+        retry_after = err.retry_after if isinstance(err, RetryableError) else None
+        return backoff_delay(
+            max(attempts - 1, 0),
+            base=self.backoff_base,
+            cap=self.backoff_cap,
+            retry_after=retry_after,
+        )
+
+    def _record(self, token: str, finish: _Finish, stats: DispatchStats) -> None:
+        with self.engine.begin() as conn:
+            applied = 0
+            if finish.sent:
+                applied += len(
+                    conn.execute(_SQL["finish_sent"], {"ids": finish.sent, "token": token}).all()
+                )
+            if finish.dead:
+                applied += len(
+                    conn.execute(
+                        _SQL["finish_dead"],
+                        {
+                            "ids": [d[0] for d in finish.dead],
+                            "errors": [d[1] for d in finish.dead],
+                            "token": token,
+                        },
+                    ).all()
+                )
+            if finish.retry:
+                applied += len(
+                    conn.execute(
+                        _SQL["finish_retry"],
+                        {
+                            "ids": [r[0] for r in finish.retry],
+                            "errors": [r[1] for r in finish.retry],
+                            "delays": [r[2] for r in finish.retry],
+                            "token": token,
+                        },
+                    ).all()
+                )
+        total = len(finish.sent) + len(finish.dead) + len(finish.retry)
+        stats.sent += len(finish.sent)
+        stats.dead += len(finish.dead)
+        stats.retried += len(finish.retry)
+        stats.stale += total - applied
+        if total != applied:
+            log.warning(
+                "org %s: %d results arrived after their lease expired; ignored",
+                self.org,
+                total - applied,
+            )
+        for kind, n in (
+            ("sent", len(finish.sent)),
+            ("dead", len(finish.dead)),
+            ("retry", len(finish.retry)),
+        ):
+            if n and self.on_result:
+                self.on_result(kind, n)
+        for row_id, reason in finish.dead:
+            log.warning("org %s: outbox row %d is dead: %s", self.org, row_id, reason)
+
+    def _pause(self, seconds: float, reason: str) -> None:
+        log.error("org %s: pausing CRM writes for %.0f s (%s)", self.org, seconds, reason)
+        with self.engine.begin() as conn:
+            conn.execute(_SQL["pause_org"], {"org": self.org, "seconds": seconds, "reason": reason})
+
+    @staticmethod
+    def _count(stats: DispatchStats, code: str) -> None:
+        stats.errors[code] = stats.errors.get(code, 0) + 1
+
+    # -- loops ----------------------------------------------------------------------------
+    def open_rows(self) -> tuple[int, float | None]:
+        """(rows not yet finished, seconds until the earliest is due or None)."""
+        with self.engine.connect() as conn:
+            row = conn.execute(_SQL["next_due"], {"org": self.org}).one()
+            now = conn.execute(text("SELECT now()")).scalar_one()
+        if not row.open:
+            return 0, None
+        wait = max((row.next_at - now).total_seconds(), 0.0) if row.next_at else 0.0
+        return int(row.open), wait
+
+    def drain(
+        self, timeout: float = 600.0, idle_sleep: float = 0.05, stop: threading.Event | None = None
+    ) -> DispatchStats:
+        """Work until no row is pending or claimed (retries included), or the timeout."""
+        total = DispatchStats()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not (stop and stop.is_set()):
+            stats = self.run_once()
+            total.add(stats)
+            if stats.claimed:
+                continue
+            open_rows, wait = self.open_rows()
+            if open_rows == 0:
+                break
+            # rows are waiting for a backoff, a pause, or another dispatcher's lease
+            time.sleep(
+                min(max(wait or idle_sleep, idle_sleep), 1.0, max(deadline - time.monotonic(), 0))
+            )
+        return total
+
+    def run_forever(
+        self,
+        stop: threading.Event,
+        poll_interval: float = 0.2,
+        on_stats: Callable[[DispatchStats], None] | None = None,
+    ) -> None:
+        """Claim and write until ``stop`` is set; a round in progress is finished first."""
+        while not stop.is_set():
+            try:
+                stats = self.run_once()
+                if on_stats is not None:
+                    on_stats(stats)
+            except Exception:
+                log.exception("org %s: dispatcher round failed; retrying", self.org)
+                stop.wait(1.0)
+                continue
+            if not stats.claimed:
+                stop.wait(poll_interval)
+
+
+def _describe(err: CrmError) -> str:
+    msg = err.message[:300] if err.message else ""
+    return f"{err.code}: {msg}" if msg else err.code
+
+
+def dead_rows(engine: Engine, org: str, limit: int = 100) -> list[dict[str, Any]]:
+    with engine.connect() as conn:
+        return [
+            dict(r._mapping) for r in conn.execute(_SQL["list_dead"], {"org": org, "limit": limit})
+        ]
+
+
+def retry_dead(engine: Engine, org: str, ids: Sequence[int] | None = None) -> int:
+    """Requeue dead rows (all of the org's, or the given ids); returns how many."""
+    with engine.begin() as conn:
+        return len(
+            conn.execute(_SQL["retry_dead"], {"org": org, "ids": list(ids) if ids else None}).all()
+        )

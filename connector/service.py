@@ -1,0 +1,184 @@
+"""`connector serve | sync | run`: the long-running parts, wired together.
+
+``run`` is the production default: the webhook receiver (uvicorn), the scheduled poll
+(APScheduler, one job per org) and the outbox dispatchers (threads), in one process. Any
+number of such processes share one database: polling is one-at-a-time per org by an
+advisory lock, assignment is serialised per team by a row lock, dispatch claims with SKIP
+LOCKED. SIGTERM stops taking work (uvicorn stops accepting and finishes open requests), lets
+a poll or dispatch round in progress finish, and exits.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import uvicorn
+from apscheduler.schedulers.background import BackgroundScheduler
+from sqlalchemy import Engine
+
+from connector.config import OrgConfig
+from connector.crm import adapter_for
+from connector.dispatch import Dispatcher, DispatchStats
+from connector.metrics import Metrics
+from connector.poller import Poller
+from crm_adapters.base import CrmAdapter
+
+log = logging.getLogger(__name__)
+
+
+class Adapters:
+    """One adapter per org, built on first use and shared by the threads of this process."""
+
+    def __init__(self, configs: Mapping[str, OrgConfig]) -> None:
+        self.configs = configs
+        self._adapters: dict[str, CrmAdapter] = {}
+        self._lock = threading.Lock()
+
+    def get(self, org: str) -> CrmAdapter:
+        with self._lock:
+            if org not in self._adapters:
+                self._adapters[org] = adapter_for(self.configs[org])
+            return self._adapters[org]
+
+    def fetch(self, cfg: OrgConfig, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """The webhook inbox's fetcher: the records' current fields, read from the CRM."""
+        wanted = getattr(cfg.crm, "fetch_properties", [])
+        fields = list(dict.fromkeys([*wanted, *cfg.poll.fields]))
+        records = self.get(cfg.org).fetch_records(ids, fields)
+        return {r.crm_id: dict(r.fields) for r in records}
+
+
+def start_scheduler(
+    engine: Engine, configs: Mapping[str, OrgConfig], adapters: Adapters
+) -> BackgroundScheduler:
+    scheduler = BackgroundScheduler(timezone="UTC")
+    for cfg in configs.values():
+        if not cfg.poll.enabled:
+            continue
+        poller = Poller(engine, cfg, adapters.get(cfg.org))
+        scheduler.add_job(
+            _safe_poll,
+            "interval",
+            args=[poller],
+            seconds=cfg.poll.interval_seconds,
+            id=f"poll-{cfg.org}",
+            max_instances=1,
+            coalesce=True,
+            next_run_time=None if cfg.poll.interval_seconds > 3600 else _now(),
+        )
+    scheduler.start()
+    return scheduler
+
+
+def _now() -> Any:
+    from datetime import UTC, datetime
+
+    return datetime.now(UTC)
+
+
+def _safe_poll(poller: Poller) -> None:
+    try:
+        poller.poll_once()
+    except Exception:
+        log.exception("org %s: poll failed; the next round will retry", poller.cfg.org)
+
+
+def _record_stats(metrics: Metrics | None, org: str) -> Any:
+    def record(stats: DispatchStats) -> None:
+        if metrics is None or not stats.requests:
+            return
+        metrics.crm_calls.labels(org, "write_owners").inc(stats.requests)
+        for code, n in stats.errors.items():
+            metrics.crm_errors.labels(org, code).inc(n)
+        locks = stats.errors.get("UNABLE_TO_LOCK_ROW", 0)
+        if locks:
+            metrics.lock_retries.labels(org).inc(locks)
+
+    return record
+
+
+def start_dispatchers(
+    engine: Engine,
+    configs: Mapping[str, OrgConfig],
+    adapters: Adapters,
+    stop: threading.Event,
+    per_org: int = 2,
+    metrics: Metrics | None = None,
+) -> list[threading.Thread]:
+    threads = []
+    for cfg in configs.values():
+        for i in range(per_org):
+            d = Dispatcher(engine, cfg.org, adapters.get(cfg.org))
+            t = threading.Thread(
+                target=d.run_forever,
+                name=f"dispatch-{cfg.org}-{i}",
+                kwargs={"stop": stop, "on_stats": _record_stats(metrics, cfg.org)},
+                daemon=True,
+            )
+            t.start()
+            threads.append(t)
+    return threads
+
+
+def run_service(
+    engine: Engine,
+    configs: Mapping[str, OrgConfig],
+    *,
+    host: str,
+    port: int,
+    receiver: bool = True,
+    scheduler: bool = True,
+    dispatch: bool = True,
+    dispatchers_per_org: int = 2,
+    public_base_url: str | None = None,
+) -> int:
+    """Run the chosen parts until SIGTERM/SIGINT; returns the exit status."""
+    from connector.web import create_app
+
+    adapters = Adapters(configs)
+    stop = threading.Event()
+    sched = start_scheduler(engine, configs, adapters) if scheduler else None
+    app = (
+        create_app(engine, configs, fetcher=adapters.fetch, public_base_url=public_base_url)
+        if receiver
+        else None
+    )
+    metrics = app.state.metrics if app is not None else None
+    threads = (
+        start_dispatchers(engine, configs, adapters, stop, dispatchers_per_org, metrics)
+        if dispatch
+        else []
+    )
+    log.info(
+        "connector running: receiver=%s scheduler=%s dispatchers=%d",
+        receiver,
+        scheduler,
+        len(threads),
+    )
+    try:
+        if app is not None:
+            config = uvicorn.Config(
+                app,
+                host=host,
+                port=port,
+                proxy_headers=False,
+                log_level="warning",
+                access_log=False,
+            )
+            uvicorn.Server(config).run()  # returns after SIGTERM/SIGINT, open requests done
+        else:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, lambda *_: stop.set())
+            stop.wait()
+    finally:
+        stop.set()
+        if sched is not None:
+            sched.shutdown(wait=True)  # a poll in progress finishes its page and returns
+        for t in threads:
+            t.join(timeout=60)
+        log.info("connector stopped")
+    return 0

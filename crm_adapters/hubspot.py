@@ -1,0 +1,467 @@
+"""HubSpot adapter on hubspot-api-client: batch owner updates, windowed search, owners API."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal
+
+import urllib3
+from hubspot import HubSpot
+from hubspot.crm.objects.exceptions import ApiException as ObjectsApiException
+from hubspot.crm.owners.exceptions import ApiException as OwnersApiException
+from urllib3.util.retry import Retry
+
+from crm_adapters.base import (
+    AuthError,
+    CrmError,
+    CrmRecord,
+    OwnerWrite,
+    PermanentError,
+    RateLimitedError,
+    RetryableError,
+    WriteOutcome,
+)
+from crm_adapters.ratelimit import RollingWindowLimiter
+from crm_adapters.salesforce import plain_secret
+
+__all__ = [
+    "HubSpotAdapter",
+    "HubSpotSettings",
+    "classify_hubspot_exception",
+    "classify_hubspot_http",
+    "classify_hubspot_record_error",
+]
+
+log = logging.getLogger(__name__)
+
+OWNER_PROPERTY = "hubspot_owner_id"
+_RETRYABLE_CATEGORIES = frozenset(
+    {"INTERNAL_ERROR", "SERVICE_UNAVAILABLE", "TIMEOUT", "LOCKED", "CONFLICT_RETRY"}
+)
+_INVALID_OWNER_RE = re.compile(r"(\d+) is not a valid owner id")
+_API_EXCEPTIONS = (ObjectsApiException, OwnersApiException)
+_WINDOW_PAD = 1.05
+
+
+def _body_dict(body: object) -> dict[str, Any]:
+    if isinstance(body, bytes | bytearray):
+        body = body.decode("utf-8", "replace")
+    if isinstance(body, str):
+        try:
+            body = json.loads(body) if body else None
+        except ValueError:
+            return {}
+    return body if isinstance(body, dict) else {}
+
+
+def _header(headers: Mapping[str, str] | None, name: str) -> str | None:
+    if not headers:
+        return None
+    low = name.lower()
+    for k, v in headers.items():
+        if k.lower() == low:
+            return str(v)
+    return None
+
+
+def seconds_until_utc_midnight(now: datetime | None = None) -> float:
+    """Seconds to the next UTC midnight (HubSpot's DAILY limit resets around then)."""
+    n = (now or datetime.now(UTC)).astimezone(UTC)
+    midnight = (n + timedelta(days=1)).replace(hour=0, minute=0, second=0, microsecond=0)
+    return max((midnight - n).total_seconds(), 1.0)
+
+
+def classify_hubspot_record_error(category: str, message: str = "") -> CrmError:
+    """Map one per-record error (`category` of a 207 error entry) to an error class."""
+    if category == "RATE_LIMITS":
+        return RateLimitedError(category, message, 1.0, scope="request")
+    if category in _RETRYABLE_CATEGORIES:
+        return RetryableError(category, message)
+    return PermanentError(category or "UNKNOWN", message)
+
+
+def classify_hubspot_http(
+    status: int,
+    body: object = None,
+    headers: Mapping[str, str] | None = None,
+    now: datetime | None = None,
+) -> CrmError:
+    """Map a failed whole-request HTTP answer (status, body, headers) to an error class."""
+    data = _body_dict(body)
+    message = str(data.get("message", ""))
+    category = str(data.get("category") or "")
+    retry_after: float | None = None
+    ra = _header(headers, "Retry-After")
+    if ra is not None:
+        try:
+            retry_after = max(float(ra), 0.0)
+        except ValueError:
+            retry_after = None
+    if status == 429:
+        policy = str(data.get("policyName") or "")
+        if policy == "DAILY":
+            return RateLimitedError(
+                "DAILY", message, retry_after or seconds_until_utc_midnight(now), scope="org"
+            )
+        return RateLimitedError(policy or "429", message, retry_after or 1.0, scope="request")
+    if status in (401, 403):
+        return AuthError(category or str(status), message)
+    if status in (0, 408, 423) or status >= 500:
+        return RetryableError(category or str(status), message, retry_after)
+    return PermanentError(category or str(status), message)
+
+
+def classify_hubspot_exception(exc: BaseException) -> CrmError:
+    """Translate hubspot-api-client / urllib3 exceptions into the CrmError hierarchy."""
+    if isinstance(exc, CrmError):
+        return exc
+    if isinstance(exc, _API_EXCEPTIONS):
+        headers = dict(exc.headers) if exc.headers else {}
+        return classify_hubspot_http(int(exc.status or 0), exc.body, headers)
+    if isinstance(exc, urllib3.exceptions.MaxRetryError) and exc.reason is not None:
+        return classify_hubspot_exception(exc.reason)
+    if isinstance(exc, urllib3.exceptions.NewConnectionError | urllib3.exceptions.ProtocolError):
+        return RetryableError("connection", type(exc).__name__)
+    if isinstance(exc, urllib3.exceptions.TimeoutError | TimeoutError):
+        return RetryableError("timeout", type(exc).__name__)
+    if isinstance(exc, urllib3.exceptions.HTTPError | ConnectionError | OSError):
+        return RetryableError("connection", type(exc).__name__)
+    if isinstance(exc, ValueError):
+        return RetryableError("bad_response", type(exc).__name__)
+    return RetryableError("unexpected", type(exc).__name__)
+
+
+@dataclass(frozen=True)
+class HubSpotSettings:
+    """One HubSpot account (private app token)."""
+
+    access_token: str = field(repr=False)
+    base_url: str = "https://api.hubapi.com"
+    object: Literal["contacts", "leads"] = "contacts"
+    limit_per_10s: int = 100
+    search_per_s: float = 4.0
+    timeout: float = 30.0
+    extra_properties: tuple[str, ...] = ()
+    search_result_cap: int = 10_000
+    pool_size: int = 16
+
+    @property
+    def modified_property(self) -> str:
+        """Contacts keep the legacy `lastmodifieddate`; other objects use `hs_lastmodifieddate`."""
+        return "lastmodifieddate" if self.object == "contacts" else "hs_lastmodifieddate"
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> HubSpotSettings:
+        """Build from a config mapping; `auth.access_token` is accepted, unknown keys ignored."""
+        known = {f.name for f in fields(cls)}
+        d = {k: v for k, v in data.items() if k in known}
+        auth = data.get("auth")
+        if "access_token" not in d and isinstance(auth, Mapping) and "access_token" in auth:
+            d["access_token"] = auth["access_token"]
+        if "access_token" in d:
+            d["access_token"] = plain_secret(d["access_token"])
+        if "extra_properties" in d:
+            d["extra_properties"] = tuple(d["extra_properties"])
+        return cls(**d)
+
+
+_LIMITERS: dict[tuple[str, str, str], RollingWindowLimiter] = {}
+_LIMITERS_LOCK = threading.Lock()
+
+
+def _shared_limiter(base_url: str, token: str, kind: str, limit: int, window: float) -> Any:
+    """One limiter per (account token, kind) per process, shared by all adapters of it."""
+    key = (base_url, hashlib.sha256(token.encode()).hexdigest()[:16], f"{kind}:{limit}/{window}")
+    with _LIMITERS_LOCK:
+        lim = _LIMITERS.get(key)
+        if lim is None:
+            lim = _LIMITERS[key] = RollingWindowLimiter(limit, window)
+        return lim
+
+
+def _to_ms(dt: datetime) -> int:
+    aware = dt if dt.tzinfo else dt.replace(tzinfo=UTC)
+    return int(aware.timestamp() * 1000)
+
+
+def _parse_hs_time(value: object) -> datetime:
+    """HubSpot times come as ISO strings ('...Z') or epoch milliseconds."""
+    s = str(value)
+    if s.isdigit():
+        return datetime.fromtimestamp(int(s) / 1000, tz=UTC)
+    if s.endswith("Z"):
+        s = s[:-1] + "+00:00"
+    dt = datetime.fromisoformat(s)
+    return dt if dt.tzinfo else dt.replace(tzinfo=UTC)
+
+
+class HubSpotAdapter:
+    """CrmAdapter for one HubSpot account (contacts or leads owner writes)."""
+
+    kind = "hubspot"
+    max_batch = 100
+
+    def __init__(self, settings: HubSpotSettings) -> None:
+        self.settings = settings
+        client = HubSpot(
+            access_token=settings.access_token,
+            host=settings.base_url.rstrip("/"),
+            retry=Retry(total=0, redirect=0, raise_on_status=False),
+            connection_pool_maxsize=settings.pool_size,
+        )
+        self._batch = client.crm.objects.batch_api
+        self._search = client.crm.objects.search_api
+        self._owners = client.crm.owners.owners_api
+        # Windows are padded a little: the server counts arrival times, we count send times.
+        self._limiter: RollingWindowLimiter = _shared_limiter(
+            settings.base_url,
+            settings.access_token,
+            "general",
+            settings.limit_per_10s,
+            10.0 * _WINDOW_PAD + 0.05,
+        )
+        sps = settings.search_per_s
+        s_limit, s_window = (max(1, round(sps)), 1.0) if sps >= 1 else (1, 1.0 / max(sps, 1e-3))
+        self._search_limiter: RollingWindowLimiter = _shared_limiter(
+            settings.base_url,
+            settings.access_token,
+            "search",
+            s_limit,
+            s_window * _WINDOW_PAD + 0.05,
+        )
+        self._usage_lock = threading.Lock()
+        self._rate_headers: dict[str, str] = {}
+        self._calls = 0
+
+    # ----------------------------------------------------------------- transport
+    def _remember(self, headers: Mapping[str, str] | None) -> None:
+        if not headers:
+            return
+        found = {
+            k: str(v) for k, v in headers.items() if k.lower().startswith("x-hubspot-ratelimit")
+        }
+        with self._usage_lock:
+            self._calls += 1
+            if found:
+                self._rate_headers = {k.lower(): v for k, v in found.items()}
+
+    def _call(self, fn: Callable[..., Any], *args: Any, search: bool = False, **kw: Any) -> Any:
+        """Call a generated API method under the client-side budget; return the parsed JSON."""
+        (self._search_limiter if search else self._limiter).acquire()
+        try:
+            resp = fn(*args, _preload_content=False, _request_timeout=self.settings.timeout, **kw)
+        except _API_EXCEPTIONS as exc:
+            self._remember(dict(exc.headers) if exc.headers else None)
+            raise classify_hubspot_exception(exc) from exc
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise classify_hubspot_exception(exc) from exc
+        try:
+            raw = resp.data
+            self._remember(dict(resp.headers))
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise classify_hubspot_exception(exc) from exc
+        finally:
+            resp.release_conn()
+        try:
+            return json.loads(raw) if raw else {}
+        except ValueError as exc:
+            raise RetryableError("bad_response", "response is not JSON") from exc
+
+    # ----------------------------------------------------------------- writes
+    def write_owners(self, batch: Sequence[OwnerWrite]) -> list[WriteOutcome]:
+        """Batch update `hubspot_owner_id`; 207 partial errors mapped per record, in order."""
+        if not batch:
+            return []
+        if len(batch) > self.max_batch:
+            raise ValueError(f"batch of {len(batch)} exceeds {self.max_batch}")
+        results: dict[int, WriteOutcome] = {}
+        self._write(list(enumerate(batch)), results)
+        return [results[i] for i in range(len(batch))]
+
+    def _write(self, items: list[tuple[int, OwnerWrite]], out: dict[int, WriteOutcome]) -> None:
+        body = {
+            "inputs": [
+                {"id": w.record_id, "properties": {OWNER_PROPERTY: w.owner_id}} for _, w in items
+            ]
+        }
+        try:
+            data = self._call(self._batch.update, self.settings.object, body)
+        except PermanentError as err:
+            if err.code != "VALIDATION_ERROR":
+                raise
+            # A whole-batch validation failure: blame the named bad owners, or bisect.
+            bad = set(_INVALID_OWNER_RE.findall(err.message))
+            blamed = [(i, w) for i, w in items if w.owner_id in bad]
+            rest = [(i, w) for i, w in items if w.owner_id not in bad]
+            for i, w in blamed:
+                log.info("hubspot write failed record=%s code=INVALID_OWNER_ID", w.record_id)
+                out[i] = WriteOutcome(w.key, False, PermanentError("INVALID_OWNER_ID", err.message))
+            if blamed:
+                if rest:
+                    self._write(rest, out)
+                return
+            if len(items) == 1:
+                i, w = items[0]
+                log.info("hubspot write failed record=%s code=%s", w.record_id, err.code)
+                out[i] = WriteOutcome(w.key, False, err)
+                return
+            mid = len(items) // 2
+            self._write(items[:mid], out)
+            self._write(items[mid:], out)
+            return
+        ok_ids = {str(r.get("id")) for r in data.get("results", []) if isinstance(r, dict)}
+        errors: dict[str, CrmError] = {}
+        for e in data.get("errors", []) or []:
+            if not isinstance(e, dict):
+                continue
+            rec_err = classify_hubspot_record_error(
+                str(e.get("category", "")), str(e.get("message", ""))
+            )
+            for rid in (e.get("context") or {}).get("ids") or []:
+                errors[str(rid)] = rec_err
+        for i, w in items:
+            if w.record_id in errors:
+                log.info(
+                    "hubspot write failed record=%s code=%s", w.record_id, errors[w.record_id].code
+                )
+                out[i] = WriteOutcome(w.key, False, errors[w.record_id])
+            elif w.record_id in ok_ids:
+                out[i] = WriteOutcome(w.key, True)
+            else:
+                out[i] = WriteOutcome(
+                    w.key, False, RetryableError("MISSING_RESULT", "no result for record")
+                )
+
+    # ----------------------------------------------------------------- reads
+    def _properties(self, extra: Sequence[str]) -> list[str]:
+        props = [OWNER_PROPERTY, self.settings.modified_property]
+        props.extend(self.settings.extra_properties)
+        props.extend(extra)
+        return list(dict.fromkeys(props))
+
+    def _to_record(self, obj: Mapping[str, Any]) -> CrmRecord:
+        props = dict(obj.get("properties") or {})
+        modified = props.get(self.settings.modified_property) or obj.get("updatedAt")
+        fields = {
+            str(k): (None if v is None else str(v))
+            for k, v in props.items()
+            if k not in (self.settings.modified_property, "hs_object_id")
+        }
+        return CrmRecord(str(obj["id"]), fields, _parse_hs_time(modified))
+
+    def changed_since(
+        self, since: datetime, until: datetime | None = None, page_size: int = 200
+    ) -> Iterator[list[CrmRecord]]:
+        """Search lastmodifieddate >= since (< until) ascending; re-window before the cap."""
+        prop = self.settings.modified_property
+        limit = max(1, min(page_size, 200))
+        cap = self.settings.search_result_cap
+        window_lo = _to_ms(since)
+        hi = _to_ms(until) if until is not None else None
+        after: str | None = None
+        last_ms = -1
+        ids_at_last: set[str] = set()
+        skip_at_lo: set[str] = set()
+        while True:
+            filters: list[dict[str, str]] = [
+                {"propertyName": prop, "operator": "GTE", "value": str(window_lo)}
+            ]
+            if hi is not None:
+                filters.append({"propertyName": prop, "operator": "LT", "value": str(hi)})
+            body: dict[str, Any] = {
+                "filterGroups": [{"filters": filters}],
+                "sorts": [{"propertyName": prop, "direction": "ASCENDING"}],
+                "properties": self._properties(()),
+                "limit": limit,
+            }
+            if after is not None:
+                body["after"] = after
+            data = self._call(self._search.do_search, self.settings.object, body, search=True)
+            page: list[CrmRecord] = []
+            for obj in data.get("results", []) or []:
+                rec = self._to_record(obj)
+                ms = _to_ms(rec.modified_at)
+                if ms == window_lo and rec.crm_id in skip_at_lo:
+                    continue
+                if ms > last_ms:
+                    last_ms, ids_at_last = ms, {rec.crm_id}
+                elif ms == last_ms:
+                    ids_at_last.add(rec.crm_id)
+                page.append(rec)
+            if page:
+                yield page
+            nxt = ((data.get("paging") or {}).get("next") or {}).get("after")
+            if not nxt or not data.get("results"):
+                return
+            if str(nxt).isdigit() and int(nxt) + limit > cap:
+                if last_ms <= window_lo:
+                    log.warning("hubspot search: more than %d records share one ms; skipping", cap)
+                    window_lo, skip_at_lo = window_lo + 1, set()
+                else:
+                    window_lo, skip_at_lo = last_ms, set(ids_at_last)
+                after = None
+            else:
+                after = str(nxt)
+
+    def fetch_records(self, ids: Sequence[str], fields: Sequence[str]) -> list[CrmRecord]:
+        """Batch read (100 per call); missing ids are skipped."""
+        unique = list(dict.fromkeys(ids))
+        found: dict[str, CrmRecord] = {}
+        for i in range(0, len(unique), 100):
+            body = {
+                "properties": self._properties(fields),
+                "inputs": [{"id": x} for x in unique[i : i + 100]],
+                "propertiesWithHistory": [],
+            }
+            data = self._call(self._batch.read, self.settings.object, body)
+            for obj in data.get("results", []) or []:
+                rec = self._to_record(obj)
+                found[rec.crm_id] = rec
+        return [found[i] for i in ids if i in found]
+
+    def _owner_ids(self, archived: bool) -> set[str]:
+        ids: set[str] = set()
+        after: str | None = None
+        while True:
+            kw: dict[str, Any] = {"limit": 500, "archived": archived}
+            if after:
+                kw["after"] = after
+            data = self._call(self._owners.get_page, **kw)
+            ids.update(str(o.get("id")) for o in data.get("results", []) or [])
+            after = ((data.get("paging") or {}).get("next") or {}).get("after")
+            if not after:
+                return ids
+
+    def check_owners(self, owner_ids: Sequence[str]) -> dict[str, str | None]:
+        """Owners API: None = active owner, 'archived' or 'not found' otherwise."""
+        if not owner_ids:
+            return {}
+        active = self._owner_ids(False)
+        result: dict[str, str | None] = {o: None if o in active else "not found" for o in owner_ids}
+        if any(v is not None for v in result.values()):
+            archived = self._owner_ids(True)
+            for o in owner_ids:
+                if result[o] is not None and o in archived:
+                    result[o] = "archived"
+        return result
+
+    def usage(self) -> dict[str, object]:
+        """Client-side budget use plus the last X-HubSpot-RateLimit-* headers seen."""
+        with self._usage_lock:
+            headers = dict(self._rate_headers)
+            calls = self._calls
+        return {
+            "kind": self.kind,
+            "calls": calls,
+            "limit_per_10s": self.settings.limit_per_10s,
+            "used_in_window": self._limiter.in_window(),
+            "client_waited_s": round(self._limiter.waited_s, 3),
+            "rate_limit_headers": headers,
+        }

@@ -1,0 +1,64 @@
+"""Client-side rolling-window budget so calls stay under a CRM's per-window request limit."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+
+__all__ = ["RollingWindowLimiter"]
+
+
+class RollingWindowLimiter:
+    """At most `limit` acquisitions in any `window` seconds; thread-safe, blocks until allowed."""
+
+    def __init__(
+        self,
+        limit: int,
+        window: float,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        if limit < 1 or window <= 0:
+            raise ValueError("limit must be >= 1 and window > 0")
+        self.limit = limit
+        self.window = window
+        self._clock = clock
+        self._sleep = sleep
+        self._stamps: deque[float] = deque()
+        self._lock = threading.Lock()
+        self.waited_s = 0.0
+
+    def _prune(self, now: float) -> None:
+        while self._stamps and now - self._stamps[0] >= self.window:
+            self._stamps.popleft()
+
+    def try_acquire(self) -> float:
+        """Take a slot and return 0.0, or return the seconds to wait before one frees up."""
+        with self._lock:
+            now = self._clock()
+            self._prune(now)
+            if len(self._stamps) < self.limit:
+                self._stamps.append(now)
+                return 0.0
+            return max(self._stamps[0] + self.window - now, 1e-3)
+
+    def acquire(self) -> float:
+        """Block until a slot is taken; return the seconds spent waiting."""
+        waited = 0.0
+        while True:
+            wait = self.try_acquire()
+            if wait == 0.0:
+                if waited:
+                    with self._lock:
+                        self.waited_s += waited
+                return waited
+            self._sleep(wait)
+            waited += wait
+
+    def in_window(self) -> int:
+        """Slots used in the current window."""
+        with self._lock:
+            self._prune(self._clock())
+            return len(self._stamps)

@@ -1,0 +1,31 @@
+"""Local simulators of the Salesforce and HubSpot APIs, for demos, tests and benchmarks."""
+
+from __future__ import annotations
+
+from crm_adapters.sandbox._server import Reply, Request, SandboxServer
+from crm_adapters.sandbox.hubspot import HubSpotSandbox
+from crm_adapters.sandbox.salesforce import SalesforceSandbox
+
+__all__ = [
+    "HubSpotSandbox",
+    "Reply",
+    "Request",
+    "SalesforceSandbox",
+    "SandboxServer",
+    "make_sandbox",
+    "serve",
+]
+
+
+def make_sandbox(kind: str) -> SandboxServer:
+    """A fresh, unstarted simulator of `kind` ("salesforce" or "hubspot")."""
+    if kind == "salesforce":
+        return SalesforceSandbox()
+    if kind == "hubspot":
+        return HubSpotSandbox()
+    raise ValueError(f"unknown sandbox kind {kind!r}")
+
+
+def serve(kind: str, host: str = "127.0.0.1", port: int = 0) -> None:
+    """Run a simulator in the foreground until interrupted (`connector sandbox KIND --port N`)."""
+    make_sandbox(kind).serve_forever(host, port)

@@ -1,0 +1,79 @@
+-- Named SQL for the outbox dispatcher.
+-- Claims run one at a time per org (claim_lock), each in its own short transaction, so the
+-- "no other claim in flight for this parent" test in `claim` sees every committed claim.
+-- CRM calls happen after the claim committed and before `finish_*`: never inside a
+-- transaction. A finish only touches rows still claimed with the same token, so the late
+-- result of a worker whose lease expired changes nothing.
+
+-- name: claim_lock
+SELECT pg_advisory_xact_lock(hashtext('lead-routing-connector:claim'), hashtext(:org))
+
+-- name: rescue_expired
+UPDATE outbox SET state = 'pending', claimed_by = NULL, lease_until = NULL
+WHERE org = :org AND state = 'claimed' AND lease_until < now()
+RETURNING id
+
+-- name: paused_until
+SELECT until, reason FROM org_pauses WHERE org = :org AND until > now()
+
+-- name: claim
+WITH ready AS (
+    SELECT o.id
+    FROM outbox o
+    WHERE o.org = :org AND o.state = 'pending' AND o.available_at <= now()
+      AND (o.parent_id IS NULL OR NOT EXISTS (
+            SELECT 1 FROM outbox c
+            WHERE c.org = o.org AND c.state = 'claimed' AND c.parent_id = o.parent_id))
+    ORDER BY o.id
+    LIMIT :limit
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE outbox o
+SET state = 'claimed', claimed_by = :token, attempts = o.attempts + 1,
+    lease_until = now() + make_interval(secs => :lease_seconds)
+FROM ready
+WHERE o.id = ready.id
+RETURNING o.id, o.crm_id, o.owner_id, o.parent_id, o.attempts
+
+-- name: finish_sent
+UPDATE outbox SET state = 'sent', finished_at = now(), lease_until = NULL, last_error = NULL
+WHERE id = ANY(CAST(:ids AS bigint[])) AND state = 'claimed' AND claimed_by = :token
+RETURNING id
+
+-- name: finish_dead
+UPDATE outbox o
+SET state = 'dead', finished_at = now(), lease_until = NULL, last_error = f.error
+FROM unnest(CAST(:ids AS bigint[]), CAST(:errors AS text[])) AS f (id, error)
+WHERE o.id = f.id AND o.state = 'claimed' AND o.claimed_by = :token
+RETURNING o.id
+
+-- name: finish_retry
+UPDATE outbox o
+SET state = 'pending', claimed_by = NULL, lease_until = NULL, last_error = f.error,
+    available_at = now() + make_interval(secs => f.delay)
+FROM unnest(CAST(:ids AS bigint[]), CAST(:errors AS text[]), CAST(:delays AS float8[]))
+     AS f (id, error, delay)
+WHERE o.id = f.id AND o.state = 'claimed' AND o.claimed_by = :token
+RETURNING o.id
+
+-- name: pause_org
+INSERT INTO org_pauses (org, until, reason)
+VALUES (:org, now() + make_interval(secs => :seconds), :reason)
+ON CONFLICT (org) DO UPDATE
+SET until = GREATEST(org_pauses.until, EXCLUDED.until), reason = EXCLUDED.reason,
+    updated_at = now()
+
+-- name: next_due
+SELECT min(available_at) AS next_at, count(*) AS open
+FROM outbox WHERE org = :org AND state IN ('pending', 'claimed')
+
+-- name: list_dead
+SELECT id, lead_id, crm_object, crm_id, owner_id, attempts, last_error, finished_at
+FROM outbox WHERE org = :org AND state = 'dead' ORDER BY id LIMIT :limit
+
+-- name: retry_dead
+UPDATE outbox
+SET state = 'pending', attempts = 0, available_at = now(), finished_at = NULL,
+    claimed_by = NULL
+WHERE org = :org AND state = 'dead' AND (CAST(:ids AS bigint[]) IS NULL OR id = ANY(CAST(:ids AS bigint[])))
+RETURNING id

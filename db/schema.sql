@@ -1,0 +1,151 @@
+-- The full schema the migrations in db/migrations/ produce, in one file, for reading and for
+-- building a database without migrating. tests/test_migrations.py checks that the two agree:
+-- a new migration must update this file too (its tables here, and its row below).
+
+CREATE TABLE schema_migrations (
+    version    integer PRIMARY KEY,
+    name       text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+);
+INSERT INTO schema_migrations (version, name) VALUES
+    (1, 'routing'),
+    (2, 'webhook_inbox'),
+    (3, 'org_pauses'),
+    (4, 'poll_watermarks');
+
+-- 0001_routing.sql
+-- Routing state: teams, members, leads, assignments and the write-back outbox.
+
+CREATE TABLE teams (
+    id          bigserial PRIMARY KEY,
+    org         text NOT NULL,
+    name        text NOT NULL,
+    -- Bumped by every routing-relevant membership edit; counts restart with each epoch.
+    epoch       integer NOT NULL DEFAULT 1,
+    fingerprint text NOT NULL DEFAULT '',
+    in_config   boolean NOT NULL DEFAULT true,
+    updated_at  timestamptz NOT NULL DEFAULT now(),
+    UNIQUE (org, name)
+);
+
+CREATE TABLE members (
+    id                bigserial PRIMARY KEY,
+    team_id           bigint NOT NULL REFERENCES teams (id),
+    crm_user_id       text NOT NULL,
+    name              text NOT NULL,
+    weight            integer NOT NULL CHECK (weight > 0),
+    active            boolean NOT NULL DEFAULT true,
+    in_config         boolean NOT NULL DEFAULT true,
+    position          integer NOT NULL,
+    -- Leads this member got in the team's current epoch (the rotation's only state).
+    assigned_in_epoch bigint NOT NULL DEFAULT 0,
+    UNIQUE (team_id, crm_user_id)
+);
+
+CREATE TABLE leads (
+    id                bigserial PRIMARY KEY,
+    org               text NOT NULL,
+    crm_object        text NOT NULL,
+    crm_id            text NOT NULL,
+    fields            jsonb NOT NULL,
+    parent_id         text,
+    source            text NOT NULL,
+    received_at       timestamptz NOT NULL DEFAULT now(),
+    unassigned_reason text,
+    UNIQUE (org, crm_object, crm_id)
+);
+
+-- The audit of who got which lead. UNIQUE (lead_id): no lead can ever have two owners.
+CREATE TABLE assignments (
+    id          bigserial PRIMARY KEY,
+    lead_id     bigint NOT NULL UNIQUE REFERENCES leads (id),
+    org         text NOT NULL,
+    team_id     bigint NOT NULL REFERENCES teams (id),
+    member_id   bigint NOT NULL REFERENCES members (id),
+    crm_user_id text NOT NULL,
+    epoch       integer NOT NULL,
+    rule_index  integer NOT NULL,
+    rule_name   text NOT NULL,
+    source      text NOT NULL,
+    assigned_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX assignments_member ON assignments (member_id);
+CREATE INDEX assignments_org ON assignments (org, team_id);
+
+-- One row per owner write the CRM still has to see; written in the assignment's transaction.
+CREATE TABLE outbox (
+    id            bigserial PRIMARY KEY,
+    org           text NOT NULL,
+    lead_id       bigint NOT NULL REFERENCES leads (id),
+    assignment_id bigint NOT NULL REFERENCES assignments (id),
+    crm_object    text NOT NULL,
+    crm_id        text NOT NULL,
+    owner_id      text NOT NULL,
+    parent_id     text,
+    state         text NOT NULL DEFAULT 'pending'
+                  CHECK (state IN ('pending', 'claimed', 'sent', 'dead', 'superseded')),
+    attempts      integer NOT NULL DEFAULT 0,
+    available_at  timestamptz NOT NULL DEFAULT now(),
+    claimed_by    text,
+    lease_until   timestamptz,
+    last_error    text,
+    created_at    timestamptz NOT NULL DEFAULT now(),
+    finished_at   timestamptz
+);
+CREATE INDEX outbox_pending ON outbox (org, available_at, id) WHERE state = 'pending';
+CREATE INDEX outbox_claimed ON outbox (lease_until) WHERE state = 'claimed';
+CREATE INDEX outbox_org_state ON outbox (org, state);
+
+
+-- 0002_webhook_inbox.sql
+-- HubSpot webhook events waiting for their record's fields to be fetched from the CRM.
+-- A delivery commits its events here in one short transaction and is answered at once; a
+-- worker claims rows (SKIP LOCKED, with a lease so a dead worker's claim is rescued), fetches
+-- the records with no transaction open, then routes them and marks the rows done in one
+-- transaction. HubSpot documents eventId as not guaranteed unique, so a repeat delivery is
+-- recognised by (org, portal, event, object), which a distinct event never shares.
+
+CREATE TABLE webhook_inbox (
+    id           bigserial PRIMARY KEY,
+    org          text NOT NULL,
+    portal_id    bigint NOT NULL,
+    event_id     bigint NOT NULL,
+    object_id    bigint NOT NULL,
+    crm_object   text NOT NULL,
+    crm_id       text NOT NULL,
+    occurred_at  bigint NOT NULL,
+    -- The properties the events carried (fallback fields; the fetched record wins).
+    fields       jsonb NOT NULL,
+    state        text NOT NULL DEFAULT 'pending'
+                 CHECK (state IN ('pending', 'claimed', 'done', 'skipped', 'dead')),
+    attempts     integer NOT NULL DEFAULT 0,
+    available_at timestamptz NOT NULL DEFAULT now(),
+    claimed_by   text,
+    lease_until  timestamptz,
+    last_error   text,
+    received_at  timestamptz NOT NULL DEFAULT now(),
+    finished_at  timestamptz,
+    UNIQUE (org, portal_id, event_id, object_id)
+);
+CREATE INDEX webhook_inbox_pending ON webhook_inbox (org, available_at, id) WHERE state = 'pending';
+CREATE INDEX webhook_inbox_claimed ON webhook_inbox (lease_until) WHERE state = 'claimed';
+
+
+-- 0003_org_pauses.sql
+-- An org whose CRM said "stop" (Salesforce REQUEST_LIMIT_EXCEEDED, HubSpot DAILY limit):
+-- no dispatcher claims its outbox rows before `until`.
+CREATE TABLE org_pauses (
+    org        text PRIMARY KEY,
+    until      timestamptz NOT NULL,
+    reason     text NOT NULL,
+    updated_at timestamptz NOT NULL DEFAULT now()
+);
+
+
+-- 0004_poll_watermarks.sql
+-- Where each org's scheduled poll has read up to (the CRM's last-modified time).
+CREATE TABLE poll_watermarks (
+    org        text PRIMARY KEY,
+    watermark  timestamptz NOT NULL,
+    updated_at timestamptz NOT NULL DEFAULT now()
+);

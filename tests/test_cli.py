@@ -1,0 +1,400 @@
+"""The `connector` command line, in-process on a fresh database, and as real subprocesses."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, text
+
+from connector.cli import main
+
+CONFIG = """
+org: acme
+crm:
+  kind: salesforce
+  instance_url: https://acme.my.salesforce.com
+  auth: {method: session, access_token: "${ACME_TOKEN}"}
+  object: Lead
+teams:
+  - name: na_ae
+    members:
+      - {crm_user_id: "005A", name: Ada, weight: 1}
+      - {crm_user_id: "005B", name: Alan, weight: 2}
+  - name: row_ae
+    members:
+      - {crm_user_id: "005C", name: Grace}
+      - {crm_user_id: "005D", name: Edsger, active: false}
+rules:
+  - {team: na_ae, when: {Country: [US, CA]}}
+  - {team: row_ae, when: {Country: [DE, FR, UK]}}
+"""
+TOKEN = "tok-never-printed"
+
+
+@pytest.fixture
+def cfg_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A config file that CONNECTOR_CONFIG names; the database URL leads nowhere."""
+    cfg = tmp_path / "acme.yaml"
+    cfg.write_text(CONFIG, encoding="utf-8")
+    monkeypatch.setenv("DATABASE_URL", "postgresql://nobody@127.0.0.1:9/none")
+    monkeypatch.setenv("ACME_TOKEN", TOKEN)
+    monkeypatch.setenv("CONNECTOR_CONFIG", str(cfg))
+    monkeypatch.delenv("CONNECTOR_AUTO_MIGRATE", raising=False)
+    return cfg
+
+
+@pytest.fixture
+def cli_env(cfg_file: Path, db_url: str, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The same, with DATABASE_URL at a fresh test database."""
+    monkeypatch.setenv("DATABASE_URL", db_url)
+    return cfg_file
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    assert TOKEN not in out + err
+    return code, out, err
+
+
+def table_counts(engine: Engine) -> dict[str, int]:
+    with engine.connect() as conn:
+        return {
+            t: conn.execute(text(f"SELECT count(*) FROM {t}")).scalar_one()
+            for t in ("leads", "assignments", "outbox")
+        }
+
+
+def test_check_config_ok(cfg_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "check-config")
+    assert (code, err) == (0, "")
+    assert out == (
+        "org acme: salesforce Lead, 2 teams, 4 members (3 active), 2 rules "
+        "(no default rule: unmatched leads stay unassigned)\n"
+    )
+
+
+def test_check_config_error_names_file_and_key(
+    cfg_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(CONFIG.replace("weight: 2}", "weigth: 2}"), encoding="utf-8")
+    code, out, err = run(capsys, "--config", str(bad), "check-config")
+    assert (code, out) == (2, "")
+    assert err == (
+        f"connector: {bad}: invalid configuration\n"
+        "  teams[0].members[1].weigth: Extra inputs are not permitted\n"
+    )
+
+
+def test_check_config_missing_env_var(
+    cfg_file: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("ACME_TOKEN")
+    code, out, err = run(capsys, "check-config")
+    assert (code, out) == (2, "")
+    assert err == (
+        f"connector: {cfg_file}: crm.auth.access_token: "
+        "environment variable ACME_TOKEN is not set\n"
+    )
+
+
+def test_no_config_at_all(
+    cfg_file: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("CONNECTOR_CONFIG")
+    code, _, err = run(capsys, "check-config")
+    assert code == 2
+    assert err == (
+        "connector: no configuration: pass --config FILE_OR_FOLDER or set CONNECTOR_CONFIG\n"
+    )
+
+
+def test_migrate(cli_env: Path, engine: Engine, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "migrate")
+    assert (code, err) == (0, "")
+    # the test database is already migrated; new teams start in their first epoch
+    assert out == "migrations applied: none (up to date)\norg acme: 2 teams applied\n"
+    code, out, _ = run(capsys, "migrate")
+    assert out.splitlines()[1] == "org acme: 2 teams applied"
+    with engine.connect() as conn:
+        rows = conn.execute(text("SELECT name FROM teams ORDER BY name")).all()
+    assert [r[0] for r in rows] == ["na_ae", "row_ae"]
+
+
+def _write_jsonl(path: Path) -> Path:
+    path.write_text(
+        "\n".join(
+            [
+                '{"Id": "00Q1", "Country": "US"}',  # 1
+                '{"Id": "00Q2", "Country": "de"}',  # 2
+                "{oops",  # 3
+                "",  # 4
+                '{"Country": "US"}',  # 5
+                '{"Id": "00Q3", "Country": "JP"}',  # 6: no rule
+                "[1]",  # 7
+                '{"Id": "00Q4", "Country": "CA"}',  # 8
+                '{"Id": "00Q1", "Country": "US"}',  # 9: repeat of line 1
+            ]
+        )
+        + "\n",
+        encoding="utf-8",
+    )
+    return path
+
+
+def _write_csv(path: Path) -> Path:
+    path.write_text(
+        "Id,Country,Note\n"  # 1
+        '00Q10,US,"two\nlines"\n'  # 2-3
+        "00Q11,FR\n"  # 4: bad
+        ',US,"no\nid"\n'  # 5-6: bad
+        "00Q12,UK,x\n",  # 7
+        encoding="utf-8",
+    )
+    return path
+
+
+def test_ingest_jsonl_and_csv_with_bad_rows(
+    cli_env: Path, engine: Engine, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    jl = _write_jsonl(tmp_path / "leads.jsonl")
+    code, out, err = run(capsys, "ingest", "--org", "acme", str(jl))
+    assert code == 3
+    assert err.splitlines() == [
+        f"{jl}:3: rejected: not valid JSON (Expecting property name enclosed in double quotes)",
+        f"{jl}:5: rejected: missing CRM id (column 'Id')",
+        f"{jl}:7: rejected: expected a JSON object",
+    ]
+    assert out == f"{jl}: 4 new (3 assigned, 1 unassigned), 1 duplicate, 3 rejected\n"
+
+    cs = _write_csv(tmp_path / "leads.csv")
+    code, out, err = run(capsys, "ingest", str(cs))
+    assert code == 3
+    assert err.splitlines() == [
+        f"{cs}:4: rejected: expected 3 cells, found 2",
+        f"{cs}:5: rejected: missing CRM id (column 'Id')",
+    ]
+    assert out == f"{cs}: 2 new (2 assigned, 0 unassigned), 0 duplicate, 2 rejected\n"
+
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT l.crm_id, a.crm_user_id, l.unassigned_reason, l.source, l.fields "
+                "FROM leads l LEFT JOIN assignments a ON a.lead_id = l.id ORDER BY l.crm_id"
+            )
+        ).all()
+    assert [tuple(r[:4]) for r in rows] == [
+        ("00Q1", "005B", None, "import"),
+        ("00Q10", "005A", None, "import"),
+        ("00Q12", "005C", None, "import"),
+        ("00Q2", "005C", None, "import"),
+        ("00Q3", None, "no_rule_matched", "import"),
+        ("00Q4", "005B", None, "import"),
+    ]
+    assert rows[1].fields == {"Id": "00Q10", "Country": "US", "Note": "two\nlines"}
+    before = table_counts(engine)
+    assert before == {"leads": 6, "assignments": 5, "outbox": 5}
+
+    # the same files again: every good row is a duplicate and nothing changes
+    code, out, _ = run(capsys, "ingest", str(jl))
+    assert (code, out) == (3, f"{jl}: 0 new (0 assigned, 0 unassigned), 5 duplicate, 3 rejected\n")
+    code, out, _ = run(capsys, "ingest", str(cs))
+    assert (code, out) == (3, f"{cs}: 0 new (0 assigned, 0 unassigned), 2 duplicate, 2 rejected\n")
+    assert table_counts(engine) == before
+
+
+def test_ingest_clean_file_exits_0(
+    cli_env: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "leads.txt"
+    path.write_text('{"Id": "00Q1", "Country": "US"}\n', encoding="utf-8")
+    code, _, err = run(capsys, "ingest", str(path))
+    assert code == 2
+    assert err == (
+        f"connector: {path}: cannot tell the format from the name; pass --format jsonl|csv\n"
+    )
+    code, out, err = run(capsys, "ingest", "--format", "jsonl", str(path))
+    assert (code, err) == (0, "")
+    assert out == f"{path}: 1 new (1 assigned, 0 unassigned), 0 duplicate, 0 rejected\n"
+
+
+def test_ingest_missing_file(
+    cfg_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = run(capsys, "ingest", str(tmp_path / "nope.csv"))
+    assert (code, err) == (2, f"connector: {tmp_path / 'nope.csv'}: no such file\n")
+
+
+def _check_status_shape(status: dict[str, Any]) -> None:
+    assert set(status) == {"org", "leads", "teams", "outbox"}
+    assert set(status["leads"]) == {"total", "assigned", "unassigned"}
+    assert set(status["outbox"]) == {"pending", "sent", "dead"}
+    for team in status["teams"]:
+        assert set(team) == {"name", "members"}
+        for m in team["members"]:
+            assert {"crm_user_id", "name", "assigned"} <= set(m)
+
+
+def test_status_json(cli_env: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run(capsys, "ingest", str(_write_jsonl(tmp_path / "leads.jsonl")))
+    code, out, err = run(capsys, "status", "--org", "acme", "--json")
+    assert (code, err) == (0, "")
+    status = json.loads(out)
+    _check_status_shape(status)
+    assert status == {
+        "org": "acme",
+        "leads": {"total": 4, "assigned": 3, "unassigned": 1},
+        "teams": [
+            {
+                "name": "na_ae",
+                "members": [
+                    {
+                        "crm_user_id": "005A",
+                        "name": "Ada",
+                        "assigned": 0,
+                        "weight": 1,
+                        "active": True,
+                    },
+                    {
+                        "crm_user_id": "005B",
+                        "name": "Alan",
+                        "assigned": 2,
+                        "weight": 2,
+                        "active": True,
+                    },
+                ],
+            },
+            {
+                "name": "row_ae",
+                "members": [
+                    {
+                        "crm_user_id": "005C",
+                        "name": "Grace",
+                        "assigned": 1,
+                        "weight": 1,
+                        "active": True,
+                    },
+                    {
+                        "crm_user_id": "005D",
+                        "name": "Edsger",
+                        "assigned": 0,
+                        "weight": 1,
+                        "active": False,
+                    },
+                ],
+            },
+        ],
+        "outbox": {"pending": 3, "sent": 0, "dead": 0},
+    }
+    code, out, _ = run(capsys, "status")
+    assert code == 0 and out.startswith("org acme: 4 leads, 3 assigned, 1 unassigned\n")
+    assert "outbox: 3 pending, 0 sent, 0 dead" in out
+
+
+def test_status_unknown_org(cfg_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "status", "--org", "initech", "--json")
+    assert (code, out) == (2, "")
+    assert err == "connector: org 'initech' is not configured (known: acme)\n"
+
+
+def test_auto_migrate_off_refuses_an_old_schema(
+    databases: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from tests.test_migrations import blank_database
+
+    cfg = tmp_path / "acme.yaml"
+    cfg.write_text(CONFIG, encoding="utf-8")
+    monkeypatch.setenv("DATABASE_URL", blank_database(databases, "cli_old_schema"))
+    monkeypatch.setenv("ACME_TOKEN", TOKEN)
+    monkeypatch.setenv("CONNECTOR_AUTO_MIGRATE", "0")
+    code, out, err = run(capsys, "--config", str(cfg), "status", "--json")
+    assert (code, out) == (2, "")
+    assert err.startswith("connector: database schema is behind (pending migrations [1, ")
+    assert err.endswith("]): run `connector migrate`\n")
+
+
+# --- acceptance: real subprocesses at once ---------------------------------------------------
+
+FILES, LEADS, REPS = 16, 10_000, 10
+
+
+def _connector() -> list[str]:
+    exe = Path(sys.executable).with_name("connector")
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "connector.cli"]
+
+
+def _run_all(cmds: list[list[str]], env: dict[str, str]) -> list[subprocess.CompletedProcess[str]]:
+    procs = [
+        subprocess.Popen(c, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for c in cmds
+    ]
+    results = []
+    for p, c in zip(procs, cmds, strict=True):
+        out, err = p.communicate(timeout=300)
+        results.append(subprocess.CompletedProcess(c, p.returncode, out, err))
+    return results
+
+
+@pytest.mark.slow
+def test_16_ingest_processes_at_once(db_url: str, engine: Engine, tmp_path: Path) -> None:
+    members = "\n".join(
+        f'      - {{crm_user_id: "005{i:015d}", name: "Rep {i}"}}' for i in range(REPS)
+    )
+    cfg = tmp_path / "acme.yaml"
+    cfg.write_text(
+        CONFIG.split("teams:")[0] + f"teams:\n  - name: all\n    members:\n{members}\n"
+        "rules:\n  - {team: all}\n",
+        encoding="utf-8",
+    )
+    files = []
+    for f in range(FILES):
+        path = tmp_path / (f"part{f:02d}.jsonl" if f % 2 else f"part{f:02d}.csv")
+        ids = [f"00Q{i:07d}" for i in range(f, LEADS, FILES)]
+        if f % 2:
+            body = "".join(json.dumps({"Id": x, "Country": "US"}) + "\n" for x in ids)
+        else:
+            body = "Id,Country\n" + "".join(f"{x},US\n" for x in ids)
+        path.write_text(body, encoding="utf-8")
+        files.append(path)
+    env = {**os.environ, "DATABASE_URL": db_url, "ACME_TOKEN": TOKEN, "CONNECTOR_CONFIG": str(cfg)}
+    env.pop("CONNECTOR_AUTO_MIGRATE", None)
+    cmds = [[*_connector(), "ingest", "--org", "acme", str(p)] for p in files]
+
+    results = _run_all(cmds, env)
+    assert [(r.returncode, r.stderr) for r in results] == [(0, "")] * FILES
+    assert sum(int(r.stdout.split(": ")[1].split(" new")[0]) for r in results) == LEADS
+
+    def status() -> dict[str, Any]:
+        r = subprocess.run(
+            [*_connector(), "status", "--json"], env=env, capture_output=True, text=True
+        )
+        assert r.returncode == 0, r.stderr
+        parsed: dict[str, Any] = json.loads(r.stdout)
+        _check_status_shape(parsed)
+        return parsed
+
+    first = status()
+    assert first["leads"] == {"total": LEADS, "assigned": LEADS, "unassigned": 0}
+    assert first["outbox"] == {"pending": LEADS, "sent": 0, "dead": 0}
+    got = [m["assigned"] for m in first["teams"][0]["members"]]
+    assert len(got) == REPS and sum(got) == LEADS
+    assert max(got) - min(got) <= 1, got
+    before = table_counts(engine)
+
+    again = _run_all(cmds, env)
+    assert [r.returncode for r in again] == [0] * FILES
+    for r in again:
+        assert " 0 new (0 assigned, 0 unassigned), " in r.stdout
+    assert sum(int(r.stdout.split("), ")[1].split(" duplicate")[0]) for r in again) == LEADS
+    assert status() == first
+    assert table_counts(engine) == before == {"leads": LEADS, "assignments": LEADS, "outbox": LEADS}

@@ -1,0 +1,285 @@
+"""connector.config: parsing, env references, refusals and the messages that explain them."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from connector.config import (
+    ConfigError,
+    OrgConfig,
+    config_path_from,
+    load_configs,
+    parse_config,
+    pick_org,
+)
+from tests.conftest import SAMPLE_ENV, SAMPLE_YAML
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+SECRET = SAMPLE_ENV["ACME_SF_SECRET"]
+
+HUBSPOT_YAML = """
+org: globex
+crm:
+  kind: hubspot
+  auth: {access_token: "${GLOBEX_TOKEN}"}
+  webhook_secrets: ["${GLOBEX_HOOK_1}", "${GLOBEX_HOOK_2}"]
+teams:
+  - name: smb
+    members: [{crm_user_id: "101", name: Kim}]
+rules: [{team: smb}]
+"""
+HUBSPOT_ENV = {"GLOBEX_TOKEN": "pat-tok-xyz", "GLOBEX_HOOK_1": "hook-one", "GLOBEX_HOOK_2": "h2"}
+
+
+def error(text: str, env: dict[str, str] | None = None, source: str = "acme.yaml") -> str:
+    with pytest.raises(ConfigError) as info:
+        parse_config(text, source, SAMPLE_ENV if env is None else env)
+    message = str(info.value)
+    for value in (*SAMPLE_ENV.values(), *HUBSPOT_ENV.values(), "hunter2"):
+        assert value not in message, f"secret {value!r} leaked into {message!r}"
+    return message
+
+
+def test_readme_sample_parses() -> None:
+    blocks = re.findall(r"```yaml\n(.*?)```", README.read_text(encoding="utf-8"), re.S)
+    sample = next(b for b in blocks if b.startswith("org:"))
+    cfg = parse_config(sample, "README.md", SAMPLE_ENV)
+    assert cfg.org == "acme" and cfg.crm.kind == "salesforce" and cfg.crm_object == "Lead"
+    assert [(m.crm_user_id, m.weight, m.active) for m in cfg.team("na_ae").members] == [
+        ("0055g00000AbCdEAAA", 1, True),
+        ("0055g00000AbCdFAAA", 2, True),
+    ]
+    assert cfg.rules[0].when == {"Country": ["US", "CA"]}
+
+
+def test_example_configs_parse() -> None:
+    env = {name: "x" for name in re.findall(r"\$\{(\w+)\}", _examples_text())}
+    configs = load_configs(README.parent / "config", env)
+    assert configs and all(isinstance(c, OrgConfig) for c in configs.values())
+
+
+def _examples_text() -> str:
+    return "".join(p.read_text() for p in sorted((README.parent / "config").glob("*.y*ml")))
+
+
+def test_env_refs_are_resolved() -> None:
+    cfg = parse_config(SAMPLE_YAML, "acme.yaml", SAMPLE_ENV)
+    assert cfg.crm.kind == "salesforce"
+    auth = cfg.crm.auth
+    assert auth.client_id is not None and auth.client_id.get_secret_value() == "id-123"
+    assert auth.client_secret is not None and auth.client_secret.get_secret_value() == SECRET
+    assert SECRET not in repr(cfg) and SECRET not in str(cfg.model_dump())
+    hs = parse_config(HUBSPOT_YAML, "globex.yaml", HUBSPOT_ENV)
+    assert hs.crm.kind == "hubspot"
+    assert [s.get_secret_value() for s in hs.crm.webhook_secrets] == ["hook-one", "h2"]
+
+
+def test_env_ref_inside_a_longer_value() -> None:
+    text = SAMPLE_YAML.replace(
+        "https://acme.my.salesforce.com", "https://${ACME_HOST}.my.salesforce.com"
+    )
+    cfg = parse_config(text, "acme.yaml", {**SAMPLE_ENV, "ACME_HOST": "acme2"})
+    assert (
+        cfg.crm.kind == "salesforce" and cfg.crm.instance_url == "https://acme2.my.salesforce.com"
+    )
+
+
+def test_missing_env_var_names_key_path_and_variable() -> None:
+    assert error(SAMPLE_YAML, {"ACME_SF_ID": "id-123"}) == (
+        "acme.yaml: crm.auth.client_secret: environment variable ACME_SF_SECRET is not set"
+    )
+    assert error(SAMPLE_YAML, {}) == (
+        "acme.yaml: crm.auth.client_id: environment variable ACME_SF_ID is not set; "
+        "crm.auth.client_secret: environment variable ACME_SF_SECRET is not set"
+    )
+
+
+def test_literal_secret_is_refused() -> None:
+    text = SAMPLE_YAML.replace('"${ACME_SF_SECRET}"', "hunter2")
+    assert error(text) == (
+        "acme.yaml: secrets must be ${ENV_NAME} references, not literal values: "
+        "crm.auth.client_secret"
+    )
+    # an env reference wrapped in literal text is still a literal secret
+    text = SAMPLE_YAML.replace('"${ACME_SF_SECRET}"', '"hunter2${ACME_SF_SECRET}"')
+    assert error(text).endswith("not literal values: crm.auth.client_secret")
+
+
+def test_literal_webhook_secret_in_a_list_is_refused() -> None:
+    text = HUBSPOT_YAML.replace('"${GLOBEX_HOOK_2}"', "hunter2")
+    assert error(text, HUBSPOT_ENV, "globex.yaml") == (
+        "globex.yaml: secrets must be ${ENV_NAME} references, not literal values: "
+        "crm.webhook_secrets[1]"
+    )
+    text = HUBSPOT_YAML.replace('access_token: "${GLOBEX_TOKEN}"', "access_token: hunter2")
+    assert error(text, HUBSPOT_ENV, "globex.yaml").endswith(": crm.auth.access_token")
+
+
+def test_unknown_key_is_refused_naming_the_key() -> None:
+    text = SAMPLE_YAML.replace("  object: Lead", "  objct: Lead")
+    assert error(text) == (
+        "acme.yaml: invalid configuration\n  crm.objct: Extra inputs are not permitted"
+    )
+    text = SAMPLE_YAML.replace("name: Ada Lovelace, weight: 1", "name: Ada Lovelace, wieght: 1")
+    assert error(text) == (
+        "acme.yaml: invalid configuration\n"
+        "  teams[0].members[0].wieght: Extra inputs are not permitted"
+    )
+    assert "  rulez: Extra inputs are not permitted" in error(
+        SAMPLE_YAML.replace("\nrules:", "\nrulez:")
+    )
+
+
+def test_bad_kind() -> None:
+    assert error(SAMPLE_YAML.replace("kind: salesforce", "kind: dynamics")) == (
+        "acme.yaml: invalid configuration\n  crm: Input tag 'dynamics' found using 'kind' does "
+        "not match any of the expected tags: 'salesforce', 'hubspot'"
+    )
+
+
+def test_rule_to_unknown_team() -> None:
+    assert error(SAMPLE_YAML.replace("{team: row_ae}", "{team: emea}")) == (
+        "acme.yaml: invalid configuration\n  (top level): rules[1] routes to unknown team 'emea'"
+    )
+
+
+def test_duplicate_team() -> None:
+    text = SAMPLE_YAML.replace("name: row_ae", "name: na_ae").replace(
+        "{team: row_ae}", "{team: na_ae}"
+    )
+    assert error(text) == (
+        "acme.yaml: invalid configuration\n  (top level): team names must be unique: na_ae"
+    )
+
+
+def test_duplicate_member() -> None:
+    text = SAMPLE_YAML.replace("AbCdIAAA", "AbCdHAAA")
+    assert error(text) == (
+        "acme.yaml: invalid configuration\n"
+        "  teams[1].members: crm_user_id '0055g00000AbCdHAAA' is listed twice"
+    )
+
+
+def test_bad_weight_names_the_member() -> None:
+    assert error(SAMPLE_YAML.replace("weight: 2,", "weight: 0,")) == (
+        "acme.yaml: invalid configuration\n"
+        "  teams[0].members[1].weight: Input should be greater than or equal to 1"
+    )
+
+
+def test_empty_when_is_refused() -> None:
+    msg = error(SAMPLE_YAML.replace("when: {Country: [US, CA]}", "when: {}"))
+    assert "rules[0].when: `when` must name at least one field; omit it for a default rule" in msg
+    msg = error(SAMPLE_YAML.replace("when: {Country: [US, CA]}", "when: {Country: []}"))
+    assert "rules[0].when: `when.Country` lists no values" in msg
+
+
+def test_yaml_syntax_error_gives_line_number() -> None:
+    text = SAMPLE_YAML.replace("  - name: row_ae", "  - name: [row_ae")
+    line = SAMPLE_YAML.splitlines().index("  - name: row_ae") + 1
+    assert error(text) == (
+        f"acme.yaml: expected ',' or ']', but got ':' at line {line + 1}, column 12"
+    )
+    assert error("org: x\n  bad: value\n") == (
+        "acme.yaml: mapping values are not allowed here at line 2, column 6"
+    )
+
+
+def test_top_level_must_be_a_mapping() -> None:
+    assert error("- 1\n") == "acme.yaml: expected a mapping at the top level"
+    assert error("") == "acme.yaml: expected a mapping at the top level"
+
+
+def test_messages_never_contain_secret_values() -> None:
+    # a validation error elsewhere in a file whose secrets resolved fine
+    text = SAMPLE_YAML.replace("kind: salesforce", "kind: salesforce\n  bogus: 1")
+    assert "crm.bogus" in error(text)
+    # a secret resolved into a field with a format check
+    text = SAMPLE_YAML.replace("https://acme.my.salesforce.com", '"${ACME_SF_SECRET}"')
+    assert "crm.instance_url: String should match pattern" in error(text)
+    # an auth method missing its fields while other secrets are set
+    text = SAMPLE_YAML.replace("method: client_credentials", "method: password")
+    assert "crm.auth: auth method 'password' needs username, password" in error(text)
+
+
+def _write(folder: Path, name: str, text: str) -> Path:
+    path = folder / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_folder_with_two_orgs(tmp_path: Path) -> None:
+    _write(tmp_path, "acme.yaml", SAMPLE_YAML)
+    _write(tmp_path, "globex.yml", HUBSPOT_YAML)
+    _write(tmp_path, "notes.txt", "not: a config")
+    configs = load_configs(tmp_path, {**SAMPLE_ENV, **HUBSPOT_ENV})
+    assert sorted(configs) == ["acme", "globex"]
+    assert configs["globex"].crm.kind == "hubspot"
+
+
+def test_single_file(tmp_path: Path) -> None:
+    path = _write(tmp_path, "acme.yaml", SAMPLE_YAML)
+    assert list(load_configs(str(path), SAMPLE_ENV)) == ["acme"]
+
+
+def test_error_in_a_folder_names_the_file(tmp_path: Path) -> None:
+    _write(tmp_path, "acme.yaml", SAMPLE_YAML)
+    bad = _write(tmp_path, "globex.yaml", HUBSPOT_YAML.replace("kind: hubspot", "kind: hubspt"))
+    with pytest.raises(ConfigError, match=f"^{re.escape(str(bad))}: invalid configuration\n"):
+        load_configs(tmp_path, {**SAMPLE_ENV, **HUBSPOT_ENV})
+
+
+def test_duplicate_org_across_files(tmp_path: Path) -> None:
+    _write(tmp_path, "a.yaml", SAMPLE_YAML)
+    second = _write(tmp_path, "b.yaml", SAMPLE_YAML)
+    with pytest.raises(ConfigError) as info:
+        load_configs(tmp_path, SAMPLE_ENV)
+    assert str(info.value) == f"{second}: org 'acme' is already defined by another file"
+
+
+def test_empty_folder(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_configs(tmp_path, SAMPLE_ENV)
+    assert str(info.value) == f"{tmp_path}: folder holds no .yaml or .yml file"
+
+
+def test_missing_path(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_configs(tmp_path / "nope.yaml", SAMPLE_ENV)
+    assert str(info.value) == f"{tmp_path / 'nope.yaml'}: no such file or folder"
+
+
+def test_connector_config_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert config_path_from("given.yaml", {"CONNECTOR_CONFIG": "env.yaml"}) == "given.yaml"
+    assert config_path_from(None, {"CONNECTOR_CONFIG": "env.yaml"}) == "env.yaml"
+    monkeypatch.setenv("CONNECTOR_CONFIG", "/etc/connector")
+    assert config_path_from(None) == "/etc/connector"
+    monkeypatch.delenv("CONNECTOR_CONFIG")
+    with pytest.raises(ConfigError) as info:
+        config_path_from(None)
+    assert str(info.value) == (
+        "no configuration: pass --config FILE_OR_FOLDER or set CONNECTOR_CONFIG"
+    )
+
+
+def test_pick_org() -> None:
+    acme = parse_config(SAMPLE_YAML, "acme.yaml", SAMPLE_ENV)
+    globex = parse_config(HUBSPOT_YAML, "globex.yaml", HUBSPOT_ENV)
+    assert pick_org({"acme": acme}, None) is acme
+    both = {"globex": globex, "acme": acme}
+    assert pick_org(both, "globex") is globex
+    with pytest.raises(ConfigError) as info:
+        pick_org(both, None)
+    assert str(info.value) == "several orgs configured (acme, globex): pass --org"
+    with pytest.raises(ConfigError) as info:
+        pick_org(both, "initech")
+    assert str(info.value) == "org 'initech' is not configured (known: acme, globex)"
+
+
+def test_contact_parent_key() -> None:
+    cfg = parse_config(SAMPLE_YAML.replace("object: Lead", "object: Contact"), "a", SAMPLE_ENV)
+    assert cfg.crm.parent_key == "AccountId"
+    assert parse_config(SAMPLE_YAML, "a", SAMPLE_ENV).crm.parent_key is None

@@ -1,0 +1,141 @@
+"""plan_batches, backoff_delay and the rolling-window limiter: examples and properties."""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from collections.abc import Sequence
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from crm_adapters.base import OwnerWrite
+from crm_adapters.batching import backoff_delay, plan_batches
+from crm_adapters.ratelimit import RollingWindowLimiter
+
+
+def _writes(parents: Sequence[str | None]) -> list[OwnerWrite]:
+    return [OwnerWrite(f"k{i}", f"r{i}", "o", p) for i, p in enumerate(parents)]
+
+
+def test_groups_parents_and_packs_greedily() -> None:
+    ws = _writes(["b", "a", "b", None, "a", "c"])
+    batches = plan_batches(ws, 3)
+    assert [[w.parent_id for w in b] for b in batches] == [["a", "a"], ["b", "b", "c"], [None]]
+
+
+def test_large_parent_gets_its_own_consecutive_batches() -> None:
+    ws = _writes(["a"] + ["big"] * 5 + ["c"])
+    batches = plan_batches(ws, 2)
+    assert [[w.parent_id for w in b] for b in batches] == [
+        ["a"],
+        ["big", "big"],
+        ["big", "big"],
+        ["big"],
+        ["c"],
+    ]
+
+
+def test_parentless_writes_fill_batches_last() -> None:
+    batches = plan_batches(_writes([None, None, None, "p"]), 2)
+    assert [[w.parent_id for w in b] for b in batches] == [["p", None], [None, None]]
+
+
+def test_empty_and_invalid() -> None:
+    assert plan_batches([], 10) == []
+    with pytest.raises(ValueError):
+        plan_batches(_writes(["a"]), 0)
+
+
+parents = st.lists(st.one_of(st.none(), st.sampled_from("abcdefgh")), max_size=120)
+
+
+@settings(max_examples=200, deadline=None)
+@given(parents=parents, max_batch=st.integers(min_value=1, max_value=25))
+def test_plan_batches_properties(parents: list[str | None], max_batch: int) -> None:
+    ws = _writes(parents)
+    batches = plan_batches(ws, max_batch)
+    flat = [w for b in batches for w in b]
+    # every write exactly once, no empty batch, sizes bounded
+    assert sorted(w.key for w in flat) == sorted(w.key for w in ws)
+    assert all(0 < len(b) <= max_batch for b in batches)
+    # parent rule
+    where: dict[str, list[int]] = defaultdict(list)
+    for i, b in enumerate(batches):
+        for p in {w.parent_id for w in b if w.parent_id is not None}:
+            where[p].append(i)
+    counts = {p: parents.count(p) for p in where}
+    for p, idx in where.items():
+        if counts[p] <= max_batch:
+            assert len(idx) == 1, f"parent {p} split although it fits"
+        else:
+            assert idx == list(range(idx[0], idx[0] + len(idx))), "split parent not consecutive"
+            assert all({w.parent_id for w in batches[i]} == {p} for i in idx)
+    # parents ascending, parentless last; deterministic
+    order = [w.parent_id for w in flat]
+    named = [p for p in order if p is not None]
+    assert named == sorted(named)
+    assert order == named + [None] * (len(order) - len(named))
+    assert plan_batches(ws, max_batch) == batches
+
+
+@given(
+    attempt=st.integers(min_value=0, max_value=10_000),
+    base=st.floats(min_value=0.01, max_value=5),
+    cap=st.floats(min_value=0.1, max_value=120),
+    r=st.floats(min_value=0, max_value=0.999999),
+)
+def test_backoff_is_bounded_full_jitter(attempt: int, base: float, cap: float, r: float) -> None:
+    d = backoff_delay(attempt, base=base, cap=cap, rng=lambda: r)
+    assert 0 <= d <= min(cap, base * 2.0 ** min(attempt, 62))
+
+
+def test_backoff_examples_and_retry_after() -> None:
+    assert backoff_delay(0, rng=lambda: 0.999) == pytest.approx(0.4995)
+    assert backoff_delay(3, rng=lambda: 0.5) == pytest.approx(2.0)
+    assert backoff_delay(50, rng=lambda: 1.0) == 60.0
+    assert backoff_delay(0, rng=lambda: 0.0, retry_after=7.0) == 7.0
+    assert 30.0 <= backoff_delay(1, rng=lambda: 0.9, retry_after=30.0) <= 30.5
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def sleep(self, s: float) -> None:
+        self.t += s
+
+
+def test_limiter_rolling_window() -> None:
+    clock = FakeClock()
+    lim = RollingWindowLimiter(3, 10.0, clock=clock, sleep=clock.sleep)
+    assert [lim.try_acquire() for _ in range(3)] == [0.0, 0.0, 0.0]
+    assert lim.try_acquire() == pytest.approx(10.0)
+    clock.t += 4
+    assert lim.try_acquire() == pytest.approx(6.0)
+    waited = lim.acquire()  # sleeps on the fake clock until the oldest slot expires
+    assert waited == pytest.approx(6.0) and lim.in_window() == 1
+    assert lim.waited_s == pytest.approx(6.0)
+
+
+def test_limiter_is_thread_safe() -> None:
+    clock = FakeClock()
+    lim = RollingWindowLimiter(37, 10.0, clock=clock, sleep=clock.sleep)
+    granted: list[int] = []
+    lock = threading.Lock()
+
+    def worker() -> None:
+        n = sum(1 for _ in range(50) if lim.try_acquire() == 0.0)
+        with lock:
+            granted.append(n)
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(granted) == 37

@@ -1,0 +1,295 @@
+"""Sandbox control surfaces, auth flows, HubSpot limits and search windowing, standalone serve."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+
+import pytest
+import requests
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+
+from crm_adapters.base import AuthError, OwnerWrite, PermanentError, RateLimitedError
+from crm_adapters.factory import build_adapter
+from crm_adapters.hubspot import HubSpotAdapter, HubSpotSettings
+from crm_adapters.salesforce import SalesforceAdapter, SalesforceSettings
+from crm_adapters.sandbox import HubSpotSandbox, SalesforceSandbox, make_sandbox
+from tests.crm_conftest_helpers import hs_settings, sf_settings
+
+
+@pytest.fixture
+def sf() -> Iterator[SalesforceSandbox]:
+    sb = SalesforceSandbox(record_work_ms=0).start()
+    yield sb
+    sb.stop()
+
+
+@pytest.fixture
+def hs() -> Iterator[HubSpotSandbox]:
+    sb = HubSpotSandbox(search_per_s=None).start()
+    yield sb
+    sb.stop()
+
+
+# ---------------------------------------------------------------- control over HTTP
+@pytest.mark.parametrize("kind", ["salesforce", "hubspot"])
+def test_http_control_surface(kind: str) -> None:
+    sb = make_sandbox(kind).start()
+    try:
+        u = sb.url + "/_sandbox"
+        if kind == "salesforce":
+            seeded = requests.post(
+                f"{u}/seed",
+                json={"users": [{"name": "A"}], "accounts": [{}], "records": [{"object": "Lead"}]},
+                timeout=5,
+            ).json()
+            assert len(seeded["users"]) == 1 and len(seeded["records"]) == 1
+        else:
+            seeded = requests.post(
+                f"{u}/seed", json={"owners": [{}], "records": [{"owner_id": "101"}]}, timeout=5
+            ).json()
+            assert seeded["owners"] == ["101"]
+        rid = seeded["records"][0]
+        assert requests.get(f"{u}/records/{rid}", timeout=5).status_code == 200
+        assert len(requests.get(f"{u}/records", timeout=5).json()) >= 1
+        r = requests.post(f"{u}/faults", json={"fail_next": 1, "status": 502}, timeout=5)
+        assert r.json() == {"ok": True}
+        api = "/services/data/v62.0/query" if kind == "salesforce" else "/crm/v3/owners"
+        assert requests.get(sb.url + api, timeout=5).status_code == 502
+        assert requests.get(sb.url + api, timeout=5).status_code == 401  # no token
+        assert requests.post(f"{u}/config", json={"nope": 1}, timeout=5).status_code == 400
+        knob = {"lock_wait_s": 0.5} if kind == "salesforce" else {"limit_per_10s": 7}
+        assert requests.post(f"{u}/config", json=knob, timeout=5).status_code == 200
+        counters = requests.get(f"{u}/counters", timeout=5).json()
+        assert counters["injected"] == 1 and counters["auth_failures"] == 1
+        requests.post(f"{u}/reset", timeout=5)
+        assert requests.get(f"{u}/records", timeout=5).json() == []
+    finally:
+        sb.stop()
+
+
+def test_serve_standalone() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code = f"from crm_adapters.sandbox import serve; serve('hubspot', '127.0.0.1', {port})"
+    proc = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                r = requests.get(f"http://127.0.0.1:{port}/_sandbox/counters", timeout=1)
+                break
+            except requests.ConnectionError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        assert r.json()["total_calls"] == 0
+    finally:
+        proc.terminate()
+        proc.wait(timeout=5)
+
+
+# ---------------------------------------------------------------- Salesforce auth flows
+def test_sf_password_and_jwt_and_session_flows(sf: SalesforceSandbox) -> None:
+    uid = sf.add_user()
+    pw = {
+        "method": "password",
+        "username": sf.username,
+        "password": sf.password,
+        "security_token": sf.security_token,
+    }
+    assert SalesforceAdapter(sf_settings(sf, auth=pw)).check_owners([uid]) == {uid: None}
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    ).decode()
+    jwt_auth = {
+        "method": "jwt",
+        "client_id": sf.client_id,
+        "username": sf.username,
+        "private_key": pem,
+    }
+    assert SalesforceAdapter(sf_settings(sf, auth=jwt_auth)).check_owners([uid]) == {uid: None}
+    session = {"method": "session", "access_token": sf.session_token}
+    a = SalesforceAdapter(sf_settings(sf, auth=session))
+    assert a.check_owners([uid]) == {uid: None}
+    sf.expire_tokens()
+    with pytest.raises(AuthError):
+        a.check_owners([uid])
+    bad = dict(pw, password="wrong")
+    with pytest.raises(AuthError):
+        SalesforceAdapter(sf_settings(sf, auth=bad)).check_owners([uid])
+
+
+def test_sf_refreshes_expired_token(sf: SalesforceSandbox) -> None:
+    uid = sf.add_user()
+    a = SalesforceAdapter(sf_settings(sf))
+    assert a.check_owners([uid]) == {uid: None}
+    sf.expire_tokens()
+    assert a.check_owners([uid]) == {uid: None}
+    assert a.usage()["token_fetches"] == 2
+
+
+def test_sf_limits_and_bad_queries(sf: SalesforceSandbox) -> None:
+    uid, acc = sf.add_user(), sf.add_account()
+    rid = sf.add_record("Contact", None, acc)
+    a = SalesforceAdapter(sf_settings(sf))
+    with pytest.raises(ValueError):
+        a.fetch_records([rid], ["Bad Field"])
+    with pytest.raises(PermanentError) as ei:
+        a.fetch_records([rid], ["NoSuchField__c"])
+    assert ei.value.code == "INVALID_FIELD"
+    sf.configure(max_collection=1)
+    with pytest.raises(PermanentError) as ei:
+        a.write_owners([OwnerWrite("a", rid, uid, acc), OwnerWrite("b", rid, uid, acc)])
+    assert ei.value.code == "EXCEEDED_ID_LIMIT"
+    sf.configure(api_limit=0)
+    with pytest.raises(RateLimitedError) as ei2:
+        a.write_owners([OwnerWrite("a", rid, uid, acc)])
+    assert ei2.value.scope == "org" and ei2.value.code == "REQUEST_LIMIT_EXCEEDED"
+    assert a.usage()["limit_info"] is not None
+
+
+def test_factory_accepts_config_mappings(sf: SalesforceSandbox, hs: HubSpotSandbox) -> None:
+    class Secret:
+        def get_secret_value(self) -> str:
+            return "sandbox-secret"
+
+    sfa = build_adapter(
+        "salesforce",
+        {
+            "kind": "salesforce",
+            "instance_url": sf.url,
+            "organization_id": "00D",
+            "auth": {"method": "client_credentials", "client_id": "sandbox-client",
+                     "client_secret": Secret(), "username": None},
+        },
+    )  # fmt: skip
+    assert isinstance(sfa, SalesforceAdapter) and sfa.check_owners([]) == {}
+    hsa = build_adapter(
+        "hubspot",
+        {"kind": "hubspot", "base_url": hs.url, "auth": {"access_token": "sandbox-token"}},
+    )
+    assert isinstance(hsa, HubSpotAdapter) and hsa.check_owners(["1"]) == {"1": "not found"}
+    assert "sandbox-token" not in repr(hsa.settings) and "secret" not in repr(sfa.settings)
+    with pytest.raises(ValueError):
+        build_adapter("dynamics", {})
+
+
+# ---------------------------------------------------------------- HubSpot limits
+def test_hs_rolling_limit_returns_429(hs: HubSpotSandbox) -> None:
+    hs.configure(limit_per_10s=3)
+    a = HubSpotAdapter(hs_settings(hs))
+    for _ in range(3):
+        a.fetch_records(["1"], [])
+    with pytest.raises(RateLimitedError) as ei:
+        a.fetch_records(["1"], [])
+    assert ei.value.scope == "request" and ei.value.code == "TEN_SECONDLY_ROLLING"
+    assert hs.counters()["rate_limited_ten_secondly_rolling"] == 1
+    headers = a.usage()["rate_limit_headers"]
+    assert isinstance(headers, dict) and headers["x-hubspot-ratelimit-remaining"] == "0"
+
+
+def test_hs_daily_limit_is_org_scoped(hs: HubSpotSandbox) -> None:
+    hs.configure(daily_limit=1)
+    a = HubSpotAdapter(hs_settings(hs))
+    a.fetch_records(["1"], [])
+    with pytest.raises(RateLimitedError) as ei:
+        a.fetch_records(["1"], [])
+    assert ei.value.scope == "org" and ei.value.retry_after is not None
+    assert 0 < ei.value.retry_after <= 86_400
+
+
+def test_hs_client_budget_blocks_instead_of_429(hs: HubSpotSandbox) -> None:
+    hs.configure(search_per_s=2)
+    a = HubSpotAdapter(hs_settings(hs, search_per_s=2.0))
+    owner = hs.add_owner()
+    since = datetime.now(UTC)
+    time.sleep(0.002)
+    for _ in range(5):
+        hs.add_record(owner_id=owner)
+    t0 = time.monotonic()
+    pages = list(a.changed_since(since, page_size=1))  # 6 searches at 2/s: must pace, not 429
+    assert sum(len(p) for p in pages) == 5
+    assert time.monotonic() - t0 >= 1.0
+    assert hs.counters().get("rate_limited", 0) == 0
+
+
+def test_hs_whole_batch_validation_error_is_bisected(hs: HubSpotSandbox) -> None:
+    owner = hs.add_owner()
+    ids = [hs.add_record() for _ in range(4)]
+    a = HubSpotAdapter(hs_settings(hs))
+    body = {
+        "status": "error",
+        "message": "Property values were not valid",
+        "category": "VALIDATION_ERROR",
+    }
+    hs.inject_failures(1, 400, body)
+    out = a.write_owners([OwnerWrite(str(i), r, owner) for i, r in enumerate(ids)])
+    assert all(o.ok for o in out)
+    assert (
+        hs.counters()["calls"]["POST contacts/batch/update"] == 2
+    )  # 400, then 2 halves (1 injected)
+
+
+# ---------------------------------------------------------------- HubSpot search windowing
+def test_hs_search_cap_is_400_in_sandbox(hs: HubSpotSandbox) -> None:
+    hs.configure(search_cap=400)
+    for _ in range(5):
+        hs.add_record()
+    r = requests.post(
+        f"{hs.url}/crm/v3/objects/contacts/search",
+        json={"limit": 200, "after": "400"},
+        headers={"Authorization": "Bearer sandbox-token"},
+        timeout=5,
+    )
+    assert r.status_code == 400 and r.json()["category"] == "VALIDATION_ERROR"
+
+
+def test_hs_changed_since_moves_window_past_cap(hs: HubSpotSandbox) -> None:
+    hs.configure(search_cap=300)
+    base = 1_700_000_000_000
+    # 1000 records over 250 distinct ms (4 per ms) so windows restart inside a tie
+    ids = [hs.add_record(modified_ms=base + i // 4) for i in range(1000)]
+    hs.add_record(modified_ms=base - 5)  # before the window
+    a = HubSpotAdapter(hs_settings(hs, search_result_cap=300))
+    since = datetime.fromtimestamp(base / 1000, tz=UTC)
+    pages = list(a.changed_since(since, page_size=100))
+    got = [r.crm_id for p in pages for r in p]
+    assert sorted(got, key=int) == ids and len(got) == len(set(got))
+    stamps = [r.modified_at for p in pages for r in p]
+    assert stamps == sorted(stamps)
+    assert hs.counters().get("search_cap_errors", 0) == 0
+    until = datetime.fromtimestamp((base + 10) / 1000, tz=UTC)
+    assert sum(len(p) for p in a.changed_since(since, until)) == 40
+
+
+def test_hs_leads_object_uses_hs_lastmodifieddate(hs: HubSpotSandbox) -> None:
+    owner = hs.add_owner()
+    since = datetime.now(UTC)
+    time.sleep(0.002)
+    lid = hs.add_record("leads", owner)
+    a = HubSpotAdapter(hs_settings(hs, object="leads"))
+    (page,) = list(a.changed_since(since))
+    assert page[0].crm_id == lid and page[0].fields["hubspot_owner_id"] == owner
+    assert a.write_owners([OwnerWrite("k", lid, owner)])[0].ok
+    assert HubSpotSettings(access_token="x", object="leads").modified_property == (
+        "hs_lastmodifieddate"
+    )
+
+
+def test_sf_settings_defaults() -> None:
+    s = SalesforceSettings(instance_url="https://x", auth={"method": "session"}, object="Contact")
+    assert s.effective_parent_field == "AccountId"
+    lead = SalesforceSettings(instance_url="https://x", auth={"method": "session"})
+    assert lead.effective_parent_field is None
+    with pytest.raises(ValueError):
+        SalesforceAdapter(SalesforceSettings(instance_url="https://x", auth={"method": "magic"}))

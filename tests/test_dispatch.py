@@ -1,0 +1,211 @@
+"""The outbox dispatcher end to end: real Postgres, sandbox CRMs over real HTTP, and the
+real client libraries (simple-salesforce, hubspot-api-client) inside the adapters."""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Iterator
+
+import pytest
+from sqlalchemy import Engine, text
+
+from connector.crm import adapter_for
+from connector.dispatch import Dispatcher, dead_rows, retry_dead
+from connector.routing import Lead, Router
+from connector.teams import apply_teams
+from crm_adapters.sandbox import HubSpotSandbox, SalesforceSandbox
+from tests.crm_orgs import hubspot_org, salesforce_org
+
+
+@pytest.fixture
+def sf() -> Iterator[SalesforceSandbox]:
+    box = SalesforceSandbox(lock_wait_s=0.3, record_work_ms=0.5).start()
+    yield box
+    box.stop()
+
+
+@pytest.fixture
+def hs() -> Iterator[HubSpotSandbox]:
+    box = HubSpotSandbox(limit_per_10s=1000).start()
+    yield box
+    box.stop()
+
+
+def _states(engine: Engine, org: str) -> dict[str, int]:
+    with engine.connect() as conn:
+        return {
+            r[0]: r[1]
+            for r in conn.execute(
+                text("SELECT state, count(*) FROM outbox WHERE org = :o GROUP BY state"), {"o": org}
+            )
+        }
+
+
+def _db_owners(engine: Engine, org: str) -> dict[str, str]:
+    with engine.connect() as conn:
+        return {
+            r[0]: r[1]
+            for r in conn.execute(
+                text(
+                    "SELECT l.crm_id, a.crm_user_id FROM leads l "
+                    "JOIN assignments a ON a.lead_id = l.id WHERE l.org = :o"
+                ),
+                {"o": org},
+            )
+        }
+
+
+def _seed_contacts(sf: SalesforceSandbox, n: int, accounts: int) -> tuple[list[str], list[Lead]]:
+    reps = [sf.add_user(f"Rep {i}") for i in range(4)]
+    accts = [sf.add_account() for _ in range(accounts)]
+    leads = []
+    for i in range(n):
+        acct = accts[0] if i % 3 == 0 else accts[i % accounts]  # one Account holds a third
+        rid = sf.add_record("Contact", account_id=acct)
+        leads.append(Lead(rid, {"AccountId": acct}))
+    return reps, leads
+
+
+def test_salesforce_owners_reach_the_crm_in_batches_without_lock_errors(
+    engine: Engine, sf: SalesforceSandbox
+) -> None:
+    reps, leads = _seed_contacts(sf, 900, accounts=12)
+    cfg = salesforce_org(sf, reps)
+    apply_teams(engine, cfg)
+    Router(engine, cfg).assign_many(leads, "import")
+
+    dispatchers = [Dispatcher(engine, cfg.org, adapter_for(cfg)) for _ in range(3)]
+    threads = [threading.Thread(target=d.drain, kwargs={"timeout": 60}) for d in dispatchers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+    assert _states(engine, cfg.org) == {"sent": 900}
+    for crm_id, owner in _db_owners(engine, cfg.org).items():
+        assert sf.get_record(crm_id)["OwnerId"] == owner  # type: ignore[index]
+    counters = sf.counters()
+    assert counters.get("lock_errors", 0) == 0
+    writes = sum(v for k, v in counters["calls"].items() if "composite" in k)
+    assert writes <= math.ceil(1.1 * math.ceil(900 / 200)) + 2
+
+
+def test_naive_parallel_writes_hit_unable_to_lock_row(sf: SalesforceSandbox) -> None:
+    """The failure the dispatcher avoids, on the same sandbox: one PATCH per record."""
+    import requests
+    from simple_salesforce import Salesforce
+
+    rep = sf.add_user("Rep")
+    acct = sf.add_account()
+    ids = [sf.add_record("Contact", account_id=acct) for _ in range(24)]
+    sf.configure(record_work_ms=150, lock_wait_s=0.1)
+    errors: list[str] = []
+
+    def patch(rid: str) -> None:
+        s = requests.Session()
+        r = s.patch(
+            f"{sf.url}/services/data/v62.0/sobjects/Contact/{rid}",
+            json={"OwnerId": rep},
+            headers={"Authorization": f"Bearer {sf.session_token}"},
+            timeout=10,
+        )
+        if r.status_code >= 400:
+            errors.append(r.text)
+
+    threads = [threading.Thread(target=patch, args=(rid,)) for rid in ids]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert any("UNABLE_TO_LOCK_ROW" in e for e in errors)
+    assert Salesforce  # the adapters use the real library; this test shows the raw failure
+
+
+def test_permanent_errors_go_dead_with_the_reason_and_can_be_retried(
+    engine: Engine, sf: SalesforceSandbox
+) -> None:
+    reps, leads = _seed_contacts(sf, 20, accounts=4)
+    cfg = salesforce_org(sf, reps)
+    apply_teams(engine, cfg)
+    Router(engine, cfg).assign_many(leads, "import")
+    sf.delete_record(leads[3].crm_id)
+    d = Dispatcher(engine, cfg.org, adapter_for(cfg))
+    d.drain(timeout=30)
+    assert _states(engine, cfg.org) == {"sent": 19, "dead": 1}
+    dead = dead_rows(engine, cfg.org)
+    assert [r["crm_id"] for r in dead] == [leads[3].crm_id]
+    assert dead[0]["last_error"].startswith("ENTITY_IS_DELETED")
+
+    assert retry_dead(engine, cfg.org) == 1
+    assert _states(engine, cfg.org)["pending"] == 1
+    d.drain(timeout=30)
+    assert _states(engine, cfg.org) == {"sent": 19, "dead": 1}
+
+
+def test_server_errors_are_retried_until_sent(engine: Engine, sf: SalesforceSandbox) -> None:
+    reps, leads = _seed_contacts(sf, 50, accounts=5)
+    cfg = salesforce_org(sf, reps)
+    apply_teams(engine, cfg)
+    Router(engine, cfg).assign_many(leads, "import")
+    sf.inject_failures(3, status=503, path_contains="composite")
+    d = Dispatcher(engine, cfg.org, adapter_for(cfg), backoff_base=0.05, backoff_cap=0.2)
+    stats = d.drain(timeout=30)
+    assert _states(engine, cfg.org) == {"sent": 50}
+    assert stats.retried >= 50
+
+
+def test_a_dead_dispatchers_claim_is_taken_over_after_its_lease(
+    engine: Engine, sf: SalesforceSandbox
+) -> None:
+    reps, leads = _seed_contacts(sf, 30, accounts=3)
+    cfg = salesforce_org(sf, reps)
+    apply_teams(engine, cfg)
+    Router(engine, cfg).assign_many(leads, "import")
+    dying = Dispatcher(engine, cfg.org, adapter_for(cfg), lease_seconds=0.5)
+    claimed = dying.claim("dead-worker-token")  # claims, then "dies" before writing
+    assert len(claimed) == 30
+    survivor = Dispatcher(engine, cfg.org, adapter_for(cfg))
+    assert survivor.run_once().claimed == 0  # the lease still protects the claim
+    stats = survivor.drain(timeout=30)
+    assert stats.sent == 30
+    assert _states(engine, cfg.org) == {"sent": 30}
+    # the stale worker wakes up and reports failure for everything: nothing changes
+    from connector.dispatch import DispatchStats, _Finish
+
+    late = _Finish(dead=[(c.id, "late") for c in claimed])
+    s = DispatchStats()
+    dying._record("dead-worker-token", late, s)
+    assert s.stale == 30
+    assert _states(engine, cfg.org) == {"sent": 30}
+
+
+def test_hubspot_owners_reach_the_crm(engine: Engine, hs: HubSpotSandbox) -> None:
+    owners = [hs.add_owner(f"Rep{i}") for i in range(3)]
+    ids = [hs.add_record("contacts") for _ in range(250)]
+    cfg = hubspot_org(hs, owners)
+    apply_teams(engine, cfg)
+    Router(engine, cfg).assign_many([Lead(i, {}) for i in ids], "import")
+    stats = Dispatcher(engine, cfg.org, adapter_for(cfg)).drain(timeout=60)
+    assert stats.sent == 250
+    for crm_id, owner in _db_owners(engine, cfg.org).items():
+        record = hs.get_record(crm_id)
+        assert record is not None
+        assert record["properties"]["hubspot_owner_id"] == owner
+    assert stats.requests == 3  # ceil(250 / 100)
+
+
+def test_hubspot_rate_limit_is_waited_out_not_failed(engine: Engine) -> None:
+    box = HubSpotSandbox(limit_per_10s=4).start()
+    try:
+        owners = [box.add_owner("A"), box.add_owner("B")]
+        ids = [box.add_record("contacts") for _ in range(500)]
+        cfg = hubspot_org(box, owners, limit_per_10s=100)  # configured above the real limit
+        apply_teams(engine, cfg)
+        Router(engine, cfg).assign_many([Lead(i, {}) for i in ids], "import")
+        stats = Dispatcher(engine, cfg.org, adapter_for(cfg)).drain(timeout=60)
+        assert _states(engine, cfg.org) == {"sent": 500}
+        assert stats.dead == 0
+        assert box.counters().get("rate_limited", 0) >= 1  # the sandbox did say 429
+    finally:
+        box.stop()
