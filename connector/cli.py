@@ -200,6 +200,54 @@ def cmd_outbox(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _service(args: argparse.Namespace, *, receiver: bool, scheduler: bool, dispatch: bool) -> int:
+    from connector.service import run_service
+
+    configs = _configs(args)
+    engine = open_database(list(configs.values()))
+    return run_service(
+        engine,
+        configs,
+        host=args.host,
+        port=args.port,
+        receiver=receiver,
+        scheduler=scheduler,
+        dispatch=dispatch,
+        dispatchers_per_org=args.dispatchers,
+        public_base_url=os.environ.get("CONNECTOR_PUBLIC_BASE_URL") or None,
+    )
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    return _service(args, receiver=True, scheduler=False, dispatch=False)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    return _service(args, receiver=True, scheduler=True, dispatch=True)
+
+
+def cmd_sync(args: argparse.Namespace) -> int:
+    if not args.once:
+        return _service(args, receiver=False, scheduler=True, dispatch=False)
+    from connector.crm import adapter_for
+    from connector.poller import Poller
+
+    configs = _configs(args)
+    orgs = [pick_org(configs, args.org)] if args.org else list(all_orgs(configs))
+    engine = open_database(orgs)
+    for cfg in orgs:
+        r = Poller(engine, cfg, adapter_for(cfg)).poll_once()
+        if not r.ran:
+            print(f"org {cfg.org}: another process is polling; skipped")
+            continue
+        print(
+            f"org {cfg.org}: {r.seen} records read, {r.new} new, {r.duplicate} repeats, "
+            f"{r.skipped_owned} already owned, {r.rejected} rejected; "
+            f"watermark {r.watermark.isoformat() if r.watermark else 'none'}"
+        )
+    return EXIT_OK
+
+
 def cmd_sandbox(args: argparse.Namespace) -> int:
     from crm_adapters.sandbox import serve
 
@@ -211,7 +259,7 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from connector.demo import run_demo
 
-    return run_demo(workers=args.workers, leads=args.leads)
+    return run_demo(sf_leads=args.sf_leads, hs_leads=args.hs_leads, senders=args.senders)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -254,14 +302,30 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--id", type=int, action="append", help="(retry) only these rows")
     s.add_argument("--limit", type=int, default=100)
     s.set_defaults(func=cmd_outbox)
+    for name, func, text in (
+        ("serve", cmd_serve, "the webhook receiver only"),
+        ("run", cmd_run, "receiver + scheduled poll + dispatchers (the production default)"),
+        ("sync", cmd_sync, "the scheduled poll only"),
+    ):
+        s = sub.add_parser(name, help=text)
+        s.add_argument("--host", default=os.environ.get("CONNECTOR_HOST", "127.0.0.1"))
+        s.add_argument("--port", type=int, default=int(os.environ.get("CONNECTOR_PORT", "8080")))
+        s.add_argument("--dispatchers", type=int, default=2, help="dispatcher threads per org")
+        if name == "sync":
+            s.add_argument("--once", action="store_true", help="poll every org once, then exit")
+            s.add_argument("--org")
+        s.set_defaults(func=func)
     s = sub.add_parser("sandbox", help="run a local CRM API simulator")
     s.add_argument("kind", choices=["salesforce", "hubspot"])
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8900)
     s.set_defaults(func=cmd_sandbox)
-    s = sub.add_parser("demo", help="a burst of concurrent leads on the embedded Postgres")
-    s.add_argument("--workers", type=int, default=8)
-    s.add_argument("--leads", type=int, default=2000)
+    s = sub.add_parser(
+        "demo", help="the whole flow on an embedded Postgres and local CRM sandboxes"
+    )
+    s.add_argument("--sf-leads", type=int, default=600)
+    s.add_argument("--hs-leads", type=int, default=400)
+    s.add_argument("--senders", type=int, default=16)
     s.set_defaults(func=cmd_demo)
     return p
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -11,11 +10,10 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from sqlalchemy import Engine, text
-from starlette.applications import Starlette
 
 from connector.config import OrgConfig, parse_config
+from connector.service import serve_in_thread
 from connector.signatures import sign_v3
 from connector.soap import ack_response, build_outbound_message
 from connector.store import make_engine
@@ -103,24 +101,7 @@ def configs(engine: Engine) -> dict[str, OrgConfig]:
     return cfgs
 
 
-@contextmanager
-def serve(app: Starlette) -> Iterator[str]:
-    """Run ``app`` under real uvicorn on 127.0.0.1 (a free port) in a thread."""
-    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("uvicorn did not start")
-        time.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
+serve = serve_in_thread
 
 
 Client = Callable[..., httpx.Response]

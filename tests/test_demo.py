@@ -1,0 +1,25 @@
+"""The README's main job, run the way a user runs it (a subprocess), on a smaller burst."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def test_demo_runs_end_to_end_and_every_guarantee_holds() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "connector.cli", "demo", "--sf-leads", "200", "--hs-leads", "120"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert "FAILED" not in out
+    assert out.count("[ok]") == 5
+    assert "org demo-sf (salesforce): 200 of 200 leads assigned" in out
+    assert "org demo-hs (hubspot): 120 of 120 leads assigned" in out
+    assert "'poll': 40" in out  # the leads that were never pushed were found by the poll
+    assert "PATCH composite/sobjects" in out and "contacts/batch/update" in out
