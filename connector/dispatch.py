@@ -92,6 +92,7 @@ class Dispatcher:
         backoff_base: float = 0.5,
         backoff_cap: float = 60.0,
         auth_pause_seconds: float = 60.0,
+        linger_seconds: float = 0.5,
         on_result: Callable[[str, int], None] | None = None,
     ) -> None:
         self.engine = engine
@@ -103,6 +104,7 @@ class Dispatcher:
         self.backoff_base = backoff_base
         self.backoff_cap = backoff_cap
         self.auth_pause_seconds = auth_pause_seconds
+        self.linger_seconds = linger_seconds
         self.on_result = on_result
 
     # -- claiming -------------------------------------------------------------------------
@@ -333,6 +335,11 @@ class Dispatcher:
                 continue
             if not stats.claimed:
                 stop.wait(poll_interval)
+            elif stats.claimed < self.adapter.max_batch:
+                # A partial batch: let the next one fill up a little. Under a steady trickle
+                # this turns many tiny requests into few full ones (CRM quotas count
+                # requests), for at most linger_seconds of added latency.
+                stop.wait(self.linger_seconds)
 
 
 def _describe(err: CrmError) -> str:

@@ -353,6 +353,7 @@ class _App:
         fetcher: Fetcher | None,
         clock: Callable[[], float],
         public_base_url: str | None,
+        inbox_lease_seconds: float = 120.0,
     ) -> None:
         self.engine = engine
         self.configs = dict(configs)
@@ -362,7 +363,14 @@ class _App:
         self.routers = {org: Router(engine, cfg) for org, cfg in self.configs.items()}
         self.metrics = Metrics(engine, self.configs)
         self.worker = (
-            InboxWorker(engine, self.configs, self.routers, fetcher, self.metrics)
+            InboxWorker(
+                engine,
+                self.configs,
+                self.routers,
+                fetcher,
+                self.metrics,
+                lease_seconds=inbox_lease_seconds,
+            )
             if fetcher is not None
             else None
         )
@@ -510,10 +518,13 @@ class _App:
         if not latest:
             return JSONResponse({"events": len(events), "routed": 0, "queued": 0})
 
+        # Only an org whose rules need the record's fields (crm.fetch_properties) goes through
+        # the inbox and the fetch; the others are routed in this request's transaction.
+        worker = self.worker if self.worker is not None and crm.fetch_properties else None
         params = {
             "org": cfg.org,
             "crm_object": cfg.crm_object,
-            "state": "pending" if self.worker is not None else "done",
+            "state": "pending" if worker is not None else "done",
             "portal_ids": [e.portal_id for e in latest],
             "event_ids": [e.event_id for e in latest],
             "object_ids": [e.object_id for e in latest],
@@ -521,7 +532,6 @@ class _App:
             "fields": [json.dumps(lead.fields) for lead in leads],
         }
         router = self.routers[cfg.org]
-        worker = self.worker
 
         def store() -> tuple[int, list[Outcome]]:
             with self.engine.begin() as conn:
@@ -627,11 +637,13 @@ def create_app(
     fetcher: Fetcher | None = None,
     clock: Callable[[], float] = time.time,
     public_base_url: str | None = None,
+    inbox_lease_seconds: float = 120.0,
 ) -> Starlette:
     """The ASGI app: POST /webhooks/salesforce/{org}, POST /webhooks/hubspot/{org},
     GET /healthz, GET /metrics. ``configs`` maps org name to its config (teams applied);
-    ``public_base_url`` is the scheme://host HubSpot calls when a proxy sits in front."""
-    state = _App(engine, configs, fetcher, clock, public_base_url)
+    ``public_base_url`` is the scheme://host HubSpot calls when a proxy sits in front;
+    ``inbox_lease_seconds`` is how long a dead inbox worker's claim blocks its events."""
+    state = _App(engine, configs, fetcher, clock, public_base_url, inbox_lease_seconds)
     app = Starlette(
         routes=[
             Route("/webhooks/salesforce/{org}", state.salesforce, methods=["POST"]),

@@ -68,6 +68,7 @@ crm:
   object: contacts
   webhook_secrets: ["${HS_SECRET}"]
   routed_properties: [country]
+  fetch_properties: [country, firstname]
 """
     + TEAMS
     + """
