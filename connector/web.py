@@ -35,7 +35,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -400,17 +400,28 @@ class _App:
 
     # -- Salesforce ------------------------------------------------------------------------
 
-    async def salesforce(self, request: Request) -> Response:
+    async def _answer(
+        self,
+        endpoint: str,
+        handler: Callable[[Request], Awaitable[Response]],
+        render_error: Callable[[ApiError], Response],
+        request: Request,
+    ) -> Response:
+        """Run a webhook handler: every failure becomes a rendered error, every answer is
+        counted and timed."""
         started = time.perf_counter()
         try:
-            response = await self._salesforce(request)
+            response = await handler(request)
         except ApiError as exc:
-            response = _soap_error(exc)
+            response = render_error(exc)
         except Exception:
-            log.exception("salesforce webhook: unexpected failure")
-            response = _soap_error(ApiError(500, "internal_error", "internal error"))
-        self._observe("salesforce", started, response.status_code)
+            log.exception("%s webhook: unexpected failure", endpoint)
+            response = render_error(ApiError(500, "internal_error", "internal error"))
+        self._observe(endpoint, started, response.status_code)
         return response
+
+    async def salesforce(self, request: Request) -> Response:
+        return await self._answer("salesforce", self._salesforce, _soap_error, request)
 
     async def _salesforce(self, request: Request) -> Response:
         cfg = self._org(request.path_params["org"], "salesforce")
@@ -462,16 +473,7 @@ class _App:
     # -- HubSpot ---------------------------------------------------------------------------
 
     async def hubspot(self, request: Request) -> Response:
-        started = time.perf_counter()
-        try:
-            response = await self._hubspot(request)
-        except ApiError as exc:
-            response = _json_error(exc)
-        except Exception:
-            log.exception("hubspot webhook: unexpected failure")
-            response = _json_error(ApiError(500, "internal_error", "internal error"))
-        self._observe("hubspot", started, response.status_code)
-        return response
+        return await self._answer("hubspot", self._hubspot, _json_error, request)
 
     async def _hubspot(self, request: Request) -> Response:
         cfg = self._org(request.path_params["org"], "hubspot")

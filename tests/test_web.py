@@ -431,6 +431,27 @@ def wait_for(check: Callable[[], bool], timeout: float = 60.0) -> None:
         time.sleep(0.05)
 
 
+def test_an_org_without_fetch_properties_is_routed_in_the_request(
+    engine: Engine, configs: dict[str, OrgConfig]
+) -> None:
+    """A fetcher is available, but this org's rules need no fields: no inbox, no CRM call."""
+    globex = configs["globex"]
+    crm = globex.crm.model_copy(update={"fetch_properties": []})
+    plain = {**configs, "globex": globex.model_copy(update={"crm": crm})}
+    calls: list[Sequence[str]] = []
+
+    def fetcher(cfg: OrgConfig, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+        calls.append(ids)
+        return {}
+
+    with running(engine, plain, fetcher=fetcher) as c:
+        resp = post_hs(c, BATCH)
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["routed"] == 3 and resp.json()["queued"] == 0
+    assert calls == []
+    assert counts(engine)["assignments"] == 3
+
+
 def test_hubspot_with_fetcher_queues_then_routes(
     engine: Engine, configs: dict[str, OrgConfig], db_url: str
 ) -> None:
