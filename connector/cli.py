@@ -150,7 +150,10 @@ def cmd_dispatch(args: argparse.Namespace) -> int:
     configs = _configs(args)
     orgs = [pick_org(configs, args.org)] if args.org else list(all_orgs(configs))
     engine = open_database(orgs)
-    dispatchers = [Dispatcher(engine, cfg.org, adapter_for(cfg)) for cfg in orgs]
+    dispatchers = [
+        Dispatcher(engine, cfg.org, adapter_for(cfg), lease_seconds=args.lease_seconds)
+        for cfg in orgs
+    ]
     if args.once:
         failed = False
         for d in dispatchers:
@@ -215,6 +218,7 @@ def _service(args: argparse.Namespace, *, receiver: bool, scheduler: bool, dispa
         dispatch=dispatch,
         dispatchers_per_org=args.dispatchers,
         public_base_url=os.environ.get("CONNECTOR_PUBLIC_BASE_URL") or None,
+        lease_seconds=args.lease_seconds,
     )
 
 
@@ -294,6 +298,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--once", action="store_true", help="drain what is pending, then exit")
     s.add_argument("--timeout", type=float, default=600.0, help="--once gives up after this")
     s.add_argument("--concurrency", type=int, default=2, help="dispatchers per org")
+    s.add_argument(
+        "--lease-seconds",
+        type=float,
+        default=60.0,
+        help="a claim not finished within this is taken over by another dispatcher",
+    )
     s.set_defaults(func=cmd_dispatch)
     s = sub.add_parser("outbox", help="list dead outbox rows or requeue them")
     s.add_argument("action", choices=["list", "retry"])
@@ -311,6 +321,13 @@ def build_parser() -> argparse.ArgumentParser:
         s.add_argument("--host", default=os.environ.get("CONNECTOR_HOST", "127.0.0.1"))
         s.add_argument("--port", type=int, default=int(os.environ.get("CONNECTOR_PORT", "8080")))
         s.add_argument("--dispatchers", type=int, default=2, help="dispatcher threads per org")
+        s.add_argument(
+            "--lease-seconds",
+            type=float,
+            default=None,
+            help="claims of a process that died are taken over after this "
+            "(default 60 for CRM writes, 120 for webhook events)",
+        )
         if name == "sync":
             s.add_argument("--once", action="store_true", help="poll every org once, then exit")
             s.add_argument("--org")

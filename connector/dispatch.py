@@ -68,6 +68,7 @@ class Claimed:
     owner_id: str
     parent_id: str | None
     attempts: int
+    age: float = 0.0  # seconds since the row was created (caps its retry delay)
 
 
 @dataclass
@@ -93,7 +94,6 @@ class Dispatcher:
         backoff_cap: float = 60.0,
         auth_pause_seconds: float = 60.0,
         linger_seconds: float = 0.5,
-        on_result: Callable[[str, int], None] | None = None,
     ) -> None:
         self.engine = engine
         self.org = org
@@ -105,7 +105,6 @@ class Dispatcher:
         self.backoff_cap = backoff_cap
         self.auth_pause_seconds = auth_pause_seconds
         self.linger_seconds = linger_seconds
-        self.on_result = on_result
 
     # -- claiming -------------------------------------------------------------------------
     def claim(self, token: str) -> list[Claimed]:
@@ -129,12 +128,15 @@ class Dispatcher:
                     "lease_seconds": self.lease_seconds,
                 },
             ).all()
-        return [Claimed(r.id, r.crm_id, r.owner_id, r.parent_id, r.attempts) for r in rows]
+        return [
+            Claimed(r.id, r.crm_id, r.owner_id, r.parent_id, r.attempts, float(r.age)) for r in rows
+        ]
 
     # -- one round --------------------------------------------------------------------------
     def run_once(self) -> DispatchStats:
         """Claim what is ready, write it to the CRM, record the results."""
         token = uuid.uuid4().hex
+        claimed_at = time.monotonic()  # taken before the claim: never later than its lease
         claimed = self.claim(token)
         stats = DispatchStats(claimed=len(claimed))
         if not claimed:
@@ -143,6 +145,18 @@ class Dispatcher:
         writes = [OwnerWrite(str(c.id), c.crm_id, c.owner_id, c.parent_id) for c in claimed]
         batches = plan_batches(writes, self.adapter.max_batch)
         for i, batch in enumerate(batches):
+            if stats.stale or time.monotonic() - claimed_at >= self.lease_seconds:
+                # The lease is gone (this process was paused, or the CRM was slow): another
+                # dispatcher may hold these rows now, and writing them too would put two of
+                # our requests on one record or Account. Leave them to the rescue.
+                left = sum(len(b) for b in batches[i:])
+                stats.stale += left
+                log.warning(
+                    "org %s: claim lease expired; %d unsent writes left to another dispatcher",
+                    self.org,
+                    left,
+                )
+                break
             finish = _Finish()
             try:
                 stats.requests += 1
@@ -180,7 +194,7 @@ class Dispatcher:
             err = o.error or PermanentError("UNKNOWN", "no error given")
             self._count(stats, err.code)
             if isinstance(err, RetryableError) and row.attempts < self.max_attempts:
-                finish.retry.append((row.id, _describe(err), self._delay(row.attempts, err)))
+                finish.retry.append((row.id, _describe(err), self._delay(row, err)))
             else:
                 finish.dead.append((row.id, _describe(err)))
 
@@ -208,23 +222,33 @@ class Dispatcher:
             row = by_key[w.key]
             if isinstance(exc, PermanentError):
                 finish.dead.append((row.id, _describe(exc)))
-            elif isinstance(exc, RateLimitedError | AuthError) or (
-                isinstance(exc, RetryableError) and row.attempts < self.max_attempts
+            elif (
+                isinstance(exc, RateLimitedError | AuthError)
+                or (isinstance(exc, RetryableError) and exc.code != "UNEXPECTED")
+                or row.attempts < self.max_attempts
             ):
-                # quota and credential trouble is not the record's fault: never dead-letter it
-                delay = self._delay(row.attempts, exc)
+                # Quota and credential trouble, and a CRM that is down (5xx, timeouts, resets
+                # for the whole request), are not the record's fault: never dead-letter it, or
+                # an outage of a minute would lose every owner write in flight.
+                delay = self._delay(row, exc)
                 finish.retry.append((row.id, _describe(exc), delay))
             else:
                 finish.dead.append((row.id, _describe(exc)))
 
-    def _delay(self, attempts: int, err: CrmError) -> float:
+    def _delay(self, row: Claimed, err: CrmError) -> float:
         retry_after = err.retry_after if isinstance(err, RetryableError) else None
-        return backoff_delay(
-            max(attempts - 1, 0),
+        delay = backoff_delay(
+            max(row.attempts - 1, 0),
             base=self.backoff_base,
             cap=self.backoff_cap,
             retry_after=retry_after,
         )
+        if retry_after is None:
+            # Never wait longer than the row has existed: after an outage of T every row is
+            # retried within about T of the CRM's recovery (the backlog drains within twice
+            # the outage), while a long outage still backs off exponentially up to the cap.
+            delay = min(delay, max(row.age, self.backoff_base))
+        return delay
 
     def _record(self, token: str, finish: _Finish, stats: DispatchStats) -> None:
         with self.engine.begin() as conn:
@@ -267,13 +291,6 @@ class Dispatcher:
                 self.org,
                 total - applied,
             )
-        for kind, n in (
-            ("sent", len(finish.sent)),
-            ("dead", len(finish.dead)),
-            ("retry", len(finish.retry)),
-        ):
-            if n and self.on_result:
-                self.on_result(kind, n)
         for row_id, reason in finish.dead:
             log.warning("org %s: outbox row %d is dead: %s", self.org, row_id, reason)
 

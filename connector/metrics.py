@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from sqlalchemy import Engine, TextClause, text
@@ -156,6 +156,13 @@ class Metrics:
             "connector_lock_retries",
             "Owner writes retried because the CRM could not lock the record or its parent",
             ["org"],
+            registry=r,
+        )
+        self.crm_api_usage = Gauge(
+            "connector_crm_api_usage",
+            "The CRM's own quota figures as last reported (Salesforce Sforce-Limit-Info "
+            "api-usage: used and total)",
+            ["org", "figure"],
             registry=r,
         )
         if engine is not None:

@@ -135,10 +135,14 @@ def _safe_poll(poller: Poller) -> None:
         log.exception("org %s: poll failed; the next round will retry", poller.cfg.org)
 
 
-def _record_stats(metrics: Metrics | None, org: str) -> Any:
+def _record_stats(metrics: Metrics | None, org: str, adapter: CrmAdapter) -> Any:
     def record(stats: DispatchStats) -> None:
         if metrics is None or not stats.requests:
             return
+        api_usage = adapter.usage().get("api_usage")
+        if isinstance(api_usage, dict):
+            for figure, value in api_usage.items():
+                metrics.crm_api_usage.labels(org, str(figure)).set(float(value))
         metrics.crm_calls.labels(org, "write_owners").inc(stats.requests)
         for code, n in stats.errors.items():
             metrics.crm_errors.labels(org, code).inc(n)
@@ -156,15 +160,19 @@ def start_dispatchers(
     stop: threading.Event,
     per_org: int = 2,
     metrics: Metrics | None = None,
+    lease_seconds: float = 60.0,
 ) -> list[threading.Thread]:
     threads = []
     for cfg in configs.values():
         for i in range(per_org):
-            d = Dispatcher(engine, cfg.org, adapters.get(cfg.org))
+            d = Dispatcher(engine, cfg.org, adapters.get(cfg.org), lease_seconds=lease_seconds)
             t = threading.Thread(
                 target=d.run_forever,
                 name=f"dispatch-{cfg.org}-{i}",
-                kwargs={"stop": stop, "on_stats": _record_stats(metrics, cfg.org)},
+                kwargs={
+                    "stop": stop,
+                    "on_stats": _record_stats(metrics, cfg.org, adapters.get(cfg.org)),
+                },
                 daemon=True,
             )
             t.start()
@@ -183,21 +191,34 @@ def run_service(
     dispatch: bool = True,
     dispatchers_per_org: int = 2,
     public_base_url: str | None = None,
+    lease_seconds: float | None = None,
 ) -> int:
-    """Run the chosen parts until SIGTERM/SIGINT; returns the exit status."""
+    """Run the chosen parts until SIGTERM/SIGINT; returns the exit status.
+
+    ``lease_seconds`` (default: 60 for outbox claims, 120 for inbox claims) bounds how long
+    the claims of a process that died stay blocked before another process takes them over.
+    """
     from connector.web import create_app
 
     adapters = Adapters(configs)
     stop = threading.Event()
     sched = start_scheduler(engine, configs, adapters) if scheduler else None
     app = (
-        create_app(engine, configs, fetcher=adapters.fetch, public_base_url=public_base_url)
+        create_app(
+            engine,
+            configs,
+            fetcher=adapters.fetch,
+            public_base_url=public_base_url,
+            inbox_lease_seconds=lease_seconds or 120.0,
+        )
         if receiver
         else None
     )
     metrics = app.state.metrics if app is not None else None
     threads = (
-        start_dispatchers(engine, configs, adapters, stop, dispatchers_per_org, metrics)
+        start_dispatchers(
+            engine, configs, adapters, stop, dispatchers_per_org, metrics, lease_seconds or 60.0
+        )
         if dispatch
         else []
     )

@@ -150,6 +150,9 @@ def _parse_notification(element: Element, index: int) -> Notification:
         sobject_id = (fields.get("Id") or "").strip()
         if not sobject_id:
             raise SoapError("missing_field", 400, "<sObject> has no Id field")
+        if not _SF_ID_RE.fullmatch(sobject_id):
+            # not stored, and not echoed: it is not a record id (it may be anything, an email)
+            raise SoapError("invalid_lead", 400, "<sObject> Id is not a 15 or 18 character id")
         fields["Id"] = sobject_id
     except SoapError as exc:
         raise SoapError(exc.code, exc.http_status, f"Notification {index}: {exc.message}") from exc

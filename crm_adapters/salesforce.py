@@ -113,12 +113,17 @@ def classify_salesforce_http(
     return PermanentError(label, message)
 
 
-def classify_salesforce_exception(exc: BaseException) -> CrmError:
-    """Translate simple-salesforce / requests exceptions into the CrmError hierarchy."""
+def classify_salesforce_exception(
+    exc: BaseException, headers: Mapping[str, str] | None = None
+) -> CrmError:
+    """Translate simple-salesforce / requests exceptions into the CrmError hierarchy.
+
+    simple-salesforce's errors carry no headers, so the caller passes the failed response's
+    (for its Retry-After)."""
     if isinstance(exc, CrmError):
         return exc
     if isinstance(exc, SalesforceError):
-        return classify_salesforce_http(int(exc.status), exc.content, {})
+        return classify_salesforce_http(int(exc.status), exc.content, headers or {})
     if isinstance(exc, requests.Timeout):
         return RetryableError("timeout", type(exc).__name__)
     if isinstance(exc, requests.ConnectionError):
@@ -194,6 +199,7 @@ class RebasingSession(requests.Session):
         self._timeout = timeout
         self.limit_info: dict[str, int] = {}
         self.limit_info_raw: str | None = None
+        self._last = threading.local()  # this thread's last response headers
         adapter = HTTPAdapter(pool_connections=4, pool_maxsize=pool_size, max_retries=0)
         self.mount("http://", adapter)
         self.mount("https://", adapter)
@@ -212,6 +218,7 @@ class RebasingSession(requests.Session):
             url = url.decode()
         kwargs.setdefault("timeout", self._timeout)
         resp = super().request(method, self.rebase(url), *args, **kwargs)
+        self._last.headers = resp.headers
         info = resp.headers.get("Sforce-Limit-Info")
         if info:
             self.limit_info_raw = info
@@ -219,6 +226,11 @@ class RebasingSession(requests.Session):
             if parsed:
                 self.limit_info = parsed
         return resp
+
+    def last_headers(self) -> Mapping[str, str]:
+        """The headers of the last response this thread received (for a failed call's
+        Retry-After, which simple-salesforce's exceptions drop)."""
+        return getattr(self._last, "headers", None) or {}
 
 
 def _parse_sf_datetime(value: str) -> datetime:
@@ -365,7 +377,7 @@ class SalesforceAdapter:
             try:
                 return fn(sf, *args, **kwargs)
             except SalesforceError as exc:
-                err = classify_salesforce_exception(exc)
+                err = classify_salesforce_exception(exc, self._session.last_headers())
                 refreshable = attempt == 0 and self.settings.auth["method"] != "session"
                 if isinstance(err, AuthError) and exc.status == 401 and refreshable:
                     log.info("salesforce session expired; refreshing token")

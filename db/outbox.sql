@@ -33,7 +33,8 @@ SET state = 'claimed', claimed_by = :token, attempts = o.attempts + 1,
     lease_until = now() + make_interval(secs => :lease_seconds)
 FROM ready
 WHERE o.id = ready.id
-RETURNING o.id, o.crm_id, o.owner_id, o.parent_id, o.attempts
+RETURNING o.id, o.crm_id, o.owner_id, o.parent_id, o.attempts,
+          extract(epoch FROM now() - o.created_at) AS age
 
 -- name: finish_sent
 UPDATE outbox SET state = 'sent', finished_at = now(), lease_until = NULL, last_error = NULL

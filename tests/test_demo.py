@@ -13,7 +13,9 @@ pytestmark = pytest.mark.slow
 def test_demo_runs_end_to_end_and_every_guarantee_holds() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "connector.cli", "demo", "--sf-leads", "200", "--hs-leads", "120"],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout

@@ -1,0 +1,163 @@
+"""Scenario 5: a dispatcher paused (SIGSTOP) past its lease, then resumed.
+
+Dispatcher A (`connector dispatch --lease-seconds 2`) claims every pending row and is frozen
+while its first CRM request is in flight. Dispatcher B, started at once, cannot take the rows
+before A's lease expires; then it re-claims and writes them all. When A resumes, its late
+result is ignored (the finish checks the claim token): no outbox row changes, and A does not
+go on writing the rest of a claim it no longer holds.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine, text
+
+from connector.config import load_configs
+from connector.demo import ENV, salesforce_yaml
+from connector.routing import Lead, Router
+from connector.teams import apply_teams
+from tests.fault_helpers import (
+    ROOT,
+    SCANNED_LOGS,
+    Proc,
+    RecordingSalesforce,
+    check_invariants,
+    connector_env,
+    lead_email,
+    record_figures,
+    scan_logs,
+)
+
+pytestmark = [pytest.mark.fault, pytest.mark.slow]
+
+LEADS, LEASE_S = 300, 2.0
+
+SNAPSHOT = text(
+    "SELECT id, state, claimed_by, attempts, finished_at, last_error, lease_until "
+    "FROM outbox ORDER BY id"
+)
+
+
+def test_paused_dispatcher_is_overtaken_and_its_late_result_ignored(
+    engine: Engine, db_url: str, tmp_path: Path
+) -> None:
+    sf = RecordingSalesforce(record_work_ms=0.0).start()
+    try:
+        reps = [sf.add_user(f"Rep {i}") for i in range(6)]
+        intake = sf.add_user("Intake")
+        config_dir = tmp_path / "config"
+        config_dir.mkdir()
+        (config_dir / "sf.yaml").write_text(
+            salesforce_yaml(sf, reps, intake).replace("poll:\n", "poll:\n  enabled: false\n")
+        )
+        cfg = load_configs(config_dir, env=ENV)["demo-sf"]
+        apply_teams(engine, cfg)
+        ids = [sf.add_record("Lead", owner_id=intake) for _ in range(LEADS)]
+        Router(engine, cfg).assign_many(
+            [Lead(i, {"Country": "US", "Email": lead_email(i)}) for i in ids], "api"
+        )
+        sf.set_latency(1.5)  # A's first request is in flight when it is frozen
+
+        env = connector_env(db_url)
+        lease = ["--lease-seconds", str(LEASE_S)]
+        a = Proc(
+            "dispatch-a",
+            ["--config", str(config_dir), "dispatch", "--concurrency", "1", *lease],
+            env,
+            tmp_path,
+        ).start()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with engine.connect() as conn:
+                claimed = conn.execute(
+                    text(
+                        "SELECT count(*), min(claimed_by), max(lease_until) FROM outbox "
+                        "WHERE state = 'claimed'"
+                    )
+                ).one()
+            if claimed[0]:
+                break
+            time.sleep(0.02)
+        assert claimed[0] == LEADS, (claimed, a.tail())
+        token_a, lease_a = claimed[1], claimed[2]
+        while sf.writes.received == 0:  # A's first write request is at the CRM
+            assert time.monotonic() < deadline, a.tail()
+            time.sleep(0.01)
+        a.signal(signal.SIGSTOP)
+        paused_at = time.monotonic()
+        sf.set_latency(0.0)
+
+        b_log = tmp_path / "dispatch-b.log"
+        SCANNED_LOGS.append(b_log)
+        with open(b_log, "wb") as f:
+            b = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "connector.cli",
+                    "--log-level",
+                    "INFO",
+                    "--config",
+                    str(config_dir),
+                    "dispatch",
+                    "--once",
+                    "--timeout",
+                    "30",
+                    *lease,
+                ],
+                env=env,
+                stdout=f,
+                stderr=subprocess.STDOUT,
+                cwd=ROOT,
+                timeout=60,
+                check=False,
+            )
+        assert b.returncode == 0, b_log.read_text()[-2000:]
+        with engine.connect() as conn:
+            before = conn.execute(SNAPSHOT).all()
+            first_finish = conn.execute(
+                text("SELECT min(finished_at) FROM outbox WHERE state = 'sent'")
+            ).scalar_one()
+        assert all(r.state == "sent" and r.claimed_by != token_a for r in before)
+        assert first_finish >= lease_a  # nothing was taken from A before its lease expired
+        while len(sf.writes.attempts) < sf.writes.received:  # A's frozen request answered
+            time.sleep(0.05)
+        writes_before_resume = len(sf.writes.attempts)
+
+        a.signal(signal.SIGCONT)
+        resumed_at = time.monotonic()
+        deadline = time.monotonic() + 20
+        while b"after their lease expired" not in a.logs[-1].read_bytes():
+            assert time.monotonic() < deadline, a.tail()
+            time.sleep(0.1)
+        time.sleep(1.0)  # A's next round (if it wrongly went on with its old claim)
+        code_a = a.stop()
+        with engine.connect() as conn:
+            after = conn.execute(SNAPSHOT).all()
+        late_writes = len(sf.writes.attempts) - writes_before_resume
+        inv = check_invariants(engine, sf, None)
+        figures = {
+            "leads": LEADS,
+            "lease_s": LEASE_S,
+            "paused_s": round(resumed_at - paused_at, 1),
+            "rows_reclaimed": sum(r.attempts >= 2 for r in before),
+            "outbox_rows_changed_by_late_result": sum(
+                x != y for x, y in zip(before, after, strict=True)
+            ),
+            "crm_write_requests_after_resume": late_writes,
+            **inv.figures(),
+        }
+        record_figures("sigstop", figures)
+        assert before == after, figures
+        assert late_writes == 0, figures
+        assert inv.double_owners == 0 and inv.crm_mismatches == [] and inv.dead == 0
+        assert code_a == 0
+        assert scan_logs([*a.logs, b_log]) == []
+    finally:
+        sf.stop()

