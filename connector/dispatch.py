@@ -144,6 +144,17 @@ class Dispatcher:
         by_key = {str(c.id): c for c in claimed}
         writes = [OwnerWrite(str(c.id), c.crm_id, c.owner_id, c.parent_id) for c in claimed]
         batches = plan_batches(writes, self.adapter.max_batch)
+        if len(claimed) >= self.claim_limit and len(batches) > 1:
+            # More rows are probably waiting: a half-empty last request would cost a CRM call
+            # (quotas count calls); its rows go back and fill the next claim's requests.
+            tail = batches[-1]
+            if len(tail) < self.adapter.max_batch:
+                batches.pop()
+                with self.engine.begin() as conn:
+                    conn.execute(
+                        _SQL["release"], {"ids": [int(w.key) for w in tail], "token": token}
+                    )
+                stats.claimed -= len(tail)
         for i, batch in enumerate(batches):
             if stats.stale or time.monotonic() - claimed_at >= self.lease_seconds:
                 # The lease is gone (this process was paused, or the CRM was slow): another

@@ -15,6 +15,7 @@ a rep drift up to ~1.4 leads from its share (found by simulation), which breaks 
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -50,24 +51,26 @@ def next_owners(seats: Sequence[Seat], team_assigned: int, count: int) -> list[i
     if sum(counts.values()) != team_assigned:
         raise ValueError("team_assigned does not match the members' counts")
     order = sorted(seats, key=lambda s: (-s.weight, s.position, s.member_id))
+    # Two heaps, O(log k) a pick: seats waiting for their release slot, and released seats by
+    # (deadline, rank). Rank (heavier first, then config position) breaks deadline ties.
+    waiting: list[tuple[int, int]] = []
+    ready: list[tuple[int, int]] = []
+    done = [counts[s.member_id] for s in order]
+    for rank, seat in enumerate(order):
+        heapq.heappush(waiting, ((done[rank] * total) // seat.weight, rank))
     picks: list[int] = []
-    slot = team_assigned
-    for _ in range(count):
-        best: Seat | None = None
-        best_deadline = 0
-        for seat in order:
-            done = counts[seat.member_id]
-            release = (done * total) // seat.weight
-            if release > slot:
-                continue
-            deadline = _ceil_div((done + 1) * total, seat.weight)
-            if best is None or deadline < best_deadline:
-                best, best_deadline = seat, deadline
-        if best is None:  # cannot happen while weights sum to one slot per slot
+    for slot in range(team_assigned, team_assigned + count):
+        while waiting and waiting[0][0] <= slot:
+            _, rank = heapq.heappop(waiting)
+            deadline = _ceil_div((done[rank] + 1) * total, order[rank].weight)
+            heapq.heappush(ready, (deadline, rank))
+        if not ready:  # cannot happen while the weights sum to one slot per slot
             raise AssertionError("rotation found no eligible seat")
-        counts[best.member_id] += 1
-        picks.append(best.member_id)
-        slot += 1
+        _, rank = heapq.heappop(ready)
+        seat = order[rank]
+        done[rank] += 1
+        picks.append(seat.member_id)
+        heapq.heappush(waiting, ((done[rank] * total) // seat.weight, rank))
     return picks
 
 

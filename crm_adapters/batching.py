@@ -25,26 +25,30 @@ def _groups(writes: Iterable[OwnerWrite]) -> list[list[OwnerWrite]]:
 def plan_batches(writes: Iterable[OwnerWrite], max_batch: int) -> list[list[OwnerWrite]]:
     """Pack writes into batches of <= max_batch that never split a parent across batches.
 
-    A parent with more than `max_batch` writes gets consecutive batches holding only its own
-    records. Packing is next-fit in parent order, so the plan is deterministic for a given input.
+    A parent with more than `max_batch` writes gets full batches of only its own records, and
+    its remainder is packed like any other group. The batches of one claim go out one after
+    another, so a parent is still never in two requests at the same time. Groups are placed
+    first-fit in parent order (each batch stays sorted by parent, and few requests go out half
+    empty); the plan is deterministic for a given input.
     """
     if max_batch < 1:
         raise ValueError("max_batch must be >= 1")
     batches: list[list[OwnerWrite]] = []
-    current: list[OwnerWrite] = []
     for group in _groups(writes):
         if len(group) > max_batch:
-            if current:
-                batches.append(current)
-                current = []
-            batches.extend(group[i : i + max_batch] for i in range(0, len(group), max_batch))
-            continue
-        if len(current) + len(group) > max_batch:
-            batches.append(current)
-            current = []
-        current.extend(group)
-    if current:
-        batches.append(current)
+            full = len(group) - len(group) % max_batch
+            batches.extend(group[i : i + max_batch] for i in range(0, full, max_batch))
+            group = group[full:]
+            if not group:
+                continue
+        # first fit: the earliest batch with room (groups arrive in parent order, so every
+        # batch stays sorted by parent; a split parent's full chunks have no room)
+        for batch in batches:
+            if len(batch) + len(group) <= max_batch:
+                batch.extend(group)
+                break
+        else:
+            batches.append(list(group))
     return batches
 
 

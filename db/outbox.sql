@@ -78,3 +78,10 @@ SET state = 'pending', attempts = 0, available_at = now(), finished_at = NULL,
     claimed_by = NULL
 WHERE org = :org AND state = 'dead' AND (CAST(:ids AS bigint[]) IS NULL OR id = ANY(CAST(:ids AS bigint[])))
 RETURNING id
+
+-- name: release
+-- Give back rows claimed but not attempted (a partial last batch of a full claim), so they
+-- fill the next claim's requests instead of going out in a half-empty one.
+UPDATE outbox
+SET state = 'pending', claimed_by = NULL, lease_until = NULL, attempts = attempts - 1
+WHERE id = ANY(CAST(:ids AS bigint[])) AND state = 'claimed' AND claimed_by = :token

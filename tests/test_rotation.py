@@ -104,3 +104,31 @@ def test_batching_does_not_change_the_order(
     first = next_owners(s, start_n, a)
     rest = next_owners(advance(s, first), start_n + a, b)
     assert next_owners(s, start_n, a + b) == first + rest
+
+
+def _reference(seats_: list[Seat], team_assigned: int, count: int) -> list[int]:
+    """The rule written the slow, obvious way: scan every seat at every slot."""
+    total = sum(s.weight for s in seats_)
+    counts = {s.member_id: s.assigned for s in seats_}
+    order = sorted(seats_, key=lambda s: (-s.weight, s.position, s.member_id))
+    picks = []
+    for slot in range(team_assigned, team_assigned + count):
+        eligible = [s for s in order if counts[s.member_id] * total // s.weight <= slot]
+        best = min(eligible, key=lambda s: -(-(counts[s.member_id] + 1) * total // s.weight))
+        counts[best.member_id] += 1
+        picks.append(best.member_id)
+    return picks
+
+
+@given(
+    weights=st.lists(st.integers(1, 20), min_size=1, max_size=15),
+    start=st.integers(0, 200),
+    count=st.integers(1, 120),
+)
+@settings(max_examples=200, deadline=None)
+def test_the_heap_rotation_equals_the_reference_rule(
+    weights: list[int], start: int, count: int
+) -> None:
+    base = seats(weights)
+    s = advance(base, next_owners(base, 0, start)) if start else base
+    assert next_owners(s, start, count) == _reference(s, start, count)
