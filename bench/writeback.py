@@ -42,7 +42,7 @@ LOCK_WAIT_S = 0.2
 REQUEST_WORK_MS = 20.0
 RECORD_WORK_MS = 0.5
 NAIVE_THREADS = 16
-DISPATCHERS = 4
+DISPATCHERS = 2  # the default of `connector dispatch` and `connector run`
 
 
 def skewed_accounts(n: int, accounts: list[str]) -> list[str]:
