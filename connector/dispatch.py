@@ -3,9 +3,10 @@
 Any number of dispatchers (threads, processes, machines) share an org's outbox: each claim
 takes ready rows under a lease in a short transaction, the CRM is called with no transaction
 open, and the result is recorded in another short transaction. A parent Account with a
-claim in flight is not claimed again until that claim finishes, and within a claim
-``plan_batches`` never splits a parent across two requests, so one Account is never locked by
-two of our requests at the same time (Salesforce's UNABLE_TO_LOCK_ROW). Rows whose
+claim in flight is not claimed again until that claim finishes, and a claim's requests
+(``plan_batches``: sorted by parent, cut into full batches) go out one after another, so one
+Account is never locked by two of our requests at the same time (Salesforce's
+UNABLE_TO_LOCK_ROW). Rows whose
 dispatcher died are claimed again once their lease expires; the dead worker's late result is
 ignored because finishing checks the claim token.
 """
@@ -38,6 +39,10 @@ from crm_adapters.batching import backoff_delay, plan_batches
 log = logging.getLogger(__name__)
 
 _SQL: dict[str, TextClause] = {k: text(v) for k, v in db.queries("outbox").items()}
+
+
+class _Deferred(Exception):
+    """A claim not worth a CRM request yet (see Dispatcher.claim)."""
 
 
 @dataclass
@@ -108,6 +113,19 @@ class Dispatcher:
 
     # -- claiming -------------------------------------------------------------------------
     def claim(self, token: str) -> list[Claimed]:
+        """Claim ready rows under a lease, or nothing.
+
+        A claim smaller than one request while another claim of this org is in flight is
+        rolled back: its rows are mostly the few whose Accounts that claim left free, and
+        sending them now would spend a CRM call on a half-empty request. They are claimed
+        again, with what the other claim releases, once it finishes.
+        """
+        try:
+            return self._claim(token)
+        except _Deferred:
+            return []
+
+    def _claim(self, token: str) -> list[Claimed]:
         with self.engine.begin() as conn:
             conn.execute(_SQL["claim_lock"], {"org": self.org})
             rescued = conn.execute(_SQL["rescue_expired"], {"org": self.org}).all()
@@ -128,6 +146,13 @@ class Dispatcher:
                     "lease_seconds": self.lease_seconds,
                 },
             ).all()
+            if (
+                0 < len(rows) < self.adapter.max_batch
+                and conn.execute(
+                    _SQL["others_in_flight"], {"org": self.org, "token": token}
+                ).scalar_one()
+            ):
+                raise _Deferred  # rolls the claim back
         return [
             Claimed(r.id, r.crm_id, r.owner_id, r.parent_id, r.attempts, float(r.age)) for r in rows
         ]

@@ -85,3 +85,8 @@ RETURNING id
 UPDATE outbox
 SET state = 'pending', claimed_by = NULL, lease_until = NULL, attempts = attempts - 1
 WHERE id = ANY(CAST(:ids AS bigint[])) AND state = 'claimed' AND claimed_by = :token
+
+-- name: others_in_flight
+SELECT EXISTS (
+    SELECT 1 FROM outbox WHERE org = :org AND state = 'claimed' AND claimed_by <> :token
+)

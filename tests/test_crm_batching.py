@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-from collections import defaultdict
 from collections.abc import Sequence
 
 import pytest
@@ -19,17 +18,15 @@ def _writes(parents: Sequence[str | None]) -> list[OwnerWrite]:
     return [OwnerWrite(f"k{i}", f"r{i}", "o", p) for i, p in enumerate(parents)]
 
 
-def test_groups_parents_and_packs_greedily() -> None:
+def test_sorted_by_parent_and_cut_into_full_batches() -> None:
     ws = _writes(["b", "a", "b", None, "a", "c"])
     batches = plan_batches(ws, 3)
-    # first fit in parent order: c tops up a's request, the parentless write tops up b's
-    assert [[w.parent_id for w in b] for b in batches] == [["a", "a", "c"], ["b", "b", None]]
+    assert [[w.parent_id for w in b] for b in batches] == [["a", "a", "b"], ["b", "c", None]]
 
 
-def test_large_parent_gets_full_batches_and_its_remainder_is_packed() -> None:
+def test_a_large_parent_fills_consecutive_batches() -> None:
     ws = _writes(["a"] + ["big"] * 5 + ["c"])
     batches = plan_batches(ws, 2)
-    # full chunks of only "big"; its remainder is packed first-fit like any other group
     assert [[w.parent_id for w in b] for b in batches] == [
         ["a", "big"],
         ["big", "big"],
@@ -61,20 +58,14 @@ def test_plan_batches_properties(parents: list[str | None], max_batch: int) -> N
     # every write exactly once, no empty batch, sizes bounded
     assert sorted(w.key for w in flat) == sorted(w.key for w in ws)
     assert all(0 < len(b) <= max_batch for b in batches)
-    # parent rule
-    where: dict[str, list[int]] = defaultdict(list)
-    for i, b in enumerate(batches):
-        for p in {w.parent_id for w in b if w.parent_id is not None}:
-            where[p].append(i)
-    counts = {p: parents.count(p) for p in where}
-    for p, idx in where.items():
-        if counts[p] <= max_batch:
-            assert len(idx) == 1, f"parent {p} split although it fits"
-        else:
-            # full chunks of only this parent, plus at most one batch with its remainder
-            own = [i for i in idx if {w.parent_id for w in batches[i]} == {p}]
-            assert len(idx) - len(own) <= 1
-            assert sum(1 for i in own if len(batches[i]) < max_batch) <= 1
+    # every request but the last is full: the fewest requests possible
+    assert all(len(b) == max_batch for b in batches[:-1])
+    assert len(batches) == -(-len(ws) // max_batch)
+    # a parent's writes are contiguous across the plan (sent one request after another)
+    seq = [w.parent_id for w in flat if w.parent_id is not None]
+    assert all(
+        seq.index(p) + seq.count(p) - 1 == len(seq) - 1 - seq[::-1].index(p) for p in set(seq)
+    )
     # inside every request: parents ascending, parentless last; deterministic
     for b in batches:
         order = [w.parent_id for w in b]
@@ -82,8 +73,6 @@ def test_plan_batches_properties(parents: list[str | None], max_batch: int) -> N
         assert named == sorted(named)
         assert order == named + [None] * (len(order) - len(named))
     assert plan_batches(ws, max_batch) == batches
-    # first fit: at most one request goes out half full or less
-    assert sum(1 for b in batches if 2 * len(b) <= max_batch) <= 1
 
 
 @given(
