@@ -6,10 +6,11 @@ a barrier. Three ways to do the same work are measured side by side:
 * ``project``/``project_batch``: the connector's own Router (per lead, or batched);
 * ``raw``: the same statements sent straight through psycopg, no SQLAlchemy, no Python layer:
   the ceiling the project is compared against;
-* ``naive``: **DELIBERATELY WRONG, kept to prove the tests can fail.** It picks the rep with
-  ``ORDER BY assigned_in_epoch LIMIT 1 FOR UPDATE``, the "lock the least-loaded rep" recipe
-  from the seed article. At READ COMMITTED a waiter re-checks the row it waited for but does
-  not re-sort, so concurrent transactions hand several leads to the same rep.
+* ``naive``: **DELIBERATELY WRONG, kept to prove the tests can fail.** The seed article's
+  first sample: ``ORDER BY last_assigned_at LIMIT 1 FOR UPDATE``, then ``last_assigned_at =
+  NOW()``. At READ COMMITTED a waiter re-checks the row it waited for but does not re-sort,
+  and NOW() is the transaction's start time, so concurrent transactions hand several leads to
+  the same rep and skip others.
 """
 
 from __future__ import annotations
@@ -69,8 +70,31 @@ def _libpq_url(sqlalchemy_url: str) -> str:
     return sqlalchemy_url.replace("postgresql+psycopg://", "postgresql://", 1)
 
 
+NAIVE_TABLE = """
+CREATE TABLE IF NOT EXISTS naive_rotation (
+    member_id        bigint PRIMARY KEY,
+    last_assigned_at timestamptz NOT NULL DEFAULT '-infinity'
+)
+"""
+
+
+def prepare_naive(db_url: str, org: str) -> None:
+    """The naive rotation's own state: the seed article's round_robin_members table."""
+    with psycopg.connect(_libpq_url(db_url)) as conn:
+        conn.execute(NAIVE_TABLE)
+        conn.execute(
+            "INSERT INTO naive_rotation (member_id) SELECT m.id FROM members m "
+            "JOIN teams t ON t.id = m.team_id WHERE t.org = %s AND m.active "
+            "ON CONFLICT DO NOTHING",
+            (org,),
+        )
+
+
 def _naive_assign(conn: psycopg.Connection[Any], org: str, crm_id: str) -> None:
-    """THE NAIVE ROTATION (wrong on purpose): least-loaded rep, locked, never re-sorted."""
+    """THE NAIVE ROTATION (wrong on purpose), exactly the seed article's first sample:
+    ORDER BY last_assigned_at LIMIT 1 FOR UPDATE, then last_assigned_at = NOW(). A waiter
+    re-checks the row it waited for but does not re-sort, and NOW() is its transaction's
+    start, so a rep can come straight back to the front of the line."""
     q = db.queries("routing")
     with conn.transaction():
         row = conn.execute(
@@ -84,10 +108,12 @@ def _naive_assign(conn: psycopg.Connection[Any], org: str, crm_id: str) -> None:
             "SELECT id, epoch FROM teams WHERE org = %s AND name = 'team'", (org,)
         ).fetchone()
         member_id = conn.execute(
-            "SELECT id FROM members WHERE team_id = %s AND active "
-            "ORDER BY assigned_in_epoch, position LIMIT 1 FOR UPDATE",
-            (team_id,),
+            "SELECT member_id FROM naive_rotation ORDER BY last_assigned_at LIMIT 1 FOR UPDATE"
         ).fetchone()[0]
+        conn.execute(
+            "UPDATE naive_rotation SET last_assigned_at = NOW() WHERE member_id = %s",
+            (member_id,),
+        )
         conn.execute(
             _psycopg_sql(q["record_assignments"]),
             {
@@ -261,6 +287,8 @@ def run(
     mode: str, db_url: str, yaml_text: str, ids: list[str], workers: int, batch: int = 1
 ) -> RunResult:
     """Split ``ids`` over ``workers`` processes and run them at once."""
+    if mode == "naive":
+        prepare_naive(db_url, parse_config(yaml_text, "bench.yaml", ENV).org)
     ctx = mp.get_context("spawn")
     barrier = ctx.Barrier(workers + 1)
     out = ctx.Queue()
