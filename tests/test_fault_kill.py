@@ -46,8 +46,8 @@ from tests.fault_helpers import (
 
 pytestmark = [pytest.mark.fault, pytest.mark.slow]
 
-SF_PUSHED, SF_POLL_ONLY, HS_LEADS = 1_000, 200, 800  # 2,000 leads (the 10,000 scaled)
-BURST_S = 8.0  # the deliveries are spread over this, so the kills land throughout
+SF_PUSHED, SF_POLL_ONLY, HS_LEADS = 5_000, 1_000, 4_000  # the 10,000 leads
+BURST_S = 30.0  # the deliveries are spread over this, so the kills land throughout
 KILL_EVERY_S = 0.2
 MIN_KILL_PHASE_S = 6.0
 MAX_KILL_PHASE_S = 15.0
