@@ -518,7 +518,7 @@ def scan_logs(paths: Iterable[Path]) -> list[str]:
 def record_figures(name: str, figures: dict[str, Any]) -> None:
     """Append a scenario's figures to $FAULT_FIGURES (JSON lines) for RELIABILITY.md."""
     out = os.environ.get("FAULT_FIGURES") or str(
-        Path(tempfile.gettempdir()) / "lrc-fault-figures.jsonl"
+        Path(tempfile.gettempdir()) / f"lrc-fault-figures-{os.getuid()}.jsonl"
     )
     with open(out, "a") as f:
         f.write(json.dumps({"scenario": name, "at": time.time(), **figures}) + "\n")
