@@ -116,9 +116,10 @@ def _hold_poll_lock(db_url: str, org: str, ready: Any, release: Any) -> None:
     engine.dispose()
 
 
-def test_only_one_process_polls_an_org_at_a_time(
+def _one_lead_and_a_lock_holder(
     engine: Engine, db_url: str, sf: SalesforceSandbox
-) -> None:
+) -> tuple[OrgConfig, Any, Any]:
+    """One routable lead in the CRM, and another process holding the org's poll lock."""
     reps = [sf.add_user("A")]
     intake = sf.add_user("Intake")
     cfg = _cfg(sf, reps, intake)
@@ -128,8 +129,15 @@ def test_only_one_process_polls_an_org_at_a_time(
     ready, release = ctx.Event(), ctx.Event()
     other = ctx.Process(target=_hold_poll_lock, args=(db_url, cfg.org, ready, release))
     other.start()
+    assert ready.wait(30)
+    return cfg, other, release
+
+
+def test_only_one_process_polls_an_org_at_a_time(
+    engine: Engine, db_url: str, sf: SalesforceSandbox
+) -> None:
+    cfg, other, release = _one_lead_and_a_lock_holder(engine, db_url, sf)
     try:
-        assert ready.wait(30)
         skipped = Poller(engine, cfg, adapter_for(cfg)).poll_once()
         assert not skipped.ran
         assert _leads(engine) == {}
@@ -143,16 +151,7 @@ def test_only_one_process_polls_an_org_at_a_time(
 def test_a_poller_that_dies_releases_the_org(
     engine: Engine, db_url: str, sf: SalesforceSandbox
 ) -> None:
-    reps = [sf.add_user("A")]
-    intake = sf.add_user("Intake")
-    cfg = _cfg(sf, reps, intake)
-    apply_teams(engine, cfg)
-    sf.add_record("Lead", owner_id=intake)
-    ctx = mp.get_context("spawn")
-    ready, release = ctx.Event(), ctx.Event()
-    other = ctx.Process(target=_hold_poll_lock, args=(db_url, cfg.org, ready, release))
-    other.start()
-    assert ready.wait(30)
+    cfg, other, _ = _one_lead_and_a_lock_holder(engine, db_url, sf)
     other.kill()  # SIGKILL: no cleanup at all
     other.join(30)
     poller = Poller(engine, cfg, adapter_for(cfg))
