@@ -11,6 +11,7 @@ import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import parse_qsl
 
 import yaml
 from pydantic import (
@@ -25,6 +26,8 @@ from pydantic import (
 
 ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 ORG_NAME = r"^[a-z0-9][a-z0-9_-]{0,62}$"
+# scheme://user[:password]@ at the start of a database URL
+_URL_USERINFO = re.compile(r"[\w+.-]+://[^:/@]*(?::(?P<password>[^@]*))?@")
 
 
 class ConfigError(Exception):
@@ -233,13 +236,36 @@ _SECRET_KEYS = {
 }
 
 
+def _url_has_literal_password(url: str) -> bool:
+    """True when a database URL carries a password that is not a ${ENV} reference.
+
+    The whole URL may be a reference (``${DATABASE_URL}``); otherwise the password, in the
+    userinfo (``user:${PGPASS}@host``) or a ``password=`` query parameter, must be one. The
+    userinfo is split the way SQLAlchemy splits it (the password runs to the first ``@``).
+    """
+    text = url.strip()
+    if ENV_REF.fullmatch(text):
+        return False
+    m = _URL_USERINFO.match(text)
+    passwords = [m.group("password") or ""] if m else []
+    rest = text[m.end() :] if m else text
+    query = rest.partition("?")[2]
+    passwords += [v for k, v in parse_qsl(query, keep_blank_values=True) if k == "password"]
+    return any(pw and not ENV_REF.fullmatch(pw) for pw in passwords)
+
+
 def _literal_secrets(value: Any, path: str = "") -> list[str]:
     """Key paths of secrets written into the file itself instead of as ${ENV} references."""
     found: list[str] = []
     if isinstance(value, dict):
         for k, v in value.items():
             sub = f"{path}.{k}" if path else str(k)
-            if k in _SECRET_KEYS and isinstance(v, str) and v and not ENV_REF.fullmatch(v.strip()):
+            if k == "database_url" and not path:
+                if isinstance(v, str) and _url_has_literal_password(v):
+                    found.append(sub)
+            elif (
+                k in _SECRET_KEYS and isinstance(v, str) and v and not ENV_REF.fullmatch(v.strip())
+            ):
                 found.append(sub)
             elif k in _SECRET_KEYS and isinstance(v, list):
                 found.extend(

@@ -118,6 +118,46 @@ def test_literal_webhook_secret_in_a_list_is_refused() -> None:
     assert error(text, HUBSPOT_ENV, "globex.yaml").endswith(": crm.auth.access_token")
 
 
+DB_ENV = {**SAMPLE_ENV, "DATABASE_URL": "postgresql://app:pw1@db/r", "PGPASS": "pw2"}
+
+
+@pytest.mark.parametrize(
+    ("written", "resolved"),
+    [
+        ('"${DATABASE_URL}"', "postgresql://app:pw1@db/r"),
+        (
+            '"postgresql://app:${PGPASS}@db:5432/routing"',
+            "postgresql://app:pw2@db:5432/routing",
+        ),
+        ("postgresql://app@db.internal:5432/routing", "postgresql://app@db.internal:5432/routing"),
+        ("postgresql://db.internal/routing", "postgresql://db.internal/routing"),
+        ('"postgresql://db/routing?password=${PGPASS}"', "postgresql://db/routing?password=pw2"),
+    ],
+)
+def test_database_url_accepted_forms(written: str, resolved: str) -> None:
+    cfg = parse_config(f"database_url: {written}\n{SAMPLE_YAML}", "acme.yaml", DB_ENV)
+    assert cfg.database_url is not None
+    assert cfg.database_url.get_secret_value() == resolved
+    assert "pw1" not in repr(cfg) and "pw2" not in repr(cfg)
+
+
+@pytest.mark.parametrize(
+    "written",
+    [
+        "postgresql://app:hunter2@db:5432/routing",
+        "postgresql+psycopg://app:hunter2@db/routing?sslmode=require",
+        '"postgresql://app:hunter2${PGPASS}@db/routing"',  # a reference plus literal text
+        "postgresql://app@db/routing?sslmode=require&password=hunter2",
+    ],
+)
+def test_database_url_with_a_literal_password_is_refused(written: str) -> None:
+    message = error(f"database_url: {written}\n{SAMPLE_YAML}", DB_ENV)
+    assert message == (
+        "acme.yaml: secrets must be ${ENV_NAME} references, not literal values: database_url"
+    )
+    assert "hunter2" not in message
+
+
 def test_unknown_key_is_refused_naming_the_key() -> None:
     text = SAMPLE_YAML.replace("  object: Lead", "  objct: Lead")
     assert error(text) == (
