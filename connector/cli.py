@@ -22,6 +22,7 @@ from connector.config import (
     load_configs,
     pick_org,
 )
+from crm_adapters.base import CrmError
 
 log = logging.getLogger("connector")
 
@@ -79,6 +80,17 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _crm_problem(exc: CrmError | OSError) -> str:
+    """`code: message` on one short line; adapters never put credentials in either."""
+    if isinstance(exc, CrmError):
+        code, message = exc.code, exc.message
+    else:  # a network error an adapter let through
+        code, message = "connection", type(exc).__name__
+    first = message.strip().splitlines()[0] if message.strip() else ""
+    first = first if len(first) <= 200 else first[:197] + "..."
+    return f"{code}: {first}" if first else code
+
+
 def cmd_check_config(args: argparse.Namespace) -> int:
     configs = _configs(args)
     for cfg in all_orgs(configs):
@@ -97,7 +109,15 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     problems = 0
     for cfg in all_orgs(configs):
         ids = sorted({m.crm_user_id for t in cfg.teams for m in t.members if m.active})
-        found = adapter_for(cfg).check_owners(ids)
+        try:
+            found = adapter_for(cfg).check_owners(ids)
+        except (CrmError, OSError) as exc:
+            problems += 1
+            print(
+                f"org {cfg.org}: cannot check owners in the CRM: {_crm_problem(exc)}",
+                file=sys.stderr,
+            )
+            continue
         bad = 0
         for owner_id in ids:
             reason = found.get(owner_id, "not checked")
@@ -266,11 +286,29 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(sf_leads=args.sf_leads, hs_leads=args.hs_leads, senders=args.senders)
 
 
+def _global_options(
+    parser: argparse.ArgumentParser, default_config: str | None, default_level: str
+) -> None:
+    """--config and --log-level, accepted before or after the command (after wins)."""
+    where = " May come before or after the command; given in both places, the one after wins."
+    parser.add_argument(
+        "--config",
+        metavar="FILE_OR_FOLDER",
+        default=default_config,
+        help="org YAML file or folder of them (default $CONNECTOR_CONFIG)." + where,
+    )
+    parser.add_argument(
+        "--log-level",
+        metavar="LEVEL",
+        default=default_level,
+        help="logging level (default $CONNECTOR_LOG_LEVEL, else WARNING)." + where,
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="connector", description=__doc__)
     p.add_argument("--version", action="version", version=f"connector {__version__}")
-    p.add_argument("--config", help="org YAML file or folder of them (default $CONNECTOR_CONFIG)")
-    p.add_argument("--log-level", default=os.environ.get("CONNECTOR_LOG_LEVEL", "WARNING"))
+    _global_options(p, None, os.environ.get("CONNECTOR_LOG_LEVEL", "WARNING"))
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("migrate", help="apply schema migrations and the configured teams")
@@ -344,6 +382,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--hs-leads", type=int, default=400)
     s.add_argument("--senders", type=int, default=16)
     s.set_defaults(func=cmd_demo)
+    for subparser in sub.choices.values():
+        # after the command too; SUPPRESS keeps a value given before it when this one is absent
+        _global_options(subparser, argparse.SUPPRESS, argparse.SUPPRESS)
     return p
 
 

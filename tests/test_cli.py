@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -398,3 +399,151 @@ def test_16_ingest_processes_at_once(db_url: str, engine: Engine, tmp_path: Path
     assert sum(int(r.stdout.split("), ")[1].split(" duplicate")[0]) for r in again) == LEADS
     assert status() == first
     assert table_counts(engine) == before == {"leads": LEADS, "assignments": LEADS, "outbox": LEADS}
+
+
+# --- check-config --online against a CRM that refuses or cannot be reached -------------------
+
+
+def _sf_org_yaml(org: str, url: str, secret_var: str, owner: str) -> str:
+    return f"""
+org: {org}
+crm:
+  kind: salesforce
+  instance_url: {url}
+  auth: {{method: client_credentials, client_id: "${{SF_ID}}", client_secret: "${{{secret_var}}}"}}
+teams:
+  - name: ae
+    members: [{{crm_user_id: "{owner}", name: Rep}}]
+rules: [{{team: ae}}]
+"""
+
+
+def test_check_config_online_reports_crm_errors_per_org(tmp_path: Path) -> None:
+    from crm_adapters.sandbox import SalesforceSandbox
+
+    wrong = "wrong-secret-never-printed"
+    sf = SalesforceSandbox(record_work_ms=0.0).start()
+    # bound but not listening: connections to it are refused, and no other process can take it
+    closed = socket.socket()
+    try:
+        closed.bind(("127.0.0.1", 0))
+        gone_url = f"http://127.0.0.1:{closed.getsockname()[1]}"
+        owner = sf.add_user()
+        folder = tmp_path / "orgs"
+        folder.mkdir()
+        for org, url, var in (
+            ("badauth", sf.url, "SF_WRONG"),
+            ("good", sf.url, "SF_SECRET"),
+            ("unreachable", gone_url, "SF_SECRET"),
+        ):
+            (folder / f"{org}.yaml").write_text(
+                _sf_org_yaml(org, url, var, owner), encoding="utf-8"
+            )
+        env = {
+            **os.environ,
+            "SF_ID": sf.client_id,
+            "SF_SECRET": sf.client_secret,
+            "SF_WRONG": wrong,
+        }
+        env.pop("CONNECTOR_CONFIG", None)
+        r = subprocess.run(
+            [*_connector(), "check-config", "--online", "--config", str(folder)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        closed.close()
+        sf.stop()
+    assert "Traceback" not in r.stdout + r.stderr
+    for secret in (wrong, sf.client_secret):
+        assert secret not in r.stdout + r.stderr
+    assert r.returncode == 1
+    assert r.stderr.splitlines() == [
+        "org badauth: cannot check owners in the CRM: invalid_grant: authentication failure",
+        "org unreachable: cannot check owners in the CRM: connection: ConnectionError",
+    ]
+    # the org in between is still checked
+    assert r.stdout.splitlines()[-1] == "org good: 1 of 1 active owners verified in the CRM"
+
+
+# --- --config and --log-level before or after the command ------------------------------------
+
+
+@pytest.fixture
+def globex_file(cfg_file: Path, tmp_path: Path) -> Path:
+    """A second config (org globex) next to the acme one that CONNECTOR_CONFIG names."""
+    path = tmp_path / "globex.yaml"
+    path.write_text(CONFIG.replace("org: acme", "org: globex"), encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--config", "{globex}", "check-config"],
+        ["check-config", "--config", "{globex}"],
+        ["--config", "{acme}", "check-config", "--config", "{globex}"],  # after wins
+    ],
+)
+def test_config_before_or_after_check_config(
+    cfg_file: Path, globex_file: Path, argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = [a.format(acme=cfg_file, globex=globex_file) for a in argv]
+    code, out, err = run(capsys, *argv)
+    assert (code, err) == (0, "")
+    assert out.startswith("org globex: salesforce Lead, 2 teams")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--config", "{globex}", "status", "--org", "initech"],
+        ["status", "--org", "initech", "--config", "{globex}"],
+        ["--config", "{acme}", "status", "--config", "{globex}", "--org", "initech"],
+        ["--config", "{globex}", "ingest", "--org", "initech", "leads.csv"],
+        ["ingest", "--config", "{globex}", "--org", "initech", "leads.csv"],
+        ["--config", "{acme}", "ingest", "--org", "initech", "--config", "{globex}", "x.csv"],
+        ["sync", "--once", "--org", "initech", "--config", "{globex}"],
+    ],
+)
+def test_config_before_or_after_other_commands(
+    cfg_file: Path, globex_file: Path, argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = [a.format(acme=cfg_file, globex=globex_file) for a in argv]
+    code, out, err = run(capsys, *argv)
+    assert (code, out) == (2, "")
+    assert err == "connector: org 'initech' is not configured (known: globex)\n"
+
+
+def test_log_level_before_or_after_the_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    from connector.cli import build_parser
+
+    monkeypatch.delenv("CONNECTOR_LOG_LEVEL", raising=False)
+
+    def parsed(*argv: str) -> tuple[str | None, str]:
+        args = build_parser().parse_args(list(argv))
+        return args.config, args.log_level
+
+    assert parsed("migrate") == (None, "WARNING")
+    assert parsed("--log-level", "DEBUG", "migrate") == (None, "DEBUG")
+    assert parsed("migrate", "--log-level", "DEBUG") == (None, "DEBUG")
+    assert parsed("--log-level", "INFO", "status", "--log-level", "ERROR") == (None, "ERROR")
+    # a value given only before the command survives the subcommand's parsing
+    assert parsed("--config", "a", "--log-level", "INFO", "outbox", "list") == ("a", "INFO")
+    assert parsed("--config", "a", "demo", "--config", "b") == ("b", "WARNING")
+    monkeypatch.setenv("CONNECTOR_LOG_LEVEL", "ERROR")
+    assert parsed("sandbox", "hubspot") == (None, "ERROR")
+    assert parsed("sandbox", "hubspot", "--log-level", "INFO") == (None, "INFO")
+
+
+def test_help_says_global_options_go_before_or_after(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (["--help"], ["check-config", "--help"]):
+        with pytest.raises(SystemExit):
+            main(argv)
+        out = " ".join(capsys.readouterr().out.split())
+        assert "--config FILE_OR_FOLDER" in out
+        assert (
+            "May come before or after the command; given in both places, the one after wins." in out
+        )
