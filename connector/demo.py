@@ -33,7 +33,7 @@ from connector.service import Adapters, serve_in_thread, start_dispatchers, star
 from connector.signatures import sign_v3
 from connector.soap import build_outbound_message
 from connector.status import org_status
-from connector.store import make_engine, migrate, start_embedded
+from connector.store import make_embedded_tempdir, make_engine, migrate, start_embedded
 from connector.teams import apply_teams
 from connector.web import create_app
 from crm_adapters.sandbox import HubSpotSandbox, SalesforceSandbox
@@ -256,6 +256,7 @@ def run_demo(sf_leads: int = 600, hs_leads: int = 400, senders: int = 16) -> int
     """Run the whole flow and print the figures; 0 when every guarantee held."""
     started = time.perf_counter()
     root = Path(tempfile.mkdtemp(prefix="connector-demo-"))
+    pgroot = make_embedded_tempdir("connector-demo-pg-")  # as root the server user must reach it
     os.environ.update(ENV)
     rng = random.Random(7)
     stop = threading.Event()
@@ -265,7 +266,7 @@ def run_demo(sf_leads: int = 600, hs_leads: int = 400, senders: int = 16) -> int
     hs = HubSpotSandbox(limit_per_10s=100).start()
     try:
         print(f"embedded PostgreSQL, Salesforce sandbox {sf.url}, HubSpot sandbox {hs.url}")
-        url = start_embedded(root / "pgdata", cleanup_mode="delete")
+        url = start_embedded(pgroot / "pgdata", cleanup_mode="delete")
         engine = make_engine(url, pool_size=10)
         migrate(engine)
 
@@ -422,3 +423,4 @@ def run_demo(sf_leads: int = 600, hs_leads: int = 400, senders: int = 16) -> int
         sf.stop()
         hs.stop()
         shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(pgroot, ignore_errors=True)

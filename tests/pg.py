@@ -8,14 +8,18 @@ from __future__ import annotations
 
 import itertools
 import os
-import tempfile
 import uuid
-from pathlib import Path
 
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from connector.store import make_engine, migrate, sqlalchemy_url, start_embedded
+from connector.store import (
+    make_embedded_tempdir,
+    make_engine,
+    migrate,
+    sqlalchemy_url,
+    start_embedded,
+)
 
 _counter = itertools.count()
 
@@ -24,7 +28,7 @@ def server_url() -> str:
     url = os.environ.get("TEST_DATABASE_URL")
     if url:
         return url
-    root = Path(tempfile.mkdtemp(prefix="lrc-test-"))
+    root = make_embedded_tempdir("lrc-test-")  # as root: 0755, so no existing folder is opened
     return start_embedded(root / "pgdata", cleanup_mode="delete")
 
 
