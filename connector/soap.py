@@ -2,7 +2,9 @@
 
 Everything here is a pure function on bytes. The parser enforces a size cap before any XML is
 read, then parses with defusedxml with DTDs, entity declarations and external references all
-forbidden, so XXE and entity-expansion ("billion laughs") payloads fail fast. Every failure is
+forbidden, so XXE and entity-expansion ("billion laughs") payloads fail fast. While parsing it
+also counts elements and nesting depth and stops at the first one over a cap, so a body of
+many tiny or deeply nested elements costs no more than a legitimate message. Every failure is
 one ``SoapError`` carrying a stable ``code`` and the HTTP status to answer with.
 
 Salesforce retries a message for 24 hours until it receives ``<Ack>true</Ack>``, and may deliver
@@ -15,7 +17,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from xml.etree.ElementTree import Element, ParseError
+from xml.etree.ElementTree import Element, ParseError, TreeBuilder
 
 import defusedxml
 import defusedxml.ElementTree as safe_et
@@ -29,6 +31,12 @@ MAX_NOTIFICATIONS = 100
 """Salesforce sends at most 100 notifications in one message (``maxOccurs="100"``)."""
 
 DEFAULT_MAX_BYTES = 1_048_576
+
+DEFAULT_MAX_ELEMENTS = 50_000
+"""A maximal real message (100 notifications x 200 fields) has 20,308 elements: 2.5x margin."""
+
+DEFAULT_MAX_DEPTH = 16
+"""A real message nests 6 deep (Envelope/Body/notifications/Notification/sObject/field)."""
 
 _ENVELOPE = f"{{{SOAP_ENV_NS}}}Envelope"
 _BODY = f"{{{SOAP_ENV_NS}}}Body"
@@ -105,11 +113,56 @@ def _required(parent: Element, ns: str, name: str) -> str:
     return value
 
 
-def _parse_xml(body: bytes) -> Element:
+class _CappedTreeBuilder:
+    """An ElementTree target that refuses, at the element that crosses it, a count or depth cap."""
+
+    def __init__(self, max_elements: int, max_depth: int) -> None:
+        self._builder = TreeBuilder()
+        self._max_elements = max_elements
+        self._max_depth = max_depth
+        self._elements = 0
+        self._depth = 0
+
+    def start(self, tag: str, attrs: dict[str, str]) -> Element:
+        self._elements += 1
+        self._depth += 1
+        if self._elements > self._max_elements:
+            raise SoapError(
+                "too_many_elements",
+                413,
+                f"more than {self._max_elements} XML elements; an Outbound Message has far fewer",
+            )
+        if self._depth > self._max_depth:
+            raise SoapError(
+                "too_deep",
+                400,
+                f"XML nested deeper than {self._max_depth} elements; "
+                "an Outbound Message nests 6 deep",
+            )
+        return self._builder.start(tag, attrs)
+
+    def end(self, tag: str) -> Element:
+        self._depth -= 1
+        return self._builder.end(tag)
+
+    def data(self, data: str) -> None:
+        self._builder.data(data)
+
+    def close(self) -> Element:
+        return self._builder.close()
+
+
+def _parse_xml(body: bytes, max_elements: int, max_depth: int) -> Element:
     try:
-        root: Element = safe_et.fromstring(
-            body, forbid_dtd=True, forbid_entities=True, forbid_external=True
+        parser = safe_et.DefusedXMLParser(
+            target=_CappedTreeBuilder(max_elements, max_depth),
+            forbid_dtd=True,
+            forbid_entities=True,
+            forbid_external=True,
         )
+        # expat calls the target per element, so a cap stops the parse where it is crossed.
+        parser.feed(body)
+        root: Element = parser.close()
     except defusedxml.DTDForbidden as exc:
         raise SoapError("forbidden_xml", 400, "DTDs are not allowed") from exc
     except defusedxml.EntitiesForbidden as exc:
@@ -159,11 +212,21 @@ def _parse_notification(element: Element, index: int) -> Notification:
     return Notification(notification_id, sobject_type, sobject_id, fields)
 
 
-def parse_outbound_message(body: bytes, max_bytes: int = DEFAULT_MAX_BYTES) -> OutboundMessage:
-    """Parse one Outbound Message body; raises SoapError and nothing else on bad input."""
+def parse_outbound_message(
+    body: bytes,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    max_elements: int = DEFAULT_MAX_ELEMENTS,
+    max_depth: int = DEFAULT_MAX_DEPTH,
+) -> OutboundMessage:
+    """Parse one Outbound Message body; raises SoapError and nothing else on bad input.
+
+    Over ``max_elements`` elements is ``too_many_elements`` (413, a size limit like
+    ``body_too_large``); nesting over ``max_depth`` is ``too_deep`` (400, no real message
+    has that shape).
+    """
     if len(body) > max_bytes:
         raise SoapError("body_too_large", 413, f"body exceeds {max_bytes} bytes")
-    root = _parse_xml(body)
+    root = _parse_xml(body, max_elements, max_depth)
     if root.tag != _ENVELOPE:
         raise SoapError("not_outbound_message", 400, "root element is not a SOAP 1.1 Envelope")
     soap_body = root.find(_BODY)

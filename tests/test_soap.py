@@ -7,6 +7,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from connector.soap import (
+    DEFAULT_MAX_BYTES,
+    DEFAULT_MAX_DEPTH,
+    DEFAULT_MAX_ELEMENTS,
     SoapError,
     ack_response,
     build_outbound_message,
@@ -263,6 +266,72 @@ def test_too_many_notifications() -> None:
     err = _error(build_outbound_message(ORG, _notifications(101)))
     assert (err.code, err.http_status) == ("too_many_notifications", 400)
     assert "101" in err.message
+
+
+def _maximal_message() -> bytes:
+    """The largest message Salesforce sends here: 100 notifications of 200 fields each."""
+    notes = [
+        (
+            f"04l{i:015d}",
+            "Lead",
+            {"Id": f"00Q{i:015d}", **{f"Field{j}__c": f"value {j}" for j in range(199)}},
+        )
+        for i in range(100)
+    ]
+    return build_outbound_message(ORG, notes)
+
+
+# Elements in _maximal_message(): 8 in the envelope and call, then per notification
+# <Notification>, <Id>, <sObject> and 200 fields. The deepest is a field: 6 levels.
+MAXIMAL_ELEMENTS = 8 + 100 * (3 + 200)
+MAXIMAL_DEPTH = 6
+
+
+def test_maximal_real_message_passes_the_default_caps() -> None:
+    body = _maximal_message()
+    assert len(body) <= DEFAULT_MAX_BYTES
+    message = parse_outbound_message(body)
+    assert len(message.notifications) == 100
+    assert all(len(n.fields) == 200 for n in message.notifications)
+    assert DEFAULT_MAX_ELEMENTS >= 2 * MAXIMAL_ELEMENTS
+    assert DEFAULT_MAX_DEPTH >= 2 * MAXIMAL_DEPTH
+
+
+def test_element_and_depth_caps_are_exact() -> None:
+    body = _maximal_message()
+    assert parse_outbound_message(body, max_elements=MAXIMAL_ELEMENTS, max_depth=MAXIMAL_DEPTH)
+    err = _error(body, max_elements=MAXIMAL_ELEMENTS - 1)
+    assert (err.code, err.http_status) == ("too_many_elements", 413)
+    err = _error(body, max_depth=MAXIMAL_DEPTH - 1)
+    assert (err.code, err.http_status) == ("too_deep", 400)
+
+
+def test_too_many_elements() -> None:
+    # Under 1 MiB, inside a real envelope: 100,000 empty fields in one sObject.
+    body = REAL_ENVELOPE.replace(b"<sf:Country>DE", b"<sf:X/>" * 100_000 + b"<sf:Country>DE")
+    assert len(body) <= DEFAULT_MAX_BYTES
+    err = _error(body)
+    assert (err.code, err.http_status) == ("too_many_elements", 413)
+    assert str(DEFAULT_MAX_ELEMENTS) in err.message
+
+
+def test_too_deep() -> None:
+    body = b"<a>" * 10_000 + b"</a>" * 10_000
+    err = _error(body)
+    assert (err.code, err.http_status) == ("too_deep", 400)
+    assert str(DEFAULT_MAX_DEPTH) in err.message
+
+
+@pytest.mark.parametrize(
+    ("body", "code"),
+    [
+        (b"<a>" + b"<b/>" * 60_000 + b"<unclosed", "too_many_elements"),
+        (b"<a>" * 10_000 + b"<unclosed", "too_deep"),
+    ],
+)
+def test_caps_fire_while_parsing(body: bytes, code: str) -> None:
+    # The rest of the body is malformed: only a check made mid-parse can report the cap.
+    assert _error(body).code == code
 
 
 @pytest.mark.parametrize(

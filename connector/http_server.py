@@ -1,0 +1,257 @@
+"""The uvicorn server for the public webhook listener, with limits a stranger cannot outlast.
+
+Each limit and what it protects against:
+
+* ``header_timeout`` (our h11 protocol subclass; uvicorn has no such setting): a connection
+  must deliver its request line and headers within this many seconds of being opened, or of
+  its previous response finishing. Stops slowloris clients that open connections and trickle
+  (or never send) header bytes to hold sockets and connection slots forever; uvicorn's own
+  keep-alive timer is reset by every byte received, so it does not stop a trickle.
+* ``max_connections`` (uvicorn's ``limit_concurrency``): a request arriving while more
+  connections are open is answered 503 and closed, so a flood of connections cannot make
+  the process run unbounded concurrent requests (and database work) for them.
+* ``keep_alive_timeout``: an idle keep-alive connection is closed after this many seconds.
+* ``max_header_bytes`` (h11's incomplete-event cap): a request head still incomplete after
+  this many bytes is refused with 400, so a connection's pending headers cannot grow memory
+  without bound (a head that arrives complete in one socket read is parsed whole).
+* ``read_body(limit, timeout)``: the body is capped in bytes while it streams in (a declared
+  Content-Length over the cap is refused before reading) and must arrive in full within
+  ``timeout`` seconds, so neither an oversize nor a stalled body ties up a request.
+
+The protocol is uvicorn's h11 implementation: it is pure Python and always installed with
+uvicorn, while httptools is not a dependency of this project (nor installed in its venv).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import aclosing
+from typing import Any, Literal
+
+import h11
+import uvicorn
+from starlette.requests import ClientDisconnect, Request
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+DEFAULT_HEADER_TIMEOUT = 10.0
+DEFAULT_BODY_TIMEOUT = 30.0
+"""A capped 1 MiB body takes about 8 s at 1 Mbit/s; 30 s leaves room for a slow sender."""
+DEFAULT_KEEP_ALIVE_TIMEOUT = 5
+DEFAULT_MAX_CONNECTIONS = 1000
+DEFAULT_MAX_HEADER_BYTES = 16_384
+
+_REQUEST_TIMEOUT_RESPONSE = (
+    b"HTTP/1.1 408 Request Timeout\r\n"
+    b"Content-Type: text/plain; charset=utf-8\r\n"
+    b"Content-Length: 15\r\n"
+    b"Connection: close\r\n\r\n"
+    b"Request Timeout"
+)
+
+
+class ReceiverConfig(uvicorn.Config):
+    """A uvicorn Config that also carries the header timeout our protocol class reads."""
+
+    def __init__(self, app: Any, *, header_timeout: float, **kwargs: Any) -> None:
+        super().__init__(app, **kwargs)
+        self.header_timeout = header_timeout
+
+
+class HeaderTimeoutH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol plus a deadline for each request's line and headers.
+
+    The timer is armed when the connection opens and when a response completes, and is
+    cancelled when a new request cycle starts (its headers are complete). When it fires, a
+    client that had sent part of a request gets a bare 408; the connection is then closed.
+    """
+
+    def __init__(self, config: uvicorn.Config, *args: Any, **kwargs: Any) -> None:
+        super().__init__(config, *args, **kwargs)
+        self.header_timeout = (
+            config.header_timeout if isinstance(config, ReceiverConfig) else DEFAULT_HEADER_TIMEOUT
+        )
+        self._header_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        """Start the clock as soon as the socket is accepted, before any byte arrives."""
+        super().connection_made(transport)
+        self._arm_header_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        """A closed connection needs no deadline."""
+        self._cancel_header_timer()
+        super().connection_lost(exc)
+
+    def handle_events(self) -> None:
+        """A new request cycle means its headers are complete: the deadline was met."""
+        before = self.cycle
+        super().handle_events()
+        if self.cycle is not before:
+            self._cancel_header_timer()
+
+    def on_response_complete(self) -> None:
+        """The next request on a keep-alive connection gets a fresh header deadline.
+
+        Armed before uvicorn's own handling, which may at once start a pipelined request
+        (and so cancel it again through ``handle_events``).
+        """
+        self._arm_header_timer()
+        super().on_response_complete()
+
+    def _arm_header_timer(self) -> None:
+        self._cancel_header_timer()
+        self._header_timer = self.loop.call_later(self.header_timeout, self._header_timeout)
+
+    def _cancel_header_timer(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _header_timeout(self) -> None:
+        """Close a connection whose request line and headers did not arrive in time."""
+        self._header_timer = None
+        if self.transport.is_closing():
+            return
+        if self.cycle is not None and not self.cycle.response_complete:
+            return  # a request is with the app; the body has its own timeout
+        started = self.conn.their_state is h11.IDLE and bool(self.conn.trailing_data[0])
+        if started and self.transport.get_write_buffer_size() == 0:
+            self.transport.write(_REQUEST_TIMEOUT_RESPONSE)
+        if self.transport.get_write_buffer_size():
+            # The client is not reading either: do not wait for it to drain the buffer.
+            self.transport.abort()
+        else:
+            self.transport.close()
+
+
+def receiver_config(
+    app: Any,
+    host: str,
+    port: int,
+    *,
+    header_timeout: float = DEFAULT_HEADER_TIMEOUT,
+    keep_alive_timeout: int = DEFAULT_KEEP_ALIVE_TIMEOUT,
+    max_connections: int = DEFAULT_MAX_CONNECTIONS,
+    max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES,
+    log_level: str = "warning",
+    lifespan: Literal["auto", "on", "off"] = "auto",
+) -> ReceiverConfig:
+    """The public listener's uvicorn Config: every limit in the module docstring is set here.
+
+    ``max_connections`` is the number of open connections that are still served: uvicorn
+    counts the connection asking among the open ones and answers 503 when that count reaches
+    ``limit_concurrency``, so the limit is set one higher.
+    """
+    if header_timeout <= 0 or keep_alive_timeout <= 0:
+        raise ValueError("timeouts must be positive")
+    if max_connections < 1:
+        raise ValueError("max_connections must be at least 1")
+    return ReceiverConfig(
+        app,
+        header_timeout=header_timeout,
+        host=host,
+        port=port,
+        http=HeaderTimeoutH11Protocol,
+        ws="none",
+        lifespan=lifespan,
+        log_level=log_level,
+        access_log=False,
+        proxy_headers=False,
+        server_header=False,
+        date_header=True,
+        limit_concurrency=max_connections + 1,
+        timeout_keep_alive=keep_alive_timeout,
+        h11_max_incomplete_event_size=max_header_bytes,
+    )
+
+
+def build_server(
+    app: Any,
+    host: str,
+    port: int,
+    *,
+    header_timeout: float = DEFAULT_HEADER_TIMEOUT,
+    keep_alive_timeout: int = DEFAULT_KEEP_ALIVE_TIMEOUT,
+    max_connections: int = DEFAULT_MAX_CONNECTIONS,
+    max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES,
+    log_level: str = "warning",
+    lifespan: Literal["auto", "on", "off"] = "auto",
+    server_class: type[uvicorn.Server] = uvicorn.Server,
+) -> uvicorn.Server:
+    """A server for ``receiver_config``; ``server_class`` lets the service keep its subclass."""
+    return server_class(
+        receiver_config(
+            app,
+            host,
+            port,
+            header_timeout=header_timeout,
+            keep_alive_timeout=keep_alive_timeout,
+            max_connections=max_connections,
+            max_header_bytes=max_header_bytes,
+            log_level=log_level,
+            lifespan=lifespan,
+        )
+    )
+
+
+# --- request bodies ----------------------------------------------------------------------------
+
+
+class BodyError(Exception):
+    """A body refused while reading it: HTTP ``status``, a stable ``code``, a safe message.
+
+    The rest of the body is unread, so answer with ``headers`` (``Connection: close``): the
+    connection cannot be reused and must not be kept open to drain it.
+    """
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """Response headers that close the connection instead of draining the unread body."""
+        return {"Connection": "close"}
+
+    def __repr__(self) -> str:
+        return f"BodyError({self.status}, {self.code!r}, {self.message!r})"
+
+
+def _declared_length(request: Request) -> int | None:
+    """Content-Length as a number; None when absent or not plain ASCII digits."""
+    declared = (request.headers.get("content-length") or "").strip()
+    if not (declared.isascii() and declared.isdigit()):
+        return None
+    # int() of a very long digit string is slow (and refused past 4300 digits): cap it first.
+    return int(declared) if len(declared) <= 18 else 10**18
+
+
+async def read_body(request: Request, limit: int, timeout: float = DEFAULT_BODY_TIMEOUT) -> bytes:
+    """The body, at most ``limit`` bytes, in full within ``timeout`` seconds of this call.
+
+    A Content-Length over the cap is refused (413 ``body_too_large``) before reading, which
+    also keeps uvicorn from sending ``100 Continue``; a smaller or absent one is not trusted:
+    the count is of the bytes received. A body not complete in time is 408 ``body_timeout``;
+    a client gone mid-body is 400 ``client_disconnected``.
+    """
+    declared = _declared_length(request)
+    if declared is not None and declared > limit:
+        raise BodyError(413, "body_too_large", f"body exceeds {limit} bytes")
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async with asyncio.timeout(timeout), aclosing(request.stream()) as stream:
+            async for chunk in stream:
+                size += len(chunk)
+                if size > limit:
+                    raise BodyError(413, "body_too_large", f"body exceeds {limit} bytes")
+                chunks.append(chunk)
+    except TimeoutError:
+        raise BodyError(
+            408, "body_timeout", f"the body did not arrive within {timeout:g} seconds"
+        ) from None
+    except ClientDisconnect:
+        raise BodyError(400, "client_disconnected", "the client closed the request") from None
+    return b"".join(chunks)
