@@ -140,7 +140,14 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     fmt = args.format or detect_format(path)
     id_field = args.id_field or ("Id" if cfg.crm.kind == "salesforce" else "id")
     engine = open_database([cfg])
-    summary = ingest_file(Router(engine, cfg), path, fmt, id_field, batch_size=args.batch_size)
+    summary = ingest_file(
+        Router(engine, cfg),
+        path,
+        fmt,
+        id_field,
+        batch_size=args.batch_size,
+        salesforce_ids=cfg.crm.kind == "salesforce",
+    )
     for r in summary.rejected:
         print(f"{path}:{r.line}: rejected: {r.reason}", file=sys.stderr)
     s = summary.as_dict()

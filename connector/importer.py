@@ -1,7 +1,9 @@
 """File import: JSON lines or CSV with a header, one lead per line.
 
 Parsing is pure and reports every bad row with its line number; good rows are still
-ingested, in batches, through the same assignment code as every other input.
+ingested, in batches, through the same assignment code as every other input. For a Salesforce
+org (``salesforce_ids=True``) a row whose id is not a 15- or 18-character Salesforce id is
+rejected: stored as is, it could never match the record the APIs later send.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 from typing import Literal, TextIO
 
 from connector.routing import Lead, LeadError, Outcome, Router, validate_lead
+from crm_adapters.salesforce_ids import is_id
 
 Format = Literal["jsonl", "csv"]
 
@@ -63,7 +66,9 @@ def detect_format(path: Path) -> Format:
     raise ValueError(f"{path}: cannot tell the format from the name; pass --format jsonl|csv")
 
 
-def parse_jsonl(lines: Iterable[str], id_field: str) -> Iterator[tuple[int, Lead | Rejected]]:
+def parse_jsonl(
+    lines: Iterable[str], id_field: str, salesforce_ids: bool = False
+) -> Iterator[tuple[int, Lead | Rejected]]:
     """Yield (line number, lead or rejection) for each non-blank line."""
     for number, line in enumerate(lines, start=1):
         if not line.strip():
@@ -76,10 +81,12 @@ def parse_jsonl(lines: Iterable[str], id_field: str) -> Iterator[tuple[int, Lead
         if not isinstance(obj, dict):
             yield number, Rejected(number, "expected a JSON object")
             continue
-        yield number, _to_lead(number, obj, id_field)
+        yield number, _to_lead(number, obj, id_field, salesforce_ids)
 
 
-def parse_csv(stream: TextIO, id_field: str) -> Iterator[tuple[int, Lead | Rejected]]:
+def parse_csv(
+    stream: TextIO, id_field: str, salesforce_ids: bool = False
+) -> Iterator[tuple[int, Lead | Rejected]]:
     """Yield (line number, lead or rejection) for each data row; empty cells are missing."""
     reader = csv.reader(stream)
     try:
@@ -108,20 +115,27 @@ def parse_csv(stream: TextIO, id_field: str) -> Iterator[tuple[int, Lead | Rejec
             yield line, Rejected(line, f"expected {len(header)} cells, found {len(row)}")
             continue
         obj = {k: (v if v.strip() else None) for k, v in zip(header, row, strict=True)}
-        yield line, _to_lead(line, obj, id_field)
+        yield line, _to_lead(line, obj, id_field, salesforce_ids)
 
 
-def _to_lead(line: int, obj: Mapping[str, object], id_field: str) -> Lead | Rejected:
+def _to_lead(
+    line: int, obj: Mapping[str, object], id_field: str, salesforce_ids: bool
+) -> Lead | Rejected:
     try:
-        return validate_lead(obj.get(id_field), obj)
+        lead = validate_lead(obj.get(id_field), obj)
     except LeadError as exc:
         reason = (
             f"{exc.reason} (column {id_field!r})" if exc.reason == "missing CRM id" else exc.reason
         )
         return Rejected(line, reason)
+    if salesforce_ids and not is_id(lead.crm_id):
+        return Rejected(line, "not a Salesforce id")
+    return lead
 
 
-def read_file(path: Path, fmt: Format, id_field: str) -> Iterator[tuple[int, Lead | Rejected]]:
+def read_file(
+    path: Path, fmt: Format, id_field: str, salesforce_ids: bool = False
+) -> Iterator[tuple[int, Lead | Rejected]]:
     raw = path.read_bytes()
     try:
         body = raw.decode("utf-8-sig")
@@ -129,8 +143,8 @@ def read_file(path: Path, fmt: Format, id_field: str) -> Iterator[tuple[int, Lea
         raise ValueError(f"{path}: not UTF-8 text (byte {exc.start})") from None
     if fmt == "jsonl":
         # not splitlines(): JSON strings may hold U+2028 or U+0085, which it splits on
-        return parse_jsonl(io.StringIO(body, newline=None), id_field)
-    return parse_csv(io.StringIO(body, newline=""), id_field)
+        return parse_jsonl(io.StringIO(body, newline=None), id_field, salesforce_ids)
+    return parse_csv(io.StringIO(body, newline=""), id_field, salesforce_ids)
 
 
 class Progress:
@@ -158,11 +172,16 @@ class Progress:
 
 
 def ingest_file(
-    router: Router, path: Path, fmt: Format, id_field: str, batch_size: int = 500
+    router: Router,
+    path: Path,
+    fmt: Format,
+    id_field: str,
+    batch_size: int = 500,
+    salesforce_ids: bool = False,
 ) -> Summary:
     """Ingest every good row of ``path``; rejections are collected with line numbers."""
     summary = Summary()
-    rows = list(read_file(path, fmt, id_field))
+    rows = list(read_file(path, fmt, id_field, salesforce_ids))
     progress = Progress(len(rows))
     batch: list[Lead] = []
 

@@ -6,7 +6,9 @@ org, object and CRM id: a repeat changes nothing and reports the existing owner)
 rules, locks each team row it routes to (teams in name order, so two batches never deadlock),
 reads the active seats with a fresh snapshot, picks owners with the rotation in
 ``connector.rotation``, and records the assignments, the members' counts and one outbox row
-per assignment in a single statement. The team row lock is what serialises a team's
+per assignment in a single statement. For Salesforce orgs a lead's id (and its parent's) is
+stored in the 18-character form, so a record sent by its 15-character id and later by its
+18-character id (in any case) is one lead. The team row lock is what serialises a team's
 rotation across any number of processes; it is held only for two statements and the commit,
 and never while a CRM is called.
 """
@@ -27,6 +29,7 @@ import db
 from connector.config import OrgConfig
 from connector.rotation import Seat, next_owners
 from connector.rules import Match, compile_rules, match
+from crm_adapters.salesforce_ids import id_key
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +115,12 @@ class Router:
         self.cfg = cfg
         self.rules = compile_rules(cfg.rules)
         self.parent_key = cfg.crm.parent_key
+        # One record, one lead: Salesforce ids are stored in their 18-character form.
+        self.salesforce_ids = cfg.crm.kind == "salesforce"
+
+    def stored_crm_id(self, value: str) -> str:
+        """The stored form of a CRM id: 18-character for well-formed Salesforce ids."""
+        return id_key(value) if self.salesforce_ids else value
 
     def assign(self, lead: Lead, source: str) -> Outcome:
         """Store and assign one lead in its own short transaction."""
@@ -141,19 +150,20 @@ class Router:
         if source not in SOURCES:
             raise ValueError(f"unknown source {source!r}")
         org, obj = self.cfg.org, self.cfg.crm_object
+        keys = [self.stored_crm_id(lead.crm_id) for lead in leads]
         first: dict[str, Lead] = {}
-        for lead in leads:
-            first.setdefault(lead.crm_id, lead)
-        unique = list(first.values())
+        for key, lead in zip(keys, leads, strict=True):
+            first.setdefault(key, lead)
+        unique = list(first.items())
         rows = conn.execute(
             _SQL["insert_leads"],
             {
                 "org": org,
                 "crm_object": obj,
                 "source": source,
-                "crm_ids": [x.crm_id for x in unique],
-                "fields": [json.dumps(x.fields) for x in unique],
-                "parent_ids": [self._parent(x) for x in unique],
+                "crm_ids": [cid for cid, _ in unique],
+                "fields": [json.dumps(x.fields) for _, x in unique],
+                "parent_ids": [self._parent(x) for _, x in unique],
             },
         ).all()
         new_ids = {r.crm_id: r.id for r in rows}
@@ -228,11 +238,11 @@ class Router:
 
         out: list[Outcome] = []
         seen: set[str] = set()
-        for lead in leads:
-            o = results[lead.crm_id]
-            if lead.crm_id in seen:  # a repeat inside the same batch
+        for key in keys:
+            o = results[key]
+            if key in seen:  # a repeat inside the same batch (perhaps by its other id form)
                 o = Outcome(o.crm_id, "duplicate", o.team, o.owner_id, o.owner_name, o.reason)
-            seen.add(lead.crm_id)
+            seen.add(key)
             out.append(o)
         return out
 
@@ -240,4 +250,4 @@ class Router:
         if not self.parent_key:
             return None
         value = lead.fields.get(self.parent_key)
-        return str(value) if value not in (None, "") else None
+        return self.stored_crm_id(str(value)) if value not in (None, "") else None

@@ -22,6 +22,8 @@ from xml.etree.ElementTree import Element, ParseError, TreeBuilder
 import defusedxml
 import defusedxml.ElementTree as safe_et
 
+from crm_adapters import salesforce_ids
+
 SOAP_ENV_NS = "http://schemas.xmlsoap.org/soap/envelope/"
 OUTBOUND_NS = "http://soap.sforce.com/2005/09/outbound"
 SOBJECT_NS = "urn:sobject.enterprise.soap.sforce.com"
@@ -46,7 +48,6 @@ _XSI_TYPE = f"{{{XSI_NS}}}type"
 _XSI_NIL = f"{{{XSI_NS}}}nil"
 
 _SF_ID_RE = re.compile(r"[A-Za-z0-9]{15}(?:[A-Za-z0-9]{3})?")
-_SF_ID_SUFFIX_ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZ012345"
 _XML_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Characters XML 1.0 cannot carry at all, even escaped.
 _XML_INVALID_RE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
@@ -265,61 +266,10 @@ def parse_outbound_message(
     )
 
 
-# --- Salesforce ids -----------------------------------------------------------------------
-
-
-def salesforce_id_18(value: str) -> str:
-    """Return the case-insensitive 18-char form of a 15- or 18-char Salesforce id.
-
-    The 3-char suffix encodes which of the 15 characters are upper case, 5 per suffix char.
-    Raises ValueError for anything that is not a well-formed id.
-    """
-    canonical = canonical_salesforce_id(value)
-    if canonical is None:
-        raise ValueError("not a Salesforce id")
-    return canonical + _suffix(canonical)
-
-
-def _suffix(id15: str) -> str:
-    out = []
-    for start in range(0, 15, 5):
-        bits = 0
-        for offset, char in enumerate(id15[start : start + 5]):
-            if "A" <= char <= "Z":
-                bits |= 1 << offset
-        out.append(_SF_ID_SUFFIX_ALPHABET[bits])
-    return "".join(out)
-
-
-def canonical_salesforce_id(value: str) -> str | None:
-    """Return the case-sensitive 15-char form of a Salesforce id, or None if malformed.
-
-    An 18-char id may have been case-folded by some system on the way; its suffix restores
-    the case of the first 15 characters. A suffix that cannot belong to them gives None.
-    """
-    if not _SF_ID_RE.fullmatch(value):
-        return None
-    if len(value) == 15:
-        return value
-    chars = list(value[:15])
-    for block, suffix_char in enumerate(value[15:].upper()):
-        bits = _SF_ID_SUFFIX_ALPHABET.find(suffix_char)
-        if bits < 0:
-            return None
-        for offset in range(5):
-            pos = block * 5 + offset
-            upper = bool(bits >> offset & 1)
-            if chars[pos].isalpha():
-                chars[pos] = chars[pos].upper() if upper else chars[pos].lower()
-            elif upper:
-                return None
-    return "".join(chars)
-
-
-def same_salesforce_id(a: str, b: str) -> bool:
-    """True when two 15- or 18-char ids name the same record (or org); False if malformed."""
-    ca = canonical_salesforce_id(a.strip())
-    return ca is not None and ca == canonical_salesforce_id(b.strip())
+# The id functions moved to crm_adapters.salesforce_ids; their old names, for older callers.
+salesforce_id_18 = salesforce_ids.to_18
+canonical_salesforce_id = salesforce_ids.canonical_15
+same_salesforce_id = salesforce_ids.same_id
 
 
 # --- responses ----------------------------------------------------------------------------

@@ -65,9 +65,9 @@ from connector.soap import (
     SoapError,
     ack_response,
     parse_outbound_message,
-    same_salesforce_id,
     soap_fault,
 )
+from crm_adapters.salesforce_ids import same_id as same_salesforce_id
 
 log = logging.getLogger(__name__)
 

@@ -27,6 +27,7 @@ from crm_adapters.base import (
     RetryableError,
     WriteOutcome,
 )
+from crm_adapters.salesforce_ids import id_key, is_id
 
 __all__ = [
     "SalesforceAdapter",
@@ -53,7 +54,6 @@ _ORG_LIMIT_CODES = frozenset({"REQUEST_LIMIT_EXCEEDED", "TXN_SECURITY_METERING_E
 _AUTH_CODES = frozenset({"INVALID_SESSION_ID", "INVALID_AUTH_HEADER", "API_DISABLED_FOR_ORG"})
 _ORG_LIMIT_RETRY_S = 900.0
 _FIELD_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?$")
-_ID_RE = re.compile(r"^[A-Za-z0-9]{15}([A-Za-z0-9]{3})?$")
 _IN_CHUNK = 200
 
 
@@ -479,9 +479,12 @@ class SalesforceAdapter:
                 yield page
 
     def fetch_records(self, ids: Sequence[str], fields: Sequence[str]) -> list[CrmRecord]:
-        """SELECT by Id IN (...) in chunks; malformed ids are treated as missing."""
+        """SELECT by Id IN (...) in chunks; malformed ids are treated as missing.
+
+        Ids may be given in either form; a record answers for both (the API sends 18).
+        """
         cols = self._fields(fields)
-        valid = [i for i in dict.fromkeys(ids) if _ID_RE.match(i)]
+        valid = [i for i in dict.fromkeys(ids) if is_id(i)]
         found: dict[str, CrmRecord] = {}
         for i in range(0, len(valid), _IN_CHUNK):
             chunk = valid[i : i + _IN_CHUNK]
@@ -490,26 +493,23 @@ class SalesforceAdapter:
             for rows in self._query_pages(soql, 2000):
                 for row in rows:
                     rec = self._to_record(row, cols)
-                    found[rec.crm_id] = rec
-                    found.setdefault(rec.crm_id[:15], rec)
-        return [found[i] for i in ids if i in found]
+                    found[id_key(rec.crm_id)] = rec
+        return [found[id_key(i)] for i in ids if id_key(i) in found]
 
     def check_owners(self, owner_ids: Sequence[str]) -> dict[str, str | None]:
         """Query User (Id, IsActive): None = active, else 'inactive' / 'not found'."""
         result: dict[str, str | None] = {o: "not found" for o in owner_ids}
-        valid = [o for o in dict.fromkeys(owner_ids) if _ID_RE.match(o)]
+        valid = [o for o in dict.fromkeys(owner_ids) if is_id(o)]
         active: dict[str, bool] = {}
         for i in range(0, len(valid), _IN_CHUNK):
             id_list = ", ".join(f"'{x}'" for x in valid[i : i + _IN_CHUNK])
             soql = f"SELECT Id, IsActive FROM User WHERE Id IN ({id_list})"
             for rows in self._query_pages(soql, 2000):
                 for row in rows:
-                    uid = str(row["Id"])
-                    active[uid] = bool(row.get("IsActive"))
-                    active.setdefault(uid[:15], bool(row.get("IsActive")))
+                    active[id_key(str(row["Id"]))] = bool(row.get("IsActive"))
         for o in owner_ids:
-            if o in active:
-                result[o] = None if active[o] else "inactive"
+            if id_key(o) in active:
+                result[o] = None if active[id_key(o)] else "inactive"
         return result
 
     def usage(self) -> dict[str, object]:

@@ -11,10 +11,11 @@ SELECT :org, :crm_object, t.crm_id, t.fields::jsonb, t.parent_id, :source
 FROM unnest(CAST(:crm_ids AS text[]), CAST(:fields AS text[]), CAST(:parent_ids AS text[]))
      AS t (crm_id, fields, parent_id)
 ORDER BY t.crm_id
-ON CONFLICT (org, crm_object, crm_id) DO NOTHING
+ON CONFLICT (org, crm_object, crm_id) WHERE merged_into IS NULL DO NOTHING
 RETURNING id, crm_id
 
 -- name: existing_leads
+-- A merged lead (merged_into set) is a second copy of a record; its winner answers for it.
 SELECT l.crm_id, l.id, a.crm_user_id, t.name AS team, m.name AS owner_name,
        l.unassigned_reason
 FROM leads l
@@ -22,6 +23,7 @@ LEFT JOIN assignments a ON a.lead_id = l.id
 LEFT JOIN teams t ON t.id = a.team_id
 LEFT JOIN members m ON m.id = a.member_id
 WHERE l.org = :org AND l.crm_object = :crm_object AND l.crm_id = ANY(CAST(:crm_ids AS text[]))
+  AND l.merged_into IS NULL
 
 -- name: lock_team
 SELECT id, epoch FROM teams WHERE org = :org AND name = :name AND in_config FOR UPDATE

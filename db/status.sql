@@ -1,13 +1,15 @@
 -- Named SQL for `connector status`.
 
 -- name: lead_counts
+-- A merged lead is a second copy of its winner's record: not counted.
 SELECT count(*) AS total, count(a.id) AS assigned
 FROM leads l LEFT JOIN assignments a ON a.lead_id = l.id
-WHERE l.org = :org
+WHERE l.org = :org AND l.merged_into IS NULL
 
 -- name: member_counts
 SELECT t.name AS team, m.crm_user_id, m.name, m.weight, m.active, m.in_config,
-       (SELECT count(*) FROM assignments a WHERE a.member_id = m.id) AS assigned
+       (SELECT count(*) FROM assignments a JOIN leads l ON l.id = a.lead_id
+        WHERE a.member_id = m.id AND l.merged_into IS NULL) AS assigned
 FROM teams t JOIN members m ON m.team_id = t.id
 WHERE t.org = :org AND t.in_config
 ORDER BY t.name, m.position, m.crm_user_id

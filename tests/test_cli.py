@@ -133,15 +133,16 @@ def _write_jsonl(path: Path) -> Path:
     path.write_text(
         "\n".join(
             [
-                '{"Id": "00Q1", "Country": "US"}',  # 1
-                '{"Id": "00Q2", "Country": "de"}',  # 2
+                '{"Id": "00Q000000000001", "Country": "US"}',  # 1
+                '{"Id": "00Q000000000002", "Country": "de"}',  # 2
                 "{oops",  # 3
                 "",  # 4
                 '{"Country": "US"}',  # 5
-                '{"Id": "00Q3", "Country": "JP"}',  # 6: no rule
+                '{"Id": "00Q000000000003", "Country": "JP"}',  # 6: no rule
                 "[1]",  # 7
-                '{"Id": "00Q4", "Country": "CA"}',  # 8
-                '{"Id": "00Q1", "Country": "US"}',  # 9: repeat of line 1
+                '{"Id": "00Q000000000004", "Country": "CA"}',  # 8
+                '{"Id": "00q000000000001eaa", "Country": "US"}',  # 9: line 1 by its 18-char id
+                '{"Id": "00Q1", "Country": "US"}',  # 10: not a Salesforce id
             ]
         )
         + "\n",
@@ -153,10 +154,10 @@ def _write_jsonl(path: Path) -> Path:
 def _write_csv(path: Path) -> Path:
     path.write_text(
         "Id,Country,Note\n"  # 1
-        '00Q10,US,"two\nlines"\n'  # 2-3
-        "00Q11,FR\n"  # 4: bad
+        '00Q000000000010,US,"two\nlines"\n'  # 2-3
+        "00Q000000000011,FR\n"  # 4: bad
         ',US,"no\nid"\n'  # 5-6: bad
-        "00Q12,UK,x\n",  # 7
+        "00Q000000000012,UK,x\n",  # 7
         encoding="utf-8",
     )
     return path
@@ -172,8 +173,9 @@ def test_ingest_jsonl_and_csv_with_bad_rows(
         f"{jl}:3: rejected: not valid JSON (Expecting property name enclosed in double quotes)",
         f"{jl}:5: rejected: missing CRM id (column 'Id')",
         f"{jl}:7: rejected: expected a JSON object",
+        f"{jl}:10: rejected: not a Salesforce id",
     ]
-    assert out == f"{jl}: 4 new (3 assigned, 1 unassigned), 1 duplicate, 3 rejected\n"
+    assert out == f"{jl}: 4 new (3 assigned, 1 unassigned), 1 duplicate, 4 rejected\n"
 
     cs = _write_csv(tmp_path / "leads.csv")
     code, out, err = run(capsys, "ingest", str(cs))
@@ -191,21 +193,22 @@ def test_ingest_jsonl_and_csv_with_bad_rows(
                 "FROM leads l LEFT JOIN assignments a ON a.lead_id = l.id ORDER BY l.crm_id"
             )
         ).all()
+    # stored by their 18-character ids
     assert [tuple(r[:4]) for r in rows] == [
-        ("00Q1", "005B", None, "import"),
-        ("00Q10", "005A", None, "import"),
-        ("00Q12", "005C", None, "import"),
-        ("00Q2", "005C", None, "import"),
-        ("00Q3", None, "no_rule_matched", "import"),
-        ("00Q4", "005B", None, "import"),
+        ("00Q000000000001EAA", "005B", None, "import"),
+        ("00Q000000000002EAA", "005C", None, "import"),
+        ("00Q000000000003EAA", None, "no_rule_matched", "import"),
+        ("00Q000000000004EAA", "005B", None, "import"),
+        ("00Q000000000010EAA", "005A", None, "import"),
+        ("00Q000000000012EAA", "005C", None, "import"),
     ]
-    assert rows[1].fields == {"Id": "00Q10", "Country": "US", "Note": "two\nlines"}
+    assert rows[4].fields == {"Id": "00Q000000000010", "Country": "US", "Note": "two\nlines"}
     before = table_counts(engine)
     assert before == {"leads": 6, "assignments": 5, "outbox": 5}
 
     # the same files again: every good row is a duplicate and nothing changes
     code, out, _ = run(capsys, "ingest", str(jl))
-    assert (code, out) == (3, f"{jl}: 0 new (0 assigned, 0 unassigned), 5 duplicate, 3 rejected\n")
+    assert (code, out) == (3, f"{jl}: 0 new (0 assigned, 0 unassigned), 5 duplicate, 4 rejected\n")
     code, out, _ = run(capsys, "ingest", str(cs))
     assert (code, out) == (3, f"{cs}: 0 new (0 assigned, 0 unassigned), 2 duplicate, 2 rejected\n")
     assert table_counts(engine) == before
@@ -215,7 +218,7 @@ def test_ingest_clean_file_exits_0(
     cli_env: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = tmp_path / "leads.txt"
-    path.write_text('{"Id": "00Q1", "Country": "US"}\n', encoding="utf-8")
+    path.write_text('{"Id": "00Q000000000001", "Country": "US"}\n', encoding="utf-8")
     code, _, err = run(capsys, "ingest", str(path))
     assert code == 2
     assert err == (
@@ -360,7 +363,7 @@ def test_16_ingest_processes_at_once(db_url: str, engine: Engine, tmp_path: Path
     files = []
     for f in range(FILES):
         path = tmp_path / (f"part{f:02d}.jsonl" if f % 2 else f"part{f:02d}.csv")
-        ids = [f"00Q{i:07d}" for i in range(f, LEADS, FILES)]
+        ids = [f"00Q{i:012d}" for i in range(f, LEADS, FILES)]
         if f % 2:
             body = "".join(json.dumps({"Id": x, "Country": "US"}) + "\n" for x in ids)
         else:

@@ -18,6 +18,7 @@ from crm_adapters.base import AuthError, OwnerWrite, PermanentError, RateLimited
 from crm_adapters.factory import build_adapter
 from crm_adapters.hubspot import HubSpotAdapter, HubSpotSettings
 from crm_adapters.salesforce import SalesforceAdapter, SalesforceSettings
+from crm_adapters.salesforce_ids import to_18
 from crm_adapters.sandbox import HubSpotSandbox, SalesforceSandbox, make_sandbox
 from tests.crm_conftest_helpers import hs_settings, sf_settings
 
@@ -136,6 +137,61 @@ def test_sf_refreshes_expired_token(sf: SalesforceSandbox) -> None:
     sf.expire_tokens()
     assert a.check_owners([uid]) == {uid: None}
     assert a.usage()["token_fetches"] == 2
+
+
+def test_sf_ids_are_valid_and_either_form_is_accepted(sf: SalesforceSandbox) -> None:
+    uid, uid2, acc = sf.add_user(), sf.add_user(), sf.add_account()
+    rid = sf.add_record("Contact", None, acc[:15])
+    other = sf.add_record("Contact")
+    for x in (uid, uid2, acc, rid, other):
+        assert len(x) == 18 and to_18(x[:15]) == x  # a real checksum, not a fixed suffix
+    assert sf.get_record(rid) == sf.get_record(rid[:15]) == sf.get_record(rid.lower())
+    assert sf.get_record(rid)["AccountId"] == acc  # stored in the 18-character form
+
+    api = sf.url + "/services/data/v62.0"
+    auth = {"Authorization": f"Bearer {sf.session_token}"}
+
+    def soql(q: str) -> list[str]:
+        r = requests.get(f"{api}/query", params={"q": q}, headers=auth, timeout=5)
+        assert r.status_code == 200, r.text
+        return [row["Id"] for row in r.json()["records"]]
+
+    got = requests.get(f"{api}/sobjects/Contact/{rid[:15]}", headers=auth, timeout=5)
+    assert got.status_code == 200 and got.json()["Id"] == rid
+    got = requests.get(f"{api}/sobjects/Contact/{rid.upper()}", headers=auth, timeout=5)
+    assert got.status_code == 200 and got.json()["Id"] == rid
+
+    patch = requests.patch(
+        f"{api}/sobjects/Contact/{rid.lower()}", json={"OwnerId": uid[:15]}, headers=auth, timeout=5
+    )
+    assert patch.status_code == 204
+    assert sf.get_record(rid)["OwnerId"] == uid
+
+    body = {
+        "allOrNone": False,
+        "records": [
+            {"attributes": {"type": "Contact"}, "id": other[:15], "OwnerId": uid2.upper()},
+            {"attributes": {"type": "Contact"}, "id": "003000000000000BAA", "OwnerId": uid},
+        ],
+    }
+    res = requests.patch(f"{api}/composite/sobjects", json=body, headers=auth, timeout=5).json()
+    assert res[0] == {"id": other, "success": True, "errors": []}
+    assert res[1]["errors"][0]["statusCode"] == "MALFORMED_ID"  # the suffix marks a digit
+    assert sf.get_record(other)["OwnerId"] == uid2
+
+    assert soql(f"SELECT Id FROM Contact WHERE Id = '{rid[:15]}'") == [rid]
+    assert sorted(
+        soql(f"SELECT Id FROM Contact WHERE Id IN ('{rid.lower()}', '{other[:15]}')")
+    ) == (sorted([rid, other]))
+    assert soql(f"SELECT Id FROM Contact WHERE OwnerId = '{uid2[:15]}'") == [other]
+    assert soql(f"SELECT Id FROM User WHERE Id IN ('{uid.upper()}')") == [uid]
+
+    a = SalesforceAdapter(sf_settings(sf))
+    assert [r.crm_id for r in a.fetch_records([rid[:15], other.lower()], [])] == [rid, other]
+    assert a.check_owners([uid[:15], uid2.lower()]) == {uid[:15]: None, uid2.lower(): None}
+    sf.poison([rid[:15]])
+    [outcome] = a.write_owners([OwnerWrite("k", rid, uid2, acc)])
+    assert outcome.error is not None and outcome.error.code == "FIELD_CUSTOM_VALIDATION_EXCEPTION"
 
 
 def test_sf_limits_and_bad_queries(sf: SalesforceSandbox) -> None:

@@ -21,6 +21,7 @@ from sqlalchemy.exc import DBAPIError
 from connector.config import OrgConfig, parse_config
 from connector.routing import Lead, Router
 from connector.teams import apply_teams
+from crm_adapters.salesforce_ids import to_18
 from tests.fault_helpers import record_figures
 
 pytestmark = [pytest.mark.fault, pytest.mark.slow]
@@ -54,7 +55,8 @@ team_members = (
         lambda ms: any(a for _, _, a in ms)
     )  # a team always keeps an active rep
 )
-lead_ids = st.integers(0, 60).map(lambda i: f"00Q5g00000Ld{i:03d}AAA")
+# valid ids: the router stores a Salesforce id in its 18-character form
+lead_ids = st.integers(0, 60).map(lambda i: to_18(f"00Q5g00000Ld{i:03d}"))
 countries = st.sampled_from(["US", "CA", "DE", "FR", "us "])
 batches = st.lists(st.tuples(lead_ids, countries), min_size=1, max_size=12)
 

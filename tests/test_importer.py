@@ -175,3 +175,31 @@ def test_detect_format_refuses_unknown(name: str) -> None:
     assert str(info.value) == (
         f"{name}: cannot tell the format from the name; pass --format jsonl|csv"
     )
+
+
+def test_salesforce_rows_need_salesforce_ids() -> None:
+    text = (
+        '{"Id": "00Q5g00000LmAbC"}\n'  # 15 characters
+        '{"Id": "00q5g00000lmabceav"}\n'  # 18, case-folded
+        '{"Id": "00Q1"}\n'
+        '{"Id": "00Q5g00000LmAbC9"}\n'  # 16 characters
+        '{"Id": "000000000000000BAA"}\n'  # the suffix marks a digit upper case
+        '{"Id": "00Q5g00000LmAb!"}\n'
+    )
+    rows = list(parse_jsonl(io.StringIO(text, newline=None), "Id", salesforce_ids=True))
+    assert [(n, r.reason if isinstance(r, Rejected) else r.crm_id) for n, r in rows] == [
+        (1, "00Q5g00000LmAbC"),
+        (2, "00q5g00000lmabceav"),  # the router stores its 18-character form
+        (3, "not a Salesforce id"),
+        (4, "not a Salesforce id"),
+        (5, "not a Salesforce id"),
+        (6, "not a Salesforce id"),
+    ]
+    # other CRMs' ids are not checked
+    assert jsonl('{"Id": "00Q1"}\n') == [(1, Lead("00Q1", {"Id": "00Q1"}))]
+    csv_text = "Id,Country\n00Q1,US\n00Q5g00000LmAbC,US\n"
+    csv_rows_sf = list(parse_csv(io.StringIO(csv_text, newline=""), "Id", salesforce_ids=True))
+    assert csv_rows_sf == [
+        (2, Rejected(2, "not a Salesforce id")),
+        (3, Lead("00Q5g00000LmAbC", {"Id": "00Q5g00000LmAbC", "Country": "US"})),
+    ]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import multiprocessing as mp
+import random
+import string
 from collections.abc import Iterator
 from typing import Any
 
@@ -11,6 +13,7 @@ from sqlalchemy import Engine, text
 
 import db
 from connector.store import make_engine, migrate, pending_migrations
+from crm_adapters.salesforce_ids import id_key, to_18
 from tests.pg import DatabaseFactory, with_database
 
 CATALOG = {
@@ -126,3 +129,139 @@ def test_concurrent_migrate_on_a_blank_database(blank: Engine) -> None:
         assert conn.execute(text("SELECT count(*) FROM schema_migrations")).scalar() == len(
             versions
         )
+
+
+# --- 0006: canonical Salesforce ids -----------------------------------------------------------
+
+ID15 = "00Q5g00000LmAbC"
+ID18 = "00Q5g00000LmAbCEAV"
+OTHER15, OTHER18 = "00Q5g00000LmXyZ", "00Q5g00000LmXyZEAV"
+ACCOUNT15, ACCOUNT18 = "0015g00000AcMeQ", "0015g00000AcMeQAAV"
+MERGE_REASON = "merged into lead 2: same record by its 15- and 18-character ids"
+
+
+def migrate_below(engine: Engine, version: int) -> None:
+    """Apply, and record, only the migrations numbered below ``version``."""
+    q = db.queries("migrate")
+    with engine.begin() as conn:
+        conn.execute(text(q["create_version_table"]))
+        for m in db.migrations():
+            if m.version < version:
+                conn.exec_driver_sql(m.sql)
+                conn.execute(text(q["record"]), {"version": m.version, "name": m.name})
+
+
+SEED_BEFORE_0006 = """
+INSERT INTO teams (id, org, name, epoch) VALUES (1, 'acme', 't', 2);
+INSERT INTO members (id, team_id, crm_user_id, name, weight, position, assigned_in_epoch) VALUES
+    (1, 1, '005A', 'Ada', 1, 0, 1),
+    (2, 1, '005B', 'Alan', 1, 1, 2);
+INSERT INTO leads (id, org, crm_object, crm_id, fields, parent_id, source) VALUES
+    -- lead 1, by its 18-character id, was assigned AFTER lead 2 (its 15-character id)
+    (1, 'acme', 'Lead', :id18, '{}', NULL, 'salesforce_outbound'),
+    (2, 'acme', 'Lead', :id15, '{}', :account15, 'import'),
+    -- the same record again, case-folded, assigned in an earlier epoch
+    (3, 'acme', 'Lead', upper(:id18), '{}', NULL, 'poll'),
+    -- another record, twice, never assigned
+    (4, 'acme', 'Lead', :other15, '{}', NULL, 'import'),
+    (5, 'acme', 'Lead', '00Q1', '{}', NULL, 'api'),
+    (6, 'acme', 'Lead', :other18, '{}', NULL, 'poll'),
+    -- HubSpot: a 15-digit id looks like a Salesforce id, and must stay as it is
+    (7, 'globex', 'contacts', '000000000000001', '{}', '000000000000002', 'hubspot_webhook');
+INSERT INTO assignments (id, lead_id, org, team_id, member_id, crm_user_id, epoch, rule_index,
+                         rule_name, source, assigned_at) VALUES
+    (1, 1, 'acme', 1, 2, '005B', 2, 0, 'r', 'salesforce_outbound', '2024-01-01T10:00:05Z'),
+    (2, 2, 'acme', 1, 1, '005A', 2, 0, 'r', 'import', '2024-01-01T10:00:00Z'),
+    (3, 3, 'acme', 1, 2, '005B', 1, 0, 'r', 'poll', '2024-01-01T10:00:09Z'),
+    (5, 5, 'acme', 1, 2, '005B', 2, 0, 'r', 'api', '2024-01-01T10:00:07Z');
+INSERT INTO outbox (id, org, lead_id, assignment_id, crm_object, crm_id, owner_id, parent_id,
+                    state) VALUES
+    (1, 'acme', 1, 1, 'Lead', :id18, '005B', NULL, 'pending'),
+    (2, 'acme', 2, 2, 'Lead', :id15, '005A', :account15, 'pending'),
+    (3, 'acme', 3, 3, 'Lead', upper(:id18), '005B', NULL, 'sent'),
+    (5, 'acme', 5, 5, 'Lead', '00Q1', '005B', NULL, 'pending');
+"""
+
+
+def test_0006_converts_salesforce_ids_and_merges_duplicates(blank: Engine) -> None:
+    migrate_below(blank, 6)
+    params = {
+        "id15": ID15,
+        "id18": ID18,
+        "other15": OTHER15,
+        "other18": OTHER18,
+        "account15": ACCOUNT15,
+    }
+    with blank.begin() as conn:
+        for statement in SEED_BEFORE_0006.split(";"):
+            if statement.strip():
+                conn.execute(text(statement), params)
+
+    assert migrate(blank) == [m.version for m in db.migrations() if m.version >= 6]
+
+    with blank.connect() as conn:
+        leads = {
+            r.id: (r.crm_id, r.parent_id, r.merged_into)
+            for r in conn.execute(text("SELECT * FROM leads"))
+        }
+        outbox = {
+            r.id: (r.crm_id, r.parent_id, r.state, r.last_error, r.finished_at is not None)
+            for r in conn.execute(text("SELECT * FROM outbox"))
+        }
+        members = {
+            r[0]: r[1]
+            for r in conn.execute(text("SELECT crm_user_id, assigned_in_epoch FROM members"))
+        }
+        live = conn.execute(
+            text("SELECT id FROM leads WHERE org = 'acme' AND merged_into IS NULL ORDER BY id")
+        ).scalars()
+        live_ids = list(live)
+    assert leads == {
+        1: (ID18, None, 2),  # assigned after lead 2: merged into it
+        2: (ID18, ACCOUNT18, None),  # the earliest assignment wins
+        3: (ID18, None, 2),
+        4: (OTHER18, None, None),  # none assigned: the lowest id wins
+        5: ("00Q1", None, None),  # not a Salesforce id: as it was
+        6: (OTHER18, None, 4),
+        7: ("000000000000001", "000000000000002", None),  # HubSpot: untouched
+    }
+    assert live_ids == [2, 4, 5]
+    assert outbox == {
+        1: (ID18, None, "superseded", MERGE_REASON, True),
+        2: (ID18, ACCOUNT18, "pending", None, False),
+        3: (ID18, None, "sent", None, False),  # already written: history stays
+        5: ("00Q1", None, "pending", None, False),
+    }
+    # lead 1's assignment (epoch 2, the current one) no longer counts for 005B; lead 3's was
+    # made in epoch 1 and was never in the count
+    assert members == {"005A": 1, "005B": 1}
+
+    with blank.begin() as conn:
+        # one live lead per record: a repeat is a no-op, as routing expects
+        insert = text(
+            "INSERT INTO leads (org, crm_object, crm_id, fields, source) "
+            "VALUES ('acme', 'Lead', :crm_id, '{}', 'api') "
+            "ON CONFLICT (org, crm_object, crm_id) WHERE merged_into IS NULL DO NOTHING "
+            "RETURNING id"
+        )
+        assert conn.execute(insert, {"crm_id": ID18}).all() == []
+
+
+def test_sql_salesforce_id_18_matches_python(engine: Engine) -> None:
+    rng = random.Random(18)
+    alphabet = string.ascii_letters + string.digits
+    samples = ["", "00Q1", "00Q5g00000LmAb!", "000000000000000BAA", "00D000000000062EA9"]
+    for _ in range(300):
+        id15 = "".join(rng.choice(alphabet) for _ in range(15))
+        id18 = to_18(id15)
+        samples += [id15, id18, id18.lower(), id18.upper(), id15 + "".join(rng.sample(alphabet, 3))]
+    with engine.connect() as conn:
+        got = conn.execute(
+            text(
+                "SELECT salesforce_id_18(x) "
+                "FROM unnest(CAST(:xs AS text[])) WITH ORDINALITY AS t (x, n) ORDER BY n"
+            ),
+            {"xs": samples},
+        ).scalars()
+        assert list(got) == [id_key(s) for s in samples]
+        assert conn.execute(text("SELECT salesforce_id_18(NULL)")).scalar() is None

@@ -438,3 +438,52 @@ def test_team_missing_from_the_database(engine: Engine, sample_cfg: OrgConfig) -
         "run `connector migrate` with this config"
     )
     assert counts(engine) == {"leads": 0, "assignments": 0, "outbox": 0}
+
+
+# --- Salesforce ids: one record, one lead, whichever form of its id arrives ----------------
+
+ID15 = "00Q5g00000LmAbC"
+ID18 = "00Q5g00000LmAbCEAV"  # ID15 with its case suffix
+
+
+def test_salesforce_lead_by_15_then_18_char_id_is_one_lead(
+    engine: Engine, applied: OrgConfig
+) -> None:
+    router = Router(engine, applied)
+    first = router.assign(Lead(ID15, {"Country": "US"}), "import")
+    assert first.status == "assigned" and first.crm_id == ID18
+    second = router.assign(Lead(ID18, {"Country": "US"}), "salesforce_outbound")
+    assert second == Outcome(ID18, "duplicate", first.team, first.owner_id, first.owner_name)
+    # an 18-character id case-folded on the way still names the same record
+    for folded in (ID18.upper(), ID18.lower()):
+        again = router.assign(Lead(folded, {"Country": "DE"}), "poll")
+        assert (again.crm_id, again.status, again.owner_id) == (ID18, "duplicate", first.owner_id)
+    assert counts(engine) == {"leads": 1, "assignments": 1, "outbox": 1}
+    with engine.connect() as conn:
+        lead = conn.execute(text("SELECT crm_id, source, merged_into FROM leads")).one()
+        outbox = conn.execute(text("SELECT crm_id, owner_id FROM outbox")).one()
+    assert tuple(lead) == (ID18, "import", None)
+    assert tuple(outbox) == (ID18, first.owner_id)
+
+
+def test_salesforce_ids_in_one_batch_and_parent_ids(engine: Engine) -> None:
+    cfg = cfg_of([("005A", 1, True), ("005B", 1, True)], obj="Contact")
+    apply_teams(engine, cfg)
+    account15, account18 = "0015g00000AcMeQ", "0015g00000AcMeQAAV"
+    leads = [
+        Lead("003000000000001", {"Country": "US", "AccountId": account15}),
+        Lead("003000000000001aaa", {"Country": "US", "AccountId": account18}),
+        Lead("003X1", {"Country": "US", "AccountId": "001ACC"}),  # not well-formed: as is
+    ]
+    outcomes = Router(engine, cfg).assign_many(leads, "import")
+    assert [(o.crm_id, o.status, o.owner_id) for o in outcomes] == [
+        ("003000000000001AAA", "assigned", "005A"),
+        ("003000000000001AAA", "duplicate", "005A"),
+        ("003X1", "assigned", "005B"),
+    ]
+    with engine.connect() as conn:
+        rows = conn.execute(text("SELECT crm_id, parent_id FROM outbox ORDER BY crm_id")).all()
+    assert [tuple(r) for r in rows] == [
+        ("003000000000001AAA", account18),
+        ("003X1", "001ACC"),
+    ]

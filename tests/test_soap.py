@@ -13,12 +13,10 @@ from connector.soap import (
     SoapError,
     ack_response,
     build_outbound_message,
-    canonical_salesforce_id,
     parse_outbound_message,
-    salesforce_id_18,
-    same_salesforce_id,
     soap_fault,
 )
+from crm_adapters.salesforce_ids import canonical_15, same_id, to_18
 
 # Shaped like Salesforce's documented Outbound Message: default namespace on <notifications>,
 # sObject fields under the sf: prefix, xsi:type on sObject, nil fields, several notifications,
@@ -403,9 +401,9 @@ def test_soap_fault_escapes_and_is_well_formed() -> None:
 
 
 def test_salesforce_id_18_known_value() -> None:
-    assert salesforce_id_18("001A0000006Vm9r") == "001A0000006Vm9rIAC"
-    assert salesforce_id_18("001A0000006Vm9rIAC") == "001A0000006Vm9rIAC"
-    assert salesforce_id_18("00D000000000062") == "00D000000000062EAA"
+    assert to_18("001A0000006Vm9r") == "001A0000006Vm9rIAC"
+    assert to_18("001A0000006Vm9rIAC") == "001A0000006Vm9rIAC"
+    assert to_18("00D000000000062") == "00D000000000062EAA"
 
 
 @pytest.mark.parametrize(
@@ -428,14 +426,14 @@ def test_salesforce_id_18_known_value() -> None:
     ],
 )
 def test_same_salesforce_id(a: str, b: str, same: bool) -> None:
-    assert same_salesforce_id(a, b) is same
+    assert same_id(a, b) is same
 
 
 def test_canonical_salesforce_id() -> None:
-    assert canonical_salesforce_id("00d000000000062eaa") == "00D000000000062"
-    assert canonical_salesforce_id("not an id") is None
+    assert canonical_15("00d000000000062eaa") == "00D000000000062"
+    assert canonical_15("not an id") is None
     with pytest.raises(ValueError):
-        salesforce_id_18("nope")
+        to_18("nope")
 
 
 @given(
@@ -446,12 +444,12 @@ def test_canonical_salesforce_id() -> None:
     )
 )
 def test_salesforce_id_18_round_trip(id15: str) -> None:
-    id18 = salesforce_id_18(id15)
+    id18 = to_18(id15)
     assert id18[:15] == id15
-    assert same_salesforce_id(id15, id18)
-    assert same_salesforce_id(id15, id18.lower())
-    assert same_salesforce_id(id15, id18.upper())
-    assert canonical_salesforce_id(id18.swapcase()) == id15
+    assert same_id(id15, id18)
+    assert same_id(id15, id18.lower())
+    assert same_id(id15, id18.upper())
+    assert canonical_15(id18.swapcase()) == id15
 
 
 # --- fuzz: nothing but SoapError, ever ----------------------------------------------------

@@ -1,4 +1,10 @@
-"""Local Salesforce REST simulator: OAuth, SOQL subset, sObject Collections, row locks."""
+"""Local Salesforce REST simulator: OAuth, SOQL subset, sObject Collections, row locks.
+
+Like the real API it issues valid 18-character ids and accepts an id in either form, the
+15-character one or the 18-character one in any case, wherever an id is given (record
+writes and reads, SOQL conditions on Id fields, owner lookups); it always answers with the
+18-character form.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +19,7 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import parse_qs
 
+from crm_adapters.salesforce_ids import id_key, is_id, to_18
 from crm_adapters.sandbox._server import Reply, Request, SandboxServer
 
 __all__ = ["SalesforceSandbox"]
@@ -34,6 +41,15 @@ _SOQL_RE = re.compile(
 )
 _COND_RE = re.compile(r"^\s*(\w+)\s*(>=|<=|!=|=|>|<)\s*(.+?)\s*$", re.S)
 _IN_RE = re.compile(r"^\s*(\w+)\s+(NOT\s+IN|IN)\s*\((.*)\)\s*$", re.I | re.S)
+
+
+def _key(value: Any) -> Any:
+    """The 18-character form of an id given in either form; anything else unchanged."""
+    return id_key(value) if isinstance(value, str) else value
+
+
+def _is_id_field(name: str) -> bool:
+    return name == "Id" or name.endswith("Id")
 
 
 def _fmt_dt(dt: datetime) -> str:
@@ -167,7 +183,7 @@ class SalesforceSandbox(SandboxServer):
     # ------------------------------------------------------------- seeding / inspection
     def _new_id(self, obj: str) -> str:
         n = next(self._seq)
-        return f"{_PREFIX[obj]}SB{n:010d}AAA"
+        return to_18(f"{_PREFIX[obj]}SB{n:010d}")
 
     def _tick(self) -> datetime:
         """SystemModstamp now, at 1 ms resolution, never going backwards (ties happen)."""
@@ -191,8 +207,9 @@ class SalesforceSandbox(SandboxServer):
     def set_user_active(self, user_id: str, active: bool) -> None:
         """Activate or deactivate a User."""
         with self._lock:
-            self._records[user_id].fields["IsActive"] = active
-            self._records[user_id].modstamp = self._tick()
+            rec = self._records[_key(user_id)]
+            rec.fields["IsActive"] = active
+            rec.modstamp = self._tick()
 
     def add_account(self, name: str | None = None) -> str:
         """Create an Account; returns its Id."""
@@ -222,6 +239,10 @@ class SalesforceSandbox(SandboxServer):
             else:
                 f["Company"] = "Sandbox Inc"
             f.update(fields or {})
+            f["Id"] = rid
+            for name in ("OwnerId", "AccountId"):
+                if name in f:
+                    f[name] = _key(f[name])
             stamp = modstamp if modstamp is not None else self._tick()
             self._records[rid] = _Rec(obj, f, stamp)
             return rid
@@ -229,12 +250,12 @@ class SalesforceSandbox(SandboxServer):
     def delete_record(self, record_id: str) -> None:
         """Soft-delete (recycle bin): later writes fail with ENTITY_IS_DELETED."""
         with self._lock:
-            self._records[record_id].deleted = True
+            self._records[_key(record_id)].deleted = True
 
     def get_record(self, record_id: str) -> dict[str, Any] | None:
         """A copy of the record's fields plus SystemModstamp and IsDeleted."""
         with self._lock:
-            r = self._records.get(record_id)
+            r = self._records.get(_key(record_id))
             if r is None:
                 return None
             return {
@@ -249,6 +270,10 @@ class SalesforceSandbox(SandboxServer):
         with self._lock:
             ids = [k for k, r in self._records.items() if obj is None or r.type == obj]
         return [r for r in (self.get_record(i) for i in ids) if r is not None]
+
+    def poison(self, ids: list[str] | set[str] | tuple[str, ...]) -> None:
+        """Writes to these record ids (either form) always fail permanently."""
+        super().poison([_key(i) for i in ids])
 
     def expire_tokens(self) -> None:
         """Invalidate every issued access token (the static session token too)."""
@@ -399,12 +424,13 @@ class SalesforceSandbox(SandboxServer):
         self, obj: str | None, rid: Any, values: dict[str, Any], txn: int
     ) -> dict[str, Any] | None:
         """Apply one record update inside transaction `txn`; returns an error dict or None."""
-        if not isinstance(rid, str) or not re.match(r"^[A-Za-z0-9]{15}([A-Za-z0-9]{3})?$", rid):
+        if not isinstance(rid, str) or not is_id(rid):
             return {
                 "statusCode": "MALFORMED_ID",
                 "message": f"{obj} ID: id value of incorrect type: {rid}",
                 "fields": ["Id"],
             }
+        rid = to_18(rid)
         with self._lock:
             rec = self._records.get(rid)
             parent = rec.fields.get("AccountId") if rec else None
@@ -428,7 +454,7 @@ class SalesforceSandbox(SandboxServer):
             time.sleep(self.record_work_ms / 1000.0)
         if "OwnerId" in values:
             with self._lock:
-                owner = self._records.get(str(values["OwnerId"]))
+                owner = self._records.get(_key(str(values["OwnerId"])))
             if owner is None or owner.type != "User" or owner.deleted:
                 return {
                     "statusCode": "INVALID_CROSS_REFERENCE_KEY",
@@ -454,7 +480,7 @@ class SalesforceSandbox(SandboxServer):
         with self._lock:
             for k, v in values.items():
                 if k not in ("attributes", "id", "Id"):
-                    rec.fields[k] = v
+                    rec.fields[k] = _key(v) if _is_id_field(k) else v
             rec.modstamp = self._tick()
             self._stat("records_updated")
         return None
@@ -490,6 +516,7 @@ class SalesforceSandbox(SandboxServer):
                 obj = (r.get("attributes") or {}).get("type")
                 rid = r.get("id")
                 err = self._update(obj, rid, r, txn)
+                rid = _key(rid)  # answers carry the 18-character id
                 if err is None:
                     results.append({"id": rid, "success": True, "errors": []})
                 else:
@@ -530,7 +557,7 @@ class SalesforceSandbox(SandboxServer):
 
     def _get_one(self, obj: str, rid: str, ver: str) -> Reply:
         with self._lock:
-            rec = self._records.get(rid)
+            rec = self._records.get(_key(rid))
             if rec is None or rec.type != obj or rec.deleted:
                 return Reply(
                     404,
@@ -636,13 +663,17 @@ class SalesforceSandbox(SandboxServer):
         for part in re.split(r"\s+AND\s+", where, flags=re.I):
             im = _IN_RE.match(part)
             if im:
+                name = im.group(1)
                 vals = [_parse_literal(v) for v in im.group(3).split(",") if v.strip()]
-                out.append((im.group(1), " ".join(im.group(2).upper().split()), vals))
+                if _is_id_field(name):  # an id matches in either form
+                    vals = [_key(v) for v in vals]
+                out.append((name, " ".join(im.group(2).upper().split()), vals))
                 continue
             cm = _COND_RE.match(part)
             if not cm:
                 raise _SoqlError(f"unexpected token: '{part.strip()}'")
-            out.append((cm.group(1), cm.group(2), _parse_literal(cm.group(3))))
+            name, value = cm.group(1), _parse_literal(cm.group(3))
+            out.append((name, cm.group(2), _key(value) if _is_id_field(name) else value))
         return out
 
 
