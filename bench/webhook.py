@@ -39,6 +39,9 @@ SECRET = "bench-webhook-secret"
 TOKEN = "sandbox-token"
 
 
+PORTAL = 62515
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -74,6 +77,7 @@ crm:
   object: contacts
   limit_per_10s: 100
   webhook_secrets: ["${{BENCH_HS_SECRET}}"]
+  portal_id: {PORTAL}
 poll: {{enabled: false}}
 teams:
   - name: inbound
@@ -105,7 +109,7 @@ def step(
                 {
                     "eventId": 10_000_000 + int(rid),
                     "subscriptionId": 1,
-                    "portalId": 62515,
+                    "portalId": PORTAL,
                     "appId": 1,
                     "occurredAt": ts,
                     "subscriptionType": "contact.creation",

@@ -26,7 +26,7 @@ from typing import Any
 
 import requests
 
-from connector.crm import adapter_for
+from connector.adapters import adapter_for
 from connector.dispatch import Dispatcher, DispatchStats
 from connector.routing import Lead, Router
 from connector.store import make_engine

@@ -10,7 +10,6 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 
 from connector import __version__
@@ -22,6 +21,7 @@ from connector.config import (
     load_configs,
     pick_org,
 )
+from connector.store import open_database
 from crm_adapters.base import CrmError
 
 log = logging.getLogger("connector")
@@ -31,31 +31,6 @@ EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_REJECTED = 0, 1, 2, 3
 
 def _configs(args: argparse.Namespace) -> dict[str, OrgConfig]:
     return load_configs(config_path_from(args.config))
-
-
-def open_database(configs: Sequence[OrgConfig], migrate_now: bool | None = None) -> Engine:
-    """Engine for the configured (or embedded) database, migrated and with teams applied.
-
-    Commands migrate on start unless CONNECTOR_AUTO_MIGRATE=0; then pending migrations are
-    an error that tells the operator to run `connector migrate`.
-    """
-    from connector.store import database_url, make_engine, migrate, pending_migrations
-    from connector.teams import apply_teams
-
-    engine = make_engine(database_url(configs))
-    if migrate_now is None:
-        migrate_now = os.environ.get("CONNECTOR_AUTO_MIGRATE", "1") != "0"
-    if migrate_now:
-        migrate(engine)
-    else:
-        pending = pending_migrations(engine)
-        if pending:
-            raise ConfigError(
-                f"database schema is behind (pending migrations {pending}): run `connector migrate`"
-            )
-    for cfg in configs:
-        apply_teams(engine, cfg)
-    return engine
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
@@ -102,9 +77,11 @@ def cmd_check_config(args: argparse.Namespace) -> int:
             f"{members} members ({active} active), {len(cfg.rules)} rules"
             + ("" if default else " (no default rule: unmatched leads stay unassigned)")
         )
+        for warning in cfg.warnings():
+            print(f"org {cfg.org}: warning: {warning}", file=sys.stderr)
     if not args.online:
         return EXIT_OK
-    from connector.crm import adapter_for
+    from connector.adapters import adapter_for
 
     problems = 0
     for cfg in all_orgs(configs):
@@ -140,6 +117,11 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     fmt = args.format or detect_format(path)
     id_field = args.id_field or ("Id" if cfg.crm.kind == "salesforce" else "id")
     engine = open_database([cfg])
+    adapter = None
+    if not args.no_verify:
+        from connector.adapters import adapter_for
+
+        adapter = adapter_for(cfg)
     summary = ingest_file(
         Router(engine, cfg),
         path,
@@ -147,13 +129,18 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         id_field,
         batch_size=args.batch_size,
         salesforce_ids=cfg.crm.kind == "salesforce",
+        adapter=adapter,
     )
     for r in summary.rejected:
         print(f"{path}:{r.line}: rejected: {r.reason}", file=sys.stderr)
     s = summary.as_dict()
+    skipped = ", ".join(f"{k} {v}" for k, v in sorted(summary.skipped.items()))
     print(
         f"{path}: {s['new']} new ({s['assigned']} assigned, {s['unassigned']} unassigned), "
-        f"{s['duplicate']} duplicate, {s['rejected']} rejected"
+        f"{s['duplicate']} duplicate, {s['skipped']} skipped"
+        + (f" ({skipped})" if skipped else "")
+        + f", {s['rejected']} rejected"
+        + ("" if adapter else " (not verified against the CRM: --no-verify)")
     )
     return EXIT_REJECTED if summary.rejected else EXIT_OK
 
@@ -171,14 +158,20 @@ def cmd_dispatch(args: argparse.Namespace) -> int:
     import signal
     import threading
 
-    from connector.crm import adapter_for
+    from connector.adapters import adapter_for
     from connector.dispatch import Dispatcher
 
     configs = _configs(args)
     orgs = [pick_org(configs, args.org)] if args.org else list(all_orgs(configs))
     engine = open_database(orgs)
     dispatchers = [
-        Dispatcher(engine, cfg.org, adapter_for(cfg), lease_seconds=args.lease_seconds)
+        Dispatcher(
+            engine,
+            cfg.org,
+            adapter_for(cfg),
+            lease_seconds=args.lease_seconds,
+            intake_owner_ids=cfg.intake_owner_ids,
+        )
         for cfg in orgs
     ]
     if args.once:
@@ -212,26 +205,67 @@ def cmd_dispatch(args: argparse.Namespace) -> int:
 
 
 def cmd_outbox(args: argparse.Namespace) -> int:
-    from connector.dispatch import dead_rows, retry_dead
+    from connector.dispatch import finished_rows, retry_dead
 
     cfg = pick_org(_configs(args), args.org)
     engine = open_database([cfg])
     if args.action == "list":
-        rows = dead_rows(engine, cfg.org, limit=args.limit)
+        state = "superseded" if args.superseded else "dead"
+        rows = finished_rows(engine, cfg.org, state, limit=args.limit)
         for r in rows:
+            found = f"\tfound_owner={r['found_owner']}" if state == "superseded" else ""
             print(
-                f"{r['id']}\t{r['crm_object']}\t{r['crm_id']}\towner={r['owner_id']}\t"
+                f"{r['id']}\t{r['crm_object']}\t{r['crm_id']}\towner={r['owner_id']}{found}\t"
                 f"attempts={r['attempts']}\t{r['last_error']}"
             )
-        print(f"{len(rows)} dead rows", file=sys.stderr)
+        print(f"{len(rows)} {state} rows", file=sys.stderr)
+        return EXIT_OK
+    if args.superseded:
+        raise ConfigError("superseded rows are never retried: a person set that owner in the CRM")
+    n = retry_dead(engine, cfg.org, args.id or None)
+    print(f"requeued {n} dead rows (each is checked against the CRM's owner before its write)")
+    return EXIT_OK
+
+
+def cmd_inbox(args: argparse.Namespace) -> int:
+    from connector.inbox import list_events, retry_dead
+
+    cfg = pick_org(_configs(args), args.org)
+    engine = open_database([cfg])
+    if args.action == "list":
+        rows = list_events(engine, cfg.org, args.state, limit=args.limit)
+        for r in rows:
+            print(
+                f"{r['id']}\t{r['source']}\t{r['crm_id']}\tattempts={r['attempts']}\t"
+                f"{r['last_error'] or ''}"
+            )
+        print(f"{len(rows)} {args.state} events", file=sys.stderr)
         return EXIT_OK
     n = retry_dead(engine, cfg.org, args.id or None)
-    print(f"requeued {n} dead rows")
+    print(f"requeued {n} dead events")
+    return EXIT_OK
+
+
+def cmd_purge(args: argparse.Namespace) -> int:
+    from connector.retention import purge
+
+    configs = _configs(args)
+    orgs = [pick_org(configs, args.org)] if args.org else list(all_orgs(configs))
+    engine = open_database(orgs)
+    for cfg in orgs:
+        days = args.days or cfg.retention_days
+        n = purge(engine, cfg.org, days)
+        print(
+            f"org {cfg.org}: older than {days} days: {n.fields_cleared} leads' fields cleared, "
+            f"{n.events_deleted} inbox events, {n.outbox_deleted} outbox rows and "
+            f"{n.skips_deleted} skip records deleted"
+        )
     return EXIT_OK
 
 
 def _service(args: argparse.Namespace, *, receiver: bool, scheduler: bool, dispatch: bool) -> int:
     from connector.service import run_service
+    from connector.web import trusted_proxies_from_env
 
     configs = _configs(args)
     engine = open_database(list(configs.values()))
@@ -246,6 +280,10 @@ def _service(args: argparse.Namespace, *, receiver: bool, scheduler: bool, dispa
         dispatchers_per_org=args.dispatchers,
         public_base_url=os.environ.get("CONNECTOR_PUBLIC_BASE_URL") or None,
         lease_seconds=args.lease_seconds,
+        admin_host=args.admin_host,
+        admin_port=None if args.no_admin else args.admin_port,
+        admin_token=os.environ.get("CONNECTOR_ADMIN_TOKEN") or None,
+        trusted_proxies=trusted_proxies_from_env(),
     )
 
 
@@ -260,7 +298,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_sync(args: argparse.Namespace) -> int:
     if not args.once:
         return _service(args, receiver=False, scheduler=True, dispatch=False)
-    from connector.crm import adapter_for
+    from connector.adapters import adapter_for
     from connector.poller import Poller
 
     configs = _configs(args)
@@ -332,6 +370,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--format", choices=["jsonl", "csv"])
     s.add_argument("--id-field", help="column holding the CRM id (Salesforce Id, HubSpot id)")
     s.add_argument("--batch-size", type=int, default=500)
+    s.add_argument(
+        "--no-verify",
+        action="store_true",
+        help="route the file's rows as they are, without reading each record from the CRM "
+        "(offline backfills only: a person's owner is then not protected)",
+    )
     s.add_argument("file")
     s.set_defaults(func=cmd_ingest)
     s = sub.add_parser("status", help="leads, per-rep counts and outbox for one org")
@@ -350,13 +394,37 @@ def build_parser() -> argparse.ArgumentParser:
         help="a claim not finished within this is taken over by another dispatcher",
     )
     s.set_defaults(func=cmd_dispatch)
-    s = sub.add_parser("outbox", help="list dead outbox rows or requeue them")
+    s = sub.add_parser("outbox", help="list dead or superseded owner writes, or requeue dead ones")
     s.add_argument("action", choices=["list", "retry"])
     s.add_argument("--org")
-    s.add_argument("--dead", action="store_true", help="(list) dead rows; the default")
+    which = s.add_mutually_exclusive_group()
+    which.add_argument("--dead", action="store_true", help="dead rows, with the CRM's reason")
+    which.add_argument(
+        "--superseded",
+        action="store_true",
+        help="(list) writes dropped because a person had set another owner",
+    )
     s.add_argument("--id", type=int, action="append", help="(retry) only these rows")
     s.add_argument("--limit", type=int, default=100)
     s.set_defaults(func=cmd_outbox)
+    s = sub.add_parser("inbox", help="list pushed events by state, or requeue dead ones")
+    s.add_argument("action", choices=["list", "retry"])
+    s.add_argument("--org")
+    s.add_argument(
+        "--state",
+        choices=["dead", "pending", "claimed", "skipped", "done"],
+        default="dead",
+        help="(list) which events; dead by default",
+    )
+    s.add_argument("--id", type=int, action="append", help="(retry) only these events")
+    s.add_argument("--limit", type=int, default=100)
+    s.set_defaults(func=cmd_inbox)
+    s = sub.add_parser(
+        "purge", help="delete received field values and finished rows past the retention"
+    )
+    s.add_argument("--org")
+    s.add_argument("--days", type=int, help="override the orgs' retention_days")
+    s.set_defaults(func=cmd_purge)
     for name, func, text in (
         ("serve", cmd_serve, "the webhook receiver only"),
         ("run", cmd_run, "receiver + scheduled poll + dispatchers (the production default)"),
@@ -366,6 +434,15 @@ def build_parser() -> argparse.ArgumentParser:
         s.add_argument("--host", default=os.environ.get("CONNECTOR_HOST", "127.0.0.1"))
         s.add_argument("--port", type=int, default=int(os.environ.get("CONNECTOR_PORT", "8080")))
         s.add_argument("--dispatchers", type=int, default=2, help="dispatcher threads per org")
+        s.add_argument(
+            "--admin-host",
+            default=os.environ.get("CONNECTOR_ADMIN_HOST", "127.0.0.1"),
+            help="where /healthz and /metrics listen (off loopback needs CONNECTOR_ADMIN_TOKEN)",
+        )
+        s.add_argument(
+            "--admin-port", type=int, default=int(os.environ.get("CONNECTOR_ADMIN_PORT", "9100"))
+        )
+        s.add_argument("--no-admin", action="store_true", help="no admin listener")
         s.add_argument(
             "--lease-seconds",
             type=float,

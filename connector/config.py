@@ -6,6 +6,7 @@ the environment when the file is loaded. Errors name the file, the key path and 
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from collections.abc import Iterable, Mapping
@@ -28,6 +29,10 @@ ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 ORG_NAME = r"^[a-z0-9][a-z0-9_-]{0,62}$"
 # scheme://user[:password]@ at the start of a database URL
 _URL_USERINFO = re.compile(r"[\w+.-]+://[^:/@]*(?::(?P<password>[^@]*))?@")
+# A CRM field or property name: what a rule may test and what is read from the CRM.
+FIELD_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,99}$")
+# The shared secret Salesforce sends as the last path segment of the endpoint URL.
+URL_SECRET = re.compile(r"^[A-Za-z0-9._~-]{24,200}$")
 
 
 class ConfigError(Exception):
@@ -78,6 +83,10 @@ class Rule(_Model):
             raise ValueError("`when` must name at least one field; omit it for a default rule")
         if when:
             for key, value in when.items():
+                if not FIELD_NAME.match(key):
+                    raise ValueError(
+                        f"`when.{key}`: not a CRM field name (letters, digits and _ only)"
+                    )
                 if isinstance(value, list) and not value:
                     raise ValueError(f"`when.{key}` lists no values")
         return when
@@ -122,7 +131,41 @@ class SalesforceCrm(_Model):
     object: Literal["Lead", "Contact"] = "Lead"
     parent_field: str | None = None
     organization_id: str | None = None
+    # Outbound Messages are not signed: Salesforce must call an endpoint URL that ends with
+    # one of these secrets (/webhooks/salesforce/{org}/{secret}); two during a rotation.
+    outbound_secrets: Annotated[list[SecretStr], Field(max_length=2)] = []
+    # When set, Outbound Messages are accepted only from these networks (e.g. Salesforce's
+    # published ranges), checked against the peer address or a trusted proxy's forward.
+    outbound_allow_cidrs: list[str] = []
     api_version: Annotated[str, Field(pattern=r"^\d+\.\d$")] = "62.0"
+
+    @field_validator("organization_id")
+    @classmethod
+    def _org_id(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"00D[A-Za-z0-9]{12}([A-Za-z0-9]{3})?", value):
+            raise ValueError("not a Salesforce organization id (15 or 18 characters, 00D...)")
+        return value
+
+    @field_validator("outbound_secrets")
+    @classmethod
+    def _url_safe_secrets(cls, secrets: list[SecretStr]) -> list[SecretStr]:
+        for i, secret in enumerate(secrets):
+            if not URL_SECRET.match(secret.get_secret_value()):
+                raise ValueError(
+                    f"[{i}]: must be 24 to 200 characters of A-Z a-z 0-9 . _ ~ - "
+                    "(it is sent as a URL path segment)"
+                )
+        return secrets
+
+    @field_validator("outbound_allow_cidrs")
+    @classmethod
+    def _networks(cls, cidrs: list[str]) -> list[str]:
+        for c in cidrs:
+            try:
+                ipaddress.ip_network(c, strict=False)
+            except ValueError:
+                raise ValueError(f"{c!r} is not an IP network (e.g. 13.108.0.0/14)") from None
+        return cidrs
 
     @property
     def parent_key(self) -> str | None:
@@ -143,10 +186,21 @@ class HubSpotCrm(_Model):
     limit_per_10s: Annotated[int, Field(ge=1, le=1000)] = 100
     # The app's client secret(s) that sign webhooks (v3); two during a rotation.
     webhook_secrets: Annotated[list[SecretStr], Field(max_length=2)] = []
+    # The HubSpot account (portalId) this org is; events of any other portal are refused.
+    portal_id: Annotated[int, Field(ge=1)] | None = None
     # Property changes that re-route a record (creation events always do).
     routed_properties: list[str] = []
-    # Properties fetched for routing when an event carries only an id.
+    # Extra properties read with each record (the rules' fields are always read).
     fetch_properties: list[str] = []
+
+    @model_validator(mode="after")
+    def _portal_for_webhooks(self) -> HubSpotCrm:
+        if self.webhook_secrets and self.portal_id is None:
+            raise ValueError(
+                "portal_id is required with webhook_secrets: events of other portals "
+                "must be told apart and refused"
+            )
+        return self
 
     @property
     def parent_key(self) -> str | None:
@@ -163,11 +217,21 @@ class Poll(_Model):
     overlap_seconds: Annotated[int, Field(ge=0, le=3_600)] = 120
     # Where the very first poll starts (how far back from now).
     initial_lookback_seconds: Annotated[int, Field(ge=0, le=2_592_000)] = 3_600
-    # Fields read for routing (the rules' fields); the owner and parent are always read.
+    # Extra fields read with each record (the rules' fields, the owner and the parent are
+    # always read).
     fields: list[str] = []
-    # Only records owned by one of these (e.g. the intake queue or integration user), or by
-    # nobody, are routed by the poller; records a person already owns are left alone.
-    unrouted_owner_ids: list[str] = []
+    # Moved to the org's `intake_owner_ids`; kept here only to say so.
+    unrouted_owner_ids: list[str] | None = None
+
+    @field_validator("unrouted_owner_ids")
+    @classmethod
+    def _moved(cls, value: list[str] | None) -> None:
+        if value is not None:
+            raise ValueError(
+                "moved: write these ids as `intake_owner_ids` at the top level of the file "
+                "(they now apply to every input path, not only the poll)"
+            )
+        return None
 
 
 class Webhook(_Model):
@@ -182,6 +246,14 @@ class OrgConfig(_Model):
     rules: Annotated[list[Rule], Field(min_length=1)]
     poll: Poll = Poll()
     webhook: Webhook = Webhook()
+    # Owners that mean "not routed yet" (the intake queue, the integration user that creates
+    # records). A record is routed only when the CRM says its owner is empty or one of these;
+    # a record a person owns is never taken. Salesforce records always have an owner, so a
+    # Salesforce org without this list routes nothing.
+    intake_owner_ids: list[Annotated[str, Field(min_length=1, max_length=64)]] = []
+    # Received field values, finished inbox events and written outbox rows are deleted after
+    # this many days (assignments and counts are kept).
+    retention_days: Annotated[int, Field(ge=1, le=3650)] = 30
 
     @model_validator(mode="after")
     def _rules_name_teams(self) -> OrgConfig:
@@ -197,6 +269,35 @@ class OrgConfig(_Model):
     @property
     def crm_object(self) -> str:
         return self.crm.object
+
+    @property
+    def read_fields(self) -> list[str]:
+        """The fields read from the CRM for each record: the rules' fields, the parent and
+        the configured extras (the adapter adds the id, owner and modification time)."""
+        names: list[str] = []
+        for rule in self.rules:
+            names.extend((rule.when or {}).keys())
+        if self.crm.parent_key:
+            names.append(self.crm.parent_key)
+        names.extend(self.poll.fields)
+        if isinstance(self.crm, HubSpotCrm):
+            names.extend(self.crm.fetch_properties)
+        return list(dict.fromkeys(names))
+
+    def warnings(self) -> list[str]:
+        """Settings that are valid but almost certainly not what the operator wants."""
+        out: list[str] = []
+        if isinstance(self.crm, SalesforceCrm):
+            if not self.intake_owner_ids:
+                out.append(
+                    "intake_owner_ids is empty: every Salesforce record has an owner, so "
+                    "nothing will be routed (list the intake queue or integration user)"
+                )
+            if not self.crm.outbound_secrets:
+                out.append("crm.outbound_secrets is empty: Outbound Messages are refused")
+        elif not self.crm.webhook_secrets:
+            out.append("crm.webhook_secrets is empty: HubSpot webhooks are refused")
+        return out
 
     def team(self, name: str) -> Team:
         for t in self.teams:
@@ -227,6 +328,7 @@ def _resolve_env(value: Any, env: Mapping[str, str], path: str, missing: list[st
 
 
 _SECRET_KEYS = {
+    "outbound_secrets",
     "client_secret",
     "password",
     "security_token",

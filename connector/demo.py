@@ -28,8 +28,9 @@ from typing import Any
 import httpx
 from sqlalchemy import Engine, text
 
+from connector.adapters import Adapters
 from connector.config import OrgConfig, load_configs
-from connector.service import Adapters, serve_in_thread, start_dispatchers, start_scheduler
+from connector.service import serve_in_thread, start_dispatchers, start_scheduler
 from connector.signatures import sign_v3
 from connector.soap import build_outbound_message
 from connector.status import org_status
@@ -45,6 +46,8 @@ ENV = {
     "DEMO_SF_CLIENT_SECRET": "sandbox-secret",
     "DEMO_HS_TOKEN": "sandbox-token",
     "DEMO_HS_WEBHOOK_SECRET": "demo-app-client-secret",
+    # The secret Salesforce's endpoint URL ends with (an Outbound Message has no signature).
+    "DEMO_SF_OUTBOUND_SECRET": "demo-outbound-url-secret-8Jq2vXw5",
 }
 SF_COUNTRIES = ["US", "CA", "us", "DE", "FR", "GB", "NL", "SE"]
 HS_COUNTRIES = ["United States", "Canada", "Germany", "France", "Japan"]
@@ -71,14 +74,15 @@ crm:
   kind: salesforce
   instance_url: {sf.url}
   organization_id: "{SF_ORG_ID}"
+  outbound_secrets: ["${{DEMO_SF_OUTBOUND_SECRET}}"]
   auth: {{method: client_credentials, client_id: "${{DEMO_SF_CLIENT_ID}}",
          client_secret: "${{DEMO_SF_CLIENT_SECRET}}"}}
   object: Lead
+# New Leads are owned by the integration user until routed; anything else is a person's.
+intake_owner_ids: ["{intake}"]
 poll:
   interval_seconds: 1
   overlap_seconds: 5
-  fields: [Country]
-  unrouted_owner_ids: ["{intake}"]
 teams:
   - name: na_ae
     members:
@@ -108,7 +112,7 @@ crm:
   object: contacts
   limit_per_10s: 100
   webhook_secrets: ["${{DEMO_HS_WEBHOOK_SECRET}}"]
-  fetch_properties: [country]
+  portal_id: {HS_PORTAL}
 poll:
   enabled: false
 teams:
@@ -199,17 +203,34 @@ def _pct(xs: list[float], p: float) -> float:
     return s[min(len(s) - 1, int(p / 100 * len(s)))]
 
 
+def forge_outbound_messages(client: httpx.Client, base: str, ids: list[str]) -> bool:
+    """What anyone who read the org id off a Web-to-Lead form could send: refused (404)?"""
+    body = build_outbound_message(
+        SF_ORG_ID, [(f"04l{n:012d}AAA", "Lead", {"Id": rid}) for n, rid in enumerate(ids)]
+    )
+    headers = {"Content-Type": "text/xml; charset=utf-8", "SOAPAction": '""'}
+    codes = [
+        client.post(f"{base}{path}", content=body, headers=headers).status_code
+        for path in (
+            "/webhooks/salesforce/demo-sf",
+            "/webhooks/salesforce/demo-sf/guessed-secret-guessed-secret",
+        )
+    ]
+    return codes == [404, 404]
+
+
 def wait_until_done(engine: Engine, expected: int, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with engine.connect() as conn:
-            leads, assigned, open_rows = conn.execute(
+            leads, assigned, open_rows, inbox = conn.execute(
                 text(
                     "SELECT (SELECT count(*) FROM leads), (SELECT count(*) FROM assignments), "
-                    "(SELECT count(*) FROM outbox WHERE state IN ('pending', 'claimed'))"
+                    "(SELECT count(*) FROM outbox WHERE state IN ('pending', 'claimed')), "
+                    "(SELECT count(*) FROM intake_events WHERE state IN ('pending', 'claimed'))"
                 )
             ).one()
-        if leads >= expected and assigned >= expected and open_rows == 0:
+        if leads >= expected and assigned >= expected and open_rows == 0 and inbox == 0:
             return True
         time.sleep(0.2)
     return False
@@ -296,13 +317,28 @@ def run_demo(sf_leads: int = 600, hs_leads: int = 400, senders: int = 16) -> int
             for _ in range(hs_leads)
         ]
 
+        # Records a person already owns: pushed like the others, they must be left alone.
+        sf_person = [
+            sf.add_record("Lead", owner_id=reps[0], fields={"Country": "US"})
+            for _ in range(max(1, sf_leads // 20))
+        ]
+        hs_person = [
+            hs.add_record("contacts", owner_id=owners[0], properties={"country": "Canada"})
+            for _ in range(max(1, hs_leads // 20))
+        ]
+
         adapters = Adapters(configs)
-        app = create_app(engine, configs, fetcher=adapters.fetch)
+        app = create_app(engine, configs, adapters=adapters.get)
+        sf_url = f"/webhooks/salesforce/demo-sf/{ENV['DEMO_SF_OUTBOUND_SECRET']}"
         with serve_in_thread(app) as base, httpx.Client(timeout=30) as client:
             threads = start_dispatchers(
                 engine, configs, adapters, stop, per_org=2, metrics=app.state.metrics
             )
-            pushed = sf_ids[: int(sf_leads * 0.8)]  # the rest only the poll will find
+            forged = forge_outbound_messages(client, base, sf_person)
+            pushed = sf_ids[: int(sf_leads * 0.8)] + sf_person  # the rest only the poll finds
+            rng.shuffle(pushed)
+            hs_pushed = hs_ids + hs_person
+            rng.shuffle(hs_pushed)
             sf_batches = [
                 [
                     (rid, {"Country": str(sf.get_record(rid)["Country"])})  # type: ignore[index]
@@ -310,7 +346,7 @@ def run_demo(sf_leads: int = 600, hs_leads: int = 400, senders: int = 16) -> int
                 ]
                 for i in range(0, len(pushed), 4)
             ]
-            hs_batches = [hs_ids[i : i + 8] for i in range(0, len(hs_ids), 8)]
+            hs_batches = [hs_pushed[i : i + 8] for i in range(0, len(hs_pushed), 8)]
             jobs: list[tuple[str, Any]] = [("sf", b) for b in sf_batches]
             jobs += [("hs", b) for b in hs_batches]
             jobs += [("sf", b) for b in rng.sample(sf_batches, len(sf_batches) // 10)]
@@ -320,8 +356,9 @@ def run_demo(sf_leads: int = 600, hs_leads: int = 400, senders: int = 16) -> int
             print(
                 f"sending {len(jobs)} deliveries ({len(sf_batches)} SOAP messages, "
                 f"{len(hs_batches)} HubSpot webhook batches, 10% redelivered) "
-                f"from {senders} senders; {sf_leads - len(pushed)} Salesforce leads are "
-                "left for the poll ..."
+                f"from {senders} senders; {sf_leads - len(pushed) + len(sf_person)} Salesforce "
+                f"leads are left for the poll; {len(sf_person) + len(hs_person)} pushed records "
+                "already belong to a person ..."
             )
             t_burst = time.perf_counter()
             with ThreadPoolExecutor(senders) as pool:
@@ -330,7 +367,7 @@ def run_demo(sf_leads: int = 600, hs_leads: int = 400, senders: int = 16) -> int
                         pool.submit(
                             send_soap,
                             client,
-                            f"{base}/webhooks/salesforce/demo-sf",
+                            f"{base}{sf_url}",
                             batch,
                             sent,
                             n,
@@ -366,6 +403,11 @@ def run_demo(sf_leads: int = 600, hs_leads: int = 400, senders: int = 16) -> int
             sources: dict[str, int] = dict(
                 conn.execute(text("SELECT source, count(*) FROM leads GROUP BY source")).all()
             )
+            skipped: dict[str, int] = dict(
+                conn.execute(
+                    text("SELECT reason, count(*) FROM skipped_records GROUP BY reason")
+                ).all()
+            )
         lead_to_crm = [
             (float(finished[i]) - t) * 1000 for i, t in sent.pushed_at.items() if i in finished
         ]
@@ -393,12 +435,20 @@ def run_demo(sf_leads: int = 600, hs_leads: int = 400, senders: int = 16) -> int
             f"p99 {_pct(lead_to_crm, 99):6.1f} ms  (push sent -> owner accepted by the CRM)"
         )
         print(f"leads by input path    : {sources}")
+        print(f"pushed but not routed  : {skipped or 'none'} (read back from the CRM first)")
         for name, box in (("Salesforce", sf), ("HubSpot", hs)):
             calls = box.counters()["calls"]
             print(
                 f"{name} API calls     : " + ", ".join(f"{k} {v}" for k, v in sorted(calls.items()))
             )
         wrong = crm_mismatches(engine, sf, hs)
+        people_kept = all(
+            (sf.get_record(r) or {}).get("OwnerId") == reps[0] for r in sf_person
+        ) and all(
+            (hs.get_record(r) or {"properties": {}})["properties"].get("hubspot_owner_id")
+            == owners[0]
+            for r in hs_person
+        )
         engine.dispose()
         checks = {
             "every lead assigned and written back": done,
@@ -406,6 +456,9 @@ def run_demo(sf_leads: int = 600, hs_leads: int = 400, senders: int = 16) -> int
             "no lead with two owners": double == 0,
             "CRM owner equals the database owner for every lead": wrong == 0,
             "every rep within one lead of its weighted share": fair,
+            "forged Outbound Messages (no or a guessed URL secret) refused": forged,
+            "records a person owns skipped, their CRM owner unchanged": people_kept
+            and skipped.get("owned", 0) == len(sf_person) + len(hs_person),
         }
         print()
         for name, ok in checks.items():

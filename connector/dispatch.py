@@ -9,6 +9,15 @@ Account is never locked by two of our requests at the same time (Salesforce's
 UNABLE_TO_LOCK_ROW). Rows whose
 dispatcher died are claimed again once their lease expires; the dead worker's late result is
 ignored because finishing checks the claim token.
+
+The CRM is the system of record: just before each write request the dispatcher reads the
+current owners of its records (one read per request, same batching) and writes only those
+still unowned or owned by an intake owner. A record a person moved meanwhile becomes
+`superseded`, with the owner found, and is never written; one that already has the owner we
+would write is `sent` without a write; one the CRM no longer has is `dead`. Neither CRM offers
+a conditional batch update (Salesforce's If-Unmodified-Since works on single sObject Rows
+only), so a person's change that lands between that read and the write (one request round
+trip, typically well under a second) can still be overwritten.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ from typing import Any
 from sqlalchemy import Engine, TextClause, text
 
 import db
+from connector.verify import is_unrouted, owner_key
 from crm_adapters.base import (
     AuthError,
     CrmAdapter,
@@ -53,6 +63,8 @@ class DispatchStats:
     dead: int = 0
     requests: int = 0
     stale: int = 0
+    superseded: int = 0
+    reads: int = 0
     errors: dict[str, int] = field(default_factory=dict)
 
     def add(self, other: DispatchStats) -> None:
@@ -62,6 +74,8 @@ class DispatchStats:
         self.dead += other.dead
         self.requests += other.requests
         self.stale += other.stale
+        self.superseded += other.superseded
+        self.reads += other.reads
         for k, v in other.errors.items():
             self.errors[k] = self.errors.get(k, 0) + v
 
@@ -81,6 +95,37 @@ class _Finish:
     sent: list[int] = field(default_factory=list)
     dead: list[tuple[int, str]] = field(default_factory=list)
     retry: list[tuple[int, str, float]] = field(default_factory=list)
+    superseded: list[tuple[int, str]] = field(default_factory=list)
+
+
+def guard_writes(
+    batch: Sequence[OwnerWrite],
+    current: dict[str, str | None],
+    kind: str,
+    intake: frozenset[str],
+) -> tuple[list[OwnerWrite], list[str], list[tuple[str, str]], list[str]]:
+    """Sort one request's writes by the owners the CRM has now (pure).
+
+    ``current`` maps owner_key(record id) -> owner for the records the CRM returned.
+    Returns (to write, already ours: keys, superseded: (key, owner found), missing: keys).
+    """
+    write: list[OwnerWrite] = []
+    ours: list[str] = []
+    superseded: list[tuple[str, str]] = []
+    missing: list[str] = []
+    for w in batch:
+        rid = owner_key(kind, w.record_id)
+        if rid not in current:
+            missing.append(w.key)
+            continue
+        owner = current[rid]
+        if owner and owner_key(kind, owner) == owner_key(kind, w.owner_id):
+            ours.append(w.key)
+        elif is_unrouted(kind, owner, intake):
+            write.append(w)
+        else:
+            superseded.append((w.key, owner or ""))
+    return write, ours, superseded, missing
 
 
 class Dispatcher:
@@ -99,10 +144,12 @@ class Dispatcher:
         backoff_cap: float = 60.0,
         auth_pause_seconds: float = 60.0,
         linger_seconds: float = 0.5,
+        intake_owner_ids: Sequence[str] = (),
     ) -> None:
         self.engine = engine
         self.org = org
         self.adapter = adapter
+        self.intake = frozenset(owner_key(adapter.kind, o) for o in intake_owner_ids)
         self.claim_limit = claim_limit or adapter.max_batch * 5
         self.lease_seconds = lease_seconds
         self.max_attempts = max_attempts
@@ -195,9 +242,11 @@ class Dispatcher:
                 break
             finish = _Finish()
             try:
-                stats.requests += 1
-                outcomes = self.adapter.write_owners(batch)
-                self._sort_outcomes(outcomes, by_key, finish, stats)
+                to_write = self._guard(batch, by_key, finish, stats)
+                if to_write:
+                    stats.requests += 1
+                    outcomes = self.adapter.write_owners(to_write)
+                    self._sort_outcomes(outcomes, by_key, finish, stats)
             except CrmError as exc:
                 self._count(stats, exc.code)
                 rest = [w for b in batches[i:] for w in b]
@@ -214,6 +263,34 @@ class Dispatcher:
                 break
             self._record(token, finish, stats)
         return stats
+
+    def _guard(
+        self,
+        batch: Sequence[OwnerWrite],
+        by_key: dict[str, Claimed],
+        finish: _Finish,
+        stats: DispatchStats,
+    ) -> list[OwnerWrite]:
+        """Read the records' current owners (one CRM call) and keep only the safe writes."""
+        stats.reads += 1
+        records = self.adapter.fetch_records([w.record_id for w in batch], [])
+        kind = self.adapter.kind
+        current = {
+            owner_key(kind, r.crm_id): r.fields.get(self.adapter.owner_field) for r in records
+        }
+        write, ours, superseded, missing = guard_writes(batch, current, kind, self.intake)
+        finish.sent.extend(by_key[k].id for k in ours)
+        for k, owner in superseded:
+            finish.superseded.append((by_key[k].id, owner))
+        for k in missing:
+            finish.dead.append((by_key[k].id, "NOT_FOUND: the record is not in the CRM"))
+        if superseded:
+            log.warning(
+                "org %s: %d owner writes superseded: a person changed the owner in the CRM",
+                self.org,
+                len(superseded),
+            )
+        return write
 
     def _sort_outcomes(
         self,
@@ -304,6 +381,17 @@ class Dispatcher:
                         },
                     ).all()
                 )
+            if finish.superseded:
+                applied += len(
+                    conn.execute(
+                        _SQL["finish_superseded"],
+                        {
+                            "ids": [r[0] for r in finish.superseded],
+                            "owners": [r[1] for r in finish.superseded],
+                            "token": token,
+                        },
+                    ).all()
+                )
             if finish.retry:
                 applied += len(
                     conn.execute(
@@ -316,7 +404,8 @@ class Dispatcher:
                         },
                     ).all()
                 )
-        total = len(finish.sent) + len(finish.dead) + len(finish.retry)
+        total = len(finish.sent) + len(finish.dead) + len(finish.retry) + len(finish.superseded)
+        stats.superseded += len(finish.superseded)
         stats.sent += len(finish.sent)
         stats.dead += len(finish.dead)
         stats.retried += len(finish.retry)
@@ -400,10 +489,16 @@ def _describe(err: CrmError) -> str:
     return f"{err.code}: {msg}" if msg else err.code
 
 
-def dead_rows(engine: Engine, org: str, limit: int = 100) -> list[dict[str, Any]]:
+def finished_rows(
+    engine: Engine, org: str, state: str = "dead", limit: int = 100
+) -> list[dict[str, Any]]:
+    """Dead rows (with the CRM's reason) or superseded ones (with the owner found)."""
     with engine.connect() as conn:
         return [
-            dict(r._mapping) for r in conn.execute(_SQL["list_dead"], {"org": org, "limit": limit})
+            dict(r._mapping)
+            for r in conn.execute(
+                _SQL["list_finished"], {"org": org, "state": state, "limit": limit}
+            )
         ]
 
 

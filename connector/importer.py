@@ -1,7 +1,11 @@
 """File import: JSON lines or CSV with a header, one lead per line.
 
 Parsing is pure and reports every bad row with its line number; good rows are still
-ingested, in batches, through the same assignment code as every other input. For a Salesforce
+ingested, in batches, through the same assignment code as every other input. A file is a hint
+like any push: by default each batch of ids is read back from the CRM, and only the records the
+CRM says are unrouted are routed, with the CRM's fields (see ``connector.verify``); the others
+are recorded as skipped with the reason. ``verify=False`` (``--no-verify``) routes the file's
+own rows as they are, for offline use. For a Salesforce
 org (``salesforce_ids=True``) a row whose id is not a 15- or 18-character Salesforce id is
 rejected: stored as is, it could never match the record the APIs later send.
 """
@@ -18,6 +22,8 @@ from pathlib import Path
 from typing import Literal, TextIO
 
 from connector.routing import Lead, LeadError, Outcome, Router, validate_lead
+from connector.verify import Verdict
+from crm_adapters.base import CrmAdapter
 from crm_adapters.salesforce_ids import is_id
 
 Format = Literal["jsonl", "csv"]
@@ -36,6 +42,11 @@ class Summary:
     unassigned: int = 0
     duplicate: int = 0
     rejected: list[Rejected] = field(default_factory=list)
+    skipped: dict[str, int] = field(default_factory=dict)
+
+    def skip(self, verdict: Verdict) -> None:
+        reason = verdict.reason or "unknown"
+        self.skipped[reason] = self.skipped.get(reason, 0) + 1
 
     def add(self, outcome: Outcome) -> None:
         if outcome.status == "duplicate":
@@ -54,6 +65,7 @@ class Summary:
             "unassigned": self.unassigned,
             "duplicate": self.duplicate,
             "rejected": len(self.rejected),
+            "skipped": sum(self.skipped.values()),
         }
 
 
@@ -178,16 +190,24 @@ def ingest_file(
     id_field: str,
     batch_size: int = 500,
     salesforce_ids: bool = False,
+    adapter: CrmAdapter | None = None,
 ) -> Summary:
-    """Ingest every good row of ``path``; rejections are collected with line numbers."""
+    """Ingest every good row of ``path``; rejections are collected with line numbers.
+
+    With ``adapter`` each batch is verified against the CRM first (the default of
+    `connector ingest`); without, the file's rows are routed as they are.
+    """
     summary = Summary()
     rows = list(read_file(path, fmt, id_field, salesforce_ids))
     progress = Progress(len(rows))
     batch: list[Lead] = []
 
     def flush() -> None:
-        for outcome in router.assign_many(batch, "import"):
-            summary.add(outcome)
+        if adapter is None:
+            for outcome in router.assign_many(batch, "import"):
+                summary.add(outcome)
+        else:
+            _verified_flush(router, adapter, batch, summary)
         progress.advance(len(batch))
         batch.clear()
 
@@ -203,3 +223,25 @@ def ingest_file(
         flush()
     progress.close()
     return summary
+
+
+def _verified_flush(
+    router: Router, adapter: CrmAdapter, batch: list[Lead], summary: Summary
+) -> None:
+    """Read the batch's records from the CRM, route the unrouted ones with the CRM's fields,
+    record the others as skipped: one CRM read (in the adapter's chunks), one transaction."""
+    from connector.inbox import read_unrouted, record_skips
+
+    cfg = router.cfg
+    routed, verdicts = read_unrouted(router.engine, cfg, adapter, [x.crm_id for x in batch])
+    leads = [v.lead for v in verdicts if v.lead is not None]
+    skips = [v for v in verdicts if v.reason is not None]
+    with router.engine.begin() as conn:
+        outcomes = router.assign_in(conn, leads, "import") if leads else []
+        record_skips(conn, cfg, "import", skips)
+    for outcome in outcomes:
+        summary.add(outcome)
+    summary.duplicate += len({x.crm_id for x in batch} & routed)
+    summary.duplicate += len(batch) - len({x.crm_id for x in batch})
+    for v in skips:
+        summary.skip(v)

@@ -26,7 +26,7 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # Webhook handling is one short transaction: 5 ms is a fast commit, 1 s is already a problem.
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5)
 
-OUTBOX_STATES = ("pending", "claimed", "dead")
+OUTBOX_STATES = ("pending", "claimed", "dead", "superseded")
 SCRAPE_TIMEOUT_MS = 2000
 
 
@@ -50,7 +50,8 @@ class QueueCollector(Collector):
         return (
             GaugeMetricFamily(
                 "connector_outbox_depth",
-                "Outbox rows not yet written to the CRM, by state",
+                "Outbox rows by state: not yet written (pending, claimed), dead, or superseded "
+                "(a person's owner was found)",
                 labels=["org", "state"],
             ),
             GaugeMetricFamily(
@@ -60,7 +61,7 @@ class QueueCollector(Collector):
             ),
             GaugeMetricFamily(
                 "connector_webhook_inbox_depth",
-                "HubSpot webhook events waiting for their record to be fetched and routed",
+                "Pushed events waiting for their record to be read from the CRM and routed",
                 labels=["org"],
             ),
             GaugeMetricFamily(
@@ -136,8 +137,21 @@ class Metrics:
         )
         self.webhook_events = Counter(
             "connector_webhook_events",
-            "HubSpot webhook events, by outcome (routed, queued, ignored, duplicate)",
+            "Pushed events, by outcome (queued, duplicate, ignored, foreign_portal)",
             ["org", "outcome"],
+            registry=r,
+        )
+        self.records_skipped = Counter(
+            "connector_records_skipped",
+            "Records read back from the CRM and not routed, by reason (owned, not_found, "
+            "wrong_object, invalid_record)",
+            ["org", "reason"],
+            registry=r,
+        )
+        self.outbox_superseded = Counter(
+            "connector_outbox_superseded",
+            "Owner writes dropped because the CRM showed a person's owner just before the write",
+            ["org"],
             registry=r,
         )
         self.crm_calls = Counter(

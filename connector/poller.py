@@ -21,13 +21,12 @@ from sqlalchemy import Engine, TextClause, text
 import db
 from connector.config import OrgConfig
 from connector.routing import Lead, LeadError, Router, validate_lead
+from connector.verify import intake_keys, is_unrouted, routing_fields
 from crm_adapters.base import CrmAdapter, CrmRecord
 
 log = logging.getLogger(__name__)
 
 _SQL: dict[str, TextClause] = {k: text(v) for k, v in db.queries("poll").items()}
-
-OWNER_FIELDS = {"salesforce": "OwnerId", "hubspot": "hubspot_owner_id"}
 
 
 @dataclass
@@ -42,10 +41,11 @@ class PollResult:
     watermark: datetime | None = None
 
 
-def routable(cfg: OrgConfig, record: CrmRecord) -> bool:
-    """Whether the poller may route this record: unowned, or owned by an intake owner."""
-    owner = record.fields.get(OWNER_FIELDS[cfg.crm.kind])
-    return not owner or owner in cfg.poll.unrouted_owner_ids
+def routable(cfg: OrgConfig, record: CrmRecord, owner_field: str) -> bool:
+    """Whether the poller may route this record: unowned, or owned by an intake owner (a
+    record a person owns is not a candidate, and is not recorded as a skip either: the poll
+    reads every changed record, not only the ones someone asked us to route)."""
+    return is_unrouted(cfg.crm.kind, record.fields.get(owner_field), intake_keys(cfg))
 
 
 def poll_window(
@@ -102,11 +102,12 @@ class Poller:
             result.seen += len(page)
             leads: list[Lead] = []
             for record in page:
-                if not routable(self.cfg, record):
+                if not routable(self.cfg, record, self.adapter.owner_field):
                     result.skipped_owned += 1
                     continue
+                fields = routing_fields(record, self.cfg.read_fields, self.adapter.owner_field)
                 try:
-                    leads.append(validate_lead(record.crm_id, record.fields))
+                    leads.append(validate_lead(record.crm_id, fields))
                 except LeadError as exc:
                     result.rejected += 1
                     log.warning(

@@ -1,7 +1,8 @@
 """`connector serve | sync | run`: the long-running parts, wired together.
 
-``run`` is the production default: the webhook receiver (uvicorn), the scheduled poll
-(APScheduler, one job per org) and the outbox dispatchers (threads), in one process. Any
+``run`` is the production default: the webhook receiver (uvicorn) with its inbox worker, the
+admin listener (health and metrics, localhost by default), the scheduled poll and retention
+purge (APScheduler, jobs per org) and the outbox dispatchers (threads), in one process. Any
 number of such processes share one database: polling is one-at-a-time per org by an
 advisory lock, assignment is serialised per team by a row lock, dispatch claims with SKIP
 LOCKED. SIGTERM stops taking work (uvicorn stops accepting and finishes open requests), lets
@@ -15,16 +16,17 @@ import signal
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 import uvicorn
 from apscheduler.schedulers.background import BackgroundScheduler
 from sqlalchemy import Engine
 
+from connector.adapters import Adapters
 from connector.config import OrgConfig
-from connector.crm import adapter_for
 from connector.dispatch import Dispatcher, DispatchStats
+from connector.http_server import build_server
 from connector.metrics import Metrics
 from connector.poller import Poller
 from crm_adapters.base import CrmAdapter
@@ -78,28 +80,6 @@ class _GracefulServer(uvicorn.Server):
                 signal.signal(sig, handler)
 
 
-class Adapters:
-    """One adapter per org, built on first use and shared by the threads of this process."""
-
-    def __init__(self, configs: Mapping[str, OrgConfig]) -> None:
-        self.configs = configs
-        self._adapters: dict[str, CrmAdapter] = {}
-        self._lock = threading.Lock()
-
-    def get(self, org: str) -> CrmAdapter:
-        with self._lock:
-            if org not in self._adapters:
-                self._adapters[org] = adapter_for(self.configs[org])
-            return self._adapters[org]
-
-    def fetch(self, cfg: OrgConfig, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
-        """The webhook inbox's fetcher: the records' current fields, read from the CRM."""
-        wanted = getattr(cfg.crm, "fetch_properties", [])
-        fields = list(dict.fromkeys([*wanted, *cfg.poll.fields]))
-        records = self.get(cfg.org).fetch_records(ids, fields)
-        return {r.crm_id: dict(r.fields) for r in records}
-
-
 def start_scheduler(
     engine: Engine, configs: Mapping[str, OrgConfig], adapters: Adapters
 ) -> BackgroundScheduler:
@@ -118,8 +98,30 @@ def start_scheduler(
             coalesce=True,
             next_run_time=None if cfg.poll.interval_seconds > 3600 else _now(),
         )
+    scheduler.add_job(
+        _safe_purge,
+        "interval",
+        args=[engine, list(configs.values())],
+        seconds=PURGE_INTERVAL_SECONDS,
+        id="purge",
+        max_instances=1,
+        coalesce=True,
+    )
     scheduler.start()
     return scheduler
+
+
+PURGE_INTERVAL_SECONDS = 6 * 3600
+
+
+def _safe_purge(engine: Engine, configs: Sequence[OrgConfig]) -> None:
+    from connector.retention import purge
+
+    for cfg in configs:
+        try:
+            purge(engine, cfg.org, cfg.retention_days)
+        except Exception:
+            log.exception("org %s: retention purge failed; the next round will retry", cfg.org)
 
 
 def _now() -> Any:
@@ -137,13 +139,16 @@ def _safe_poll(poller: Poller) -> None:
 
 def _record_stats(metrics: Metrics | None, org: str, adapter: CrmAdapter) -> Any:
     def record(stats: DispatchStats) -> None:
-        if metrics is None or not stats.requests:
+        if metrics is None or not (stats.requests or stats.reads):
             return
         api_usage = adapter.usage().get("api_usage")
         if isinstance(api_usage, dict):
             for figure, value in api_usage.items():
                 metrics.crm_api_usage.labels(org, str(figure)).set(float(value))
         metrics.crm_calls.labels(org, "write_owners").inc(stats.requests)
+        metrics.crm_calls.labels(org, "read_owners").inc(stats.reads)
+        if stats.superseded:
+            metrics.outbox_superseded.labels(org).inc(stats.superseded)
         for code, n in stats.errors.items():
             metrics.crm_errors.labels(org, code).inc(n)
         locks = stats.errors.get("UNABLE_TO_LOCK_ROW", 0)
@@ -165,7 +170,13 @@ def start_dispatchers(
     threads = []
     for cfg in configs.values():
         for i in range(per_org):
-            d = Dispatcher(engine, cfg.org, adapters.get(cfg.org), lease_seconds=lease_seconds)
+            d = Dispatcher(
+                engine,
+                cfg.org,
+                adapters.get(cfg.org),
+                lease_seconds=lease_seconds,
+                intake_owner_ids=cfg.intake_owner_ids,
+            )
             t = threading.Thread(
                 target=d.run_forever,
                 name=f"dispatch-{cfg.org}-{i}",
@@ -180,6 +191,28 @@ def start_dispatchers(
     return threads
 
 
+def _loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_admin_binding(host: str, token: str | None) -> None:
+    """Health and metrics name the orgs and their queues: off loopback they need a token."""
+    if not _loopback(host) and not token:
+        from connector.config import ConfigError
+
+        raise ConfigError(
+            f"the admin listener on {host} is reachable from other machines: set "
+            "CONNECTOR_ADMIN_TOKEN, or bind it to 127.0.0.1 (--admin-host)"
+        )
+
+
 def run_service(
     engine: Engine,
     configs: Mapping[str, OrgConfig],
@@ -192,29 +225,39 @@ def run_service(
     dispatchers_per_org: int = 2,
     public_base_url: str | None = None,
     lease_seconds: float | None = None,
+    admin_host: str = "127.0.0.1",
+    admin_port: int | None = 9100,
+    admin_token: str | None = None,
+    trusted_proxies: Sequence[Any] = (),
+    max_connections: int = 1000,
 ) -> int:
     """Run the chosen parts until SIGTERM/SIGINT; returns the exit status.
 
     ``lease_seconds`` (default: 60 for outbox claims, 120 for inbox claims) bounds how long
     the claims of a process that died stay blocked before another process takes them over.
+    The admin listener (``admin_port``; None turns it off) serves /healthz and /metrics.
     """
-    from connector.web import create_app
+    from connector.web import create_admin_app, create_app
 
+    if admin_port is not None:
+        check_admin_binding(admin_host, admin_token)
     adapters = Adapters(configs)
+    metrics = Metrics(engine, configs)
     stop = threading.Event()
     sched = start_scheduler(engine, configs, adapters) if scheduler else None
     app = (
         create_app(
             engine,
             configs,
-            fetcher=adapters.fetch,
+            adapters=adapters.get,
             public_base_url=public_base_url,
             inbox_lease_seconds=lease_seconds or 120.0,
+            trusted_proxies=trusted_proxies,
+            metrics=metrics,
         )
         if receiver
         else None
     )
-    metrics = app.state.metrics if app is not None else None
     threads = (
         start_dispatchers(
             engine, configs, adapters, stop, dispatchers_per_org, metrics, lease_seconds or 60.0
@@ -222,27 +265,35 @@ def run_service(
         if dispatch
         else []
     )
-    log.info(
-        "connector running: receiver=%s scheduler=%s dispatchers=%d",
-        receiver,
-        scheduler,
-        len(threads),
+    admin: AbstractContextManager[str] = (
+        serve_in_thread(
+            create_admin_app(engine, metrics, token=admin_token), admin_host, admin_port
+        )
+        if admin_port is not None
+        else nullcontext("")
     )
     try:
-        if app is not None:
-            config = uvicorn.Config(
-                app,
-                host=host,
-                port=port,
-                proxy_headers=False,
-                log_level="warning",
-                access_log=False,
+        with admin as admin_url:
+            log.info(
+                "connector running: receiver=%s scheduler=%s dispatchers=%d admin=%s",
+                receiver,
+                scheduler,
+                len(threads),
+                admin_url or "off",
             )
-            _GracefulServer(config).run()  # returns after SIGTERM/SIGINT, requests done
-        else:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                signal.signal(sig, lambda *_: stop.set())
-            stop.wait()
+            if app is not None:
+                server = build_server(
+                    app,
+                    host,
+                    port,
+                    max_connections=max_connections,
+                    server_class=_GracefulServer,
+                )
+                server.run()  # returns after SIGTERM/SIGINT, requests done
+            else:
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    signal.signal(sig, lambda *_: stop.set())
+                stop.wait()
     finally:
         stop.set()
         if sched is not None:

@@ -19,6 +19,8 @@ def org_status(engine: Engine, cfg: OrgConfig) -> dict[str, Any]:
         leads = conn.execute(text(q["lead_counts"]), {"org": cfg.org}).one()
         members = conn.execute(text(q["member_counts"]), {"org": cfg.org}).all()
         outbox = {r.state: r.n for r in conn.execute(text(q["outbox_counts"]), {"org": cfg.org})}
+        skipped = {r.reason: r.n for r in conn.execute(text(q["skipped_counts"]), {"org": cfg.org})}
+        inbox = {r.state: r.n for r in conn.execute(text(q["inbox_counts"]), {"org": cfg.org})}
     by_team: dict[str, list[dict[str, Any]]] = {}
     for r in members:
         if not r.in_config and r.assigned == 0:
@@ -40,12 +42,19 @@ def org_status(engine: Engine, cfg: OrgConfig) -> dict[str, Any]:
             "assigned": leads.assigned,
             "unassigned": leads.total - leads.assigned,
         },
+        # Records the CRM said were not ours to route (by reason), never assigned or written.
+        "skipped": dict(sorted(skipped.items())),
+        "inbox": {
+            "pending": inbox.get("pending", 0) + inbox.get("claimed", 0),
+            "dead": inbox.get("dead", 0),
+        },
         "teams": teams,
         "outbox": {
             # "pending" counts what the CRM has not seen yet, claimed rows included.
             "pending": outbox.get("pending", 0) + outbox.get("claimed", 0),
             "sent": outbox.get("sent", 0),
             "dead": outbox.get("dead", 0),
+            "superseded": outbox.get("superseded", 0),
         },
     }
 
@@ -67,6 +76,18 @@ def format_status(status: dict[str, Any]) -> str:
                 f"    {m['name']:<28} {m['crm_user_id']:<20} w={m['weight']:<3} "
                 f"{m['assigned']:>8}{flag}"
             )
+    skipped = status["skipped"]
+    if skipped:
+        lines.append(
+            f"  skipped (the CRM said not ours): {sum(skipped.values())} ("
+            + ", ".join(f"{k} {v}" for k, v in skipped.items())
+            + ")"
+        )
+    inbox = status["inbox"]
+    lines.append(f"  inbox: {inbox['pending']} waiting for a CRM read, {inbox['dead']} dead")
     ob = status["outbox"]
-    lines.append(f"  outbox: {ob['pending']} pending, {ob['sent']} sent, {ob['dead']} dead")
+    lines.append(
+        f"  outbox: {ob['pending']} pending, {ob['sent']} sent, {ob['dead']} dead, "
+        f"{ob['superseded']} superseded"
+    )
     return "\n".join(lines)

@@ -15,7 +15,7 @@ import shutil
 import stat
 import tempfile
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import platformdirs
@@ -320,3 +320,27 @@ def pending_migrations(engine: Engine) -> list[int]:
         exists = conn.execute(text("SELECT to_regclass('schema_migrations')")).scalar()
         done = {r[0] for r in conn.execute(text(q["applied"]))} if exists else set()
     return [m.version for m in db.migrations() if m.version not in done]
+
+
+def open_database(configs: Sequence[OrgConfig], migrate_now: bool | None = None) -> Engine:
+    """Engine for the configured (or embedded) database, migrated and with teams applied.
+
+    Commands migrate on start unless CONNECTOR_AUTO_MIGRATE=0; then pending migrations are
+    an error that tells the operator to run `connector migrate`.
+    """
+    from connector.teams import apply_teams
+
+    engine = make_engine(database_url(configs))
+    if migrate_now is None:
+        migrate_now = os.environ.get("CONNECTOR_AUTO_MIGRATE", "1") != "0"
+    if migrate_now:
+        migrate(engine)
+    else:
+        pending = pending_migrations(engine)
+        if pending:
+            raise ConfigError(
+                f"database schema is behind (pending migrations {pending}): run `connector migrate`"
+            )
+    for cfg in configs:
+        apply_teams(engine, cfg)
+    return engine

@@ -96,6 +96,7 @@ class CrmAdapter(Protocol):
 
     kind: str
     max_batch: int
+    owner_field: str  # the record field that holds the owner (OwnerId, hubspot_owner_id)
 
     def write_owners(self, batch: Sequence[OwnerWrite]) -> list[WriteOutcome]:
         """One outcome per input, same order; per-record failures are outcomes, not raises."""
@@ -108,7 +109,8 @@ class CrmAdapter(Protocol):
         ...
 
     def fetch_records(self, ids: Sequence[str], fields: Sequence[str]) -> list[CrmRecord]:
-        """Records that exist among `ids` (input order), with the requested fields."""
+        """Records that exist among `ids` (input order), with the requested fields; the
+        owner (`owner_field`) and the parent are always among the fields."""
         ...
 
     def check_owners(self, owner_ids: Sequence[str]) -> dict[str, str | None]:

@@ -207,6 +207,7 @@ class HubSpotAdapter:
 
     kind = "hubspot"
     max_batch = 100
+    owner_field = OWNER_PROPERTY
 
     def __init__(self, settings: HubSpotSettings) -> None:
         self.settings = settings

@@ -270,6 +270,7 @@ class SalesforceAdapter:
 
     kind = "salesforce"
     max_batch = 200
+    owner_field = "OwnerId"
 
     def __init__(self, settings: SalesforceSettings) -> None:
         method = settings.auth.get("method", "")

@@ -48,10 +48,8 @@ def migrations() -> list[Migration]:
             raise ValueError(f"migration file name must look like 0001_name.sql: {path.name}")
         found.append(Migration(int(m.group(1)), m.group(2), path.read_text(encoding="utf-8")))
     versions = [m.version for m in found]
-    # Gaps are allowed (a migration numbered ahead of one still being written on another
-    # branch); two files with one version are not.
-    if len(set(versions)) != len(versions) or 0 in versions:
-        raise ValueError(f"migration versions must be unique and positive: {versions}")
+    if versions != list(range(1, len(found) + 1)):
+        raise ValueError(f"migration versions must run 1..n without gaps: {versions}")
     return found
 
 

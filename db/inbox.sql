@@ -1,25 +1,20 @@
--- Named SQL for the HubSpot webhook inbox (see migrations/0002_webhook_inbox.sql).
+-- Named SQL for the intake inbox (see migrations/0005_trust.sql): pushes are stored here by
+-- record id, then read back from the CRM and routed by the verify worker.
 
 -- name: insert_events
-INSERT INTO webhook_inbox (org, portal_id, event_id, object_id, crm_object, crm_id,
-                           occurred_at, fields, state, finished_at)
-SELECT :org, t.portal_id, t.event_id, t.object_id, :crm_object, t.object_id::text,
-       t.occurred_at, t.fields::jsonb, CAST(:state AS text),
-       CASE WHEN CAST(:state AS text) = 'done' THEN now() END
-FROM unnest(CAST(:portal_ids AS bigint[]), CAST(:event_ids AS bigint[]),
-            CAST(:object_ids AS bigint[]), CAST(:occurred_ats AS bigint[]),
-            CAST(:fields AS text[]))
-     AS t (portal_id, event_id, object_id, occurred_at, fields)
-ORDER BY t.portal_id, t.event_id, t.object_id
-ON CONFLICT (org, portal_id, event_id, object_id) DO NOTHING
+INSERT INTO intake_events (org, source, event_key, crm_object, crm_id)
+SELECT :org, :source, t.event_key, :crm_object, t.crm_id
+FROM unnest(CAST(:event_keys AS text[]), CAST(:crm_ids AS text[])) AS t (event_key, crm_id)
+ORDER BY t.event_key
+ON CONFLICT (org, event_key) DO NOTHING
 RETURNING id
 
 -- name: claim
-UPDATE webhook_inbox i
+UPDATE intake_events i
 SET state = 'claimed', claimed_by = :worker, attempts = i.attempts + 1,
     lease_until = now() + make_interval(secs => :lease_seconds)
 WHERE i.id IN (
-    SELECT id FROM webhook_inbox
+    SELECT id FROM intake_events
     WHERE org = :org
       AND ((state = 'pending' AND available_at <= now())
            OR (state = 'claimed' AND lease_until < now()))
@@ -27,15 +22,22 @@ WHERE i.id IN (
     LIMIT :limit
     FOR UPDATE SKIP LOCKED
 )
-RETURNING i.id, i.crm_id, i.occurred_at, i.fields, i.attempts
+RETURNING i.id, i.crm_id, i.source, i.attempts
+
+-- name: already_routed
+SELECT crm_id FROM leads
+WHERE org = :org AND crm_object = :crm_object AND crm_id = ANY(CAST(:crm_ids AS text[]))
+  AND merged_into IS NULL
 
 -- name: finish
-UPDATE webhook_inbox
-SET state = :state, finished_at = now(), lease_until = NULL, last_error = :note
-WHERE id = ANY(CAST(:ids AS bigint[])) AND state = 'claimed' AND claimed_by = :worker
+UPDATE intake_events i
+SET state = f.state, finished_at = now(), lease_until = NULL, last_error = f.note
+FROM unnest(CAST(:ids AS bigint[]), CAST(:states AS text[]), CAST(:notes AS text[]))
+     AS f (id, state, note)
+WHERE i.id = f.id AND i.state = 'claimed' AND i.claimed_by = :worker
 
 -- name: retry_later
-UPDATE webhook_inbox
+UPDATE intake_events
 SET state = CASE WHEN attempts >= :max_attempts THEN 'dead' ELSE 'pending' END,
     finished_at = CASE WHEN attempts >= :max_attempts THEN now() END,
     -- Exponential backoff from the attempt count (incremented by claim), capped.
@@ -43,3 +45,33 @@ SET state = CASE WHEN attempts >= :max_attempts THEN 'dead' ELSE 'pending' END,
         secs => least(CAST(:max_delay AS float8), CAST(:base_delay AS float8) * 2 ^ (attempts - 1))),
     lease_until = NULL, last_error = :error
 WHERE id = ANY(CAST(:ids AS bigint[])) AND state = 'claimed' AND claimed_by = :worker
+
+-- name: record_skips
+-- A record that got routed meanwhile (another path won the race) is not a skip.
+INSERT INTO skipped_records AS s (org, crm_object, crm_id, reason, owner_found, source)
+SELECT :org, :crm_object, t.crm_id, t.reason, t.owner_found, :source
+FROM unnest(CAST(:crm_ids AS text[]), CAST(:reasons AS text[]), CAST(:owners AS text[]))
+     AS t (crm_id, reason, owner_found)
+WHERE NOT EXISTS (
+    SELECT 1 FROM leads l
+    WHERE l.org = :org AND l.crm_object = :crm_object AND l.crm_id = t.crm_id
+      AND l.merged_into IS NULL)
+ORDER BY t.crm_id
+ON CONFLICT (org, crm_object, crm_id) DO UPDATE
+SET reason = EXCLUDED.reason, owner_found = EXCLUDED.owner_found, source = EXCLUDED.source,
+    times = s.times + 1, last_seen_at = now()
+
+-- name: list
+SELECT id, source, event_key, crm_id, state, attempts, last_error, received_at, finished_at
+FROM intake_events
+WHERE org = :org AND state = :state
+ORDER BY id
+LIMIT :limit
+
+-- name: retry_dead
+UPDATE intake_events
+SET state = 'pending', attempts = 0, available_at = now(), finished_at = NULL,
+    claimed_by = NULL, last_error = NULL
+WHERE org = :org AND state = 'dead'
+  AND (CAST(:ids AS bigint[]) IS NULL OR id = ANY(CAST(:ids AS bigint[])))
+RETURNING id

@@ -48,6 +48,14 @@ FROM unnest(CAST(:ids AS bigint[]), CAST(:errors AS text[])) AS f (id, error)
 WHERE o.id = f.id AND o.state = 'claimed' AND o.claimed_by = :token
 RETURNING o.id
 
+-- name: finish_superseded
+UPDATE outbox o
+SET state = 'superseded', finished_at = now(), lease_until = NULL, found_owner = f.owner,
+    last_error = 'the CRM showed another owner just before the write: ' || f.owner
+FROM unnest(CAST(:ids AS bigint[]), CAST(:owners AS text[])) AS f (id, owner)
+WHERE o.id = f.id AND o.state = 'claimed' AND o.claimed_by = :token
+RETURNING o.id
+
 -- name: finish_retry
 UPDATE outbox o
 SET state = 'pending', claimed_by = NULL, lease_until = NULL, last_error = f.error,
@@ -68,9 +76,9 @@ SET until = GREATEST(org_pauses.until, EXCLUDED.until), reason = EXCLUDED.reason
 SELECT min(available_at) AS next_at, count(*) AS open
 FROM outbox WHERE org = :org AND state IN ('pending', 'claimed')
 
--- name: list_dead
-SELECT id, lead_id, crm_object, crm_id, owner_id, attempts, last_error, finished_at
-FROM outbox WHERE org = :org AND state = 'dead' ORDER BY id LIMIT :limit
+-- name: list_finished
+SELECT id, lead_id, crm_object, crm_id, owner_id, found_owner, attempts, last_error, finished_at
+FROM outbox WHERE org = :org AND state = :state ORDER BY id LIMIT :limit
 
 -- name: retry_dead
 UPDATE outbox

@@ -12,6 +12,7 @@ INSERT INTO schema_migrations (version, name) VALUES
     (2, 'webhook_inbox'),
     (3, 'org_pauses'),
     (4, 'poll_watermarks'),
+    (5, 'trust'),
     (6, 'canonical_salesforce_ids');
 
 -- 0001_routing.sql
@@ -99,37 +100,7 @@ CREATE INDEX outbox_org_state ON outbox (org, state);
 
 
 -- 0002_webhook_inbox.sql
--- HubSpot webhook events waiting for their record's fields to be fetched from the CRM.
--- A delivery commits its events here in one short transaction and is answered at once; a
--- worker claims rows (SKIP LOCKED, with a lease so a dead worker's claim is rescued), fetches
--- the records with no transaction open, then routes them and marks the rows done in one
--- transaction. HubSpot documents eventId as not guaranteed unique, so a repeat delivery is
--- recognised by (org, portal, event, object), which a distinct event never shares.
-
-CREATE TABLE webhook_inbox (
-    id           bigserial PRIMARY KEY,
-    org          text NOT NULL,
-    portal_id    bigint NOT NULL,
-    event_id     bigint NOT NULL,
-    object_id    bigint NOT NULL,
-    crm_object   text NOT NULL,
-    crm_id       text NOT NULL,
-    occurred_at  bigint NOT NULL,
-    -- The properties the events carried (fallback fields; the fetched record wins).
-    fields       jsonb NOT NULL,
-    state        text NOT NULL DEFAULT 'pending'
-                 CHECK (state IN ('pending', 'claimed', 'done', 'skipped', 'dead')),
-    attempts     integer NOT NULL DEFAULT 0,
-    available_at timestamptz NOT NULL DEFAULT now(),
-    claimed_by   text,
-    lease_until  timestamptz,
-    last_error   text,
-    received_at  timestamptz NOT NULL DEFAULT now(),
-    finished_at  timestamptz,
-    UNIQUE (org, portal_id, event_id, object_id)
-);
-CREATE INDEX webhook_inbox_pending ON webhook_inbox (org, available_at, id) WHERE state = 'pending';
-CREATE INDEX webhook_inbox_claimed ON webhook_inbox (lease_until) WHERE state = 'claimed';
+-- (its webhook_inbox table was replaced by intake_events in 0005_trust.sql)
 
 
 -- 0003_org_pauses.sql
@@ -150,6 +121,64 @@ CREATE TABLE poll_watermarks (
     watermark  timestamptz NOT NULL,
     updated_at timestamptz NOT NULL DEFAULT now()
 );
+
+
+-- 0005_trust.sql
+-- The CRM is the system of record: pushes are hints, every record is read back before it is
+-- routed, and owner writes are checked against the CRM's current owner.
+
+-- Every push (Salesforce Outbound Message notification, HubSpot webhook event) is committed
+-- here with its record id only, in one short transaction, and answered at once. A worker
+-- claims rows (SKIP LOCKED, under a lease so a dead worker's claim is rescued), reads the
+-- records from the CRM with no transaction open, then routes them or records why not, and
+-- marks the rows in one transaction. `event_key` makes a redelivery a no-op: the
+-- notification id (Salesforce), or portal:event:object (HubSpot, whose eventId alone is not
+-- guaranteed unique).
+CREATE TABLE intake_events (
+    id           bigserial PRIMARY KEY,
+    org          text NOT NULL,
+    source       text NOT NULL CHECK (source IN ('salesforce_outbound', 'hubspot_webhook')),
+    event_key    text NOT NULL,
+    crm_object   text NOT NULL,
+    crm_id       text NOT NULL,
+    state        text NOT NULL DEFAULT 'pending'
+                 CHECK (state IN ('pending', 'claimed', 'done', 'skipped', 'dead')),
+    attempts     integer NOT NULL DEFAULT 0,
+    available_at timestamptz NOT NULL DEFAULT now(),
+    claimed_by   text,
+    lease_until  timestamptz,
+    last_error   text,
+    received_at  timestamptz NOT NULL DEFAULT now(),
+    finished_at  timestamptz,
+    UNIQUE (org, event_key)
+);
+CREATE INDEX intake_events_pending ON intake_events (org, available_at, id)
+    WHERE state = 'pending';
+CREATE INDEX intake_events_claimed ON intake_events (lease_until) WHERE state = 'claimed';
+CREATE INDEX intake_events_finished ON intake_events (finished_at)
+    WHERE state IN ('done', 'skipped');
+
+-- Records the connector was asked to route (a push or an import) and did not, because the
+-- CRM said no: not found, another object, or already owned by a person. One row per record,
+-- with the latest reason; no outbox row and no rotation count were made for it.
+CREATE TABLE skipped_records (
+    org           text NOT NULL,
+    crm_object    text NOT NULL,
+    crm_id        text NOT NULL,
+    reason        text NOT NULL,
+    owner_found   text,
+    source        text NOT NULL,
+    times         integer NOT NULL DEFAULT 1,
+    first_seen_at timestamptz NOT NULL DEFAULT now(),
+    last_seen_at  timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (org, crm_object, crm_id)
+);
+CREATE INDEX skipped_records_seen ON skipped_records (last_seen_at);
+
+-- The owner the CRM had when a write was dropped as superseded (a person moved the record).
+ALTER TABLE outbox ADD COLUMN found_owner text;
+CREATE INDEX outbox_finished ON outbox (finished_at) WHERE state IN ('sent', 'superseded');
+CREATE INDEX leads_received ON leads (received_at);
 
 
 -- 0006_canonical_salesforce_ids.sql

@@ -16,3 +16,9 @@ ORDER BY t.name, m.position, m.crm_user_id
 
 -- name: outbox_counts
 SELECT state, count(*) AS n FROM outbox WHERE org = :org GROUP BY state
+
+-- name: skipped_counts
+SELECT reason, count(*) AS n FROM skipped_records WHERE org = :org GROUP BY reason
+
+-- name: inbox_counts
+SELECT state, count(*) AS n FROM intake_events WHERE org = :org GROUP BY state

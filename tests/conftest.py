@@ -17,6 +17,8 @@ crm:
   instance_url: https://acme.my.salesforce.com
   auth: {method: client_credentials, client_id: "${ACME_SF_ID}", client_secret: "${ACME_SF_SECRET}"}
   object: Lead
+  outbound_secrets: ["${ACME_OM_SECRET}"]
+intake_owner_ids: ["00G5g000001QueueAAA"]
 teams:
   - name: na_ae
     members:
@@ -31,7 +33,11 @@ rules:
   - {team: na_ae, when: {Country: [US, CA]}}
   - {team: row_ae}
 """
-SAMPLE_ENV = {"ACME_SF_ID": "id-123", "ACME_SF_SECRET": "s3cret-value"}
+SAMPLE_ENV = {
+    "ACME_SF_ID": "id-123",
+    "ACME_SF_SECRET": "s3cret-value",
+    "ACME_OM_SECRET": "om-url-secret-0123456789abcdef",
+}
 
 
 @pytest.fixture(scope="session")

@@ -5,10 +5,20 @@ from __future__ import annotations
 from connector.config import OrgConfig, parse_config
 from crm_adapters.sandbox import HubSpotSandbox, SalesforceSandbox
 
+SF_ORG_ID = "00D000000000062EAA"
+OUTBOUND_SECRET = "test-outbound-secret-0123456789"
+PORTAL_ID = 62515
+HS_WEBHOOK_SECRET = "hs-app-client-secret"
+
 
 def salesforce_org(
-    sf: SalesforceSandbox, reps: list[str], org: str = "sfdemo", obj: str = "Contact"
+    sf: SalesforceSandbox,
+    reps: list[str],
+    org: str = "sfdemo",
+    obj: str = "Contact",
+    intake: list[str] | None = None,
 ) -> OrgConfig:
+    """A Salesforce org on the sandbox; ``intake`` = the owners that mean "not routed yet"."""
     members = "\n".join(
         f'      - {{crm_user_id: "{r}", name: "Rep {i}"}}' for i, r in enumerate(reps)
     )
@@ -19,6 +29,9 @@ crm:
   instance_url: {sf.url}
   auth: {{method: client_credentials, client_id: "${{SF_ID}}", client_secret: "${{SF_SECRET}}"}}
   object: {obj}
+  organization_id: {SF_ORG_ID}
+  outbound_secrets: ["${{SF_OUTBOUND}}"]
+intake_owner_ids: {list(intake or [])}
 teams:
   - name: ae
     members:
@@ -26,7 +39,8 @@ teams:
 rules:
   - {{team: ae}}
 """
-    return parse_config(text, f"{org}.yaml", {"SF_ID": sf.client_id, "SF_SECRET": sf.client_secret})
+    env = {"SF_ID": sf.client_id, "SF_SECRET": sf.client_secret, "SF_OUTBOUND": OUTBOUND_SECRET}
+    return parse_config(text, f"{org}.yaml", env)
 
 
 def hubspot_org(
@@ -41,6 +55,8 @@ crm:
   auth: {{access_token: "${{HS_TOKEN}}"}}
   object: contacts
   limit_per_10s: {limit_per_10s}
+  webhook_secrets: ["${{HS_HOOK}}"]
+  portal_id: {PORTAL_ID}
 teams:
   - name: smb
     members:
@@ -48,4 +64,5 @@ teams:
 rules:
   - {{team: smb}}
 """
-    return parse_config(text, f"{org}.yaml", {"HS_TOKEN": hs.access_token})
+    env = {"HS_TOKEN": hs.access_token, "HS_HOOK": HS_WEBHOOK_SECRET}
+    return parse_config(text, f"{org}.yaml", env)

@@ -22,6 +22,8 @@ crm:
   instance_url: https://acme.my.salesforce.com
   auth: {method: session, access_token: "${ACME_TOKEN}"}
   object: Lead
+  outbound_secrets: ["${ACME_OM}"]
+intake_owner_ids: ["00G000000000001"]
 teams:
   - name: na_ae
     members:
@@ -36,6 +38,7 @@ rules:
   - {team: row_ae, when: {Country: [DE, FR, UK]}}
 """
 TOKEN = "tok-never-printed"
+OFFLINE = " (not verified against the CRM: --no-verify)"
 
 
 @pytest.fixture
@@ -45,6 +48,7 @@ def cfg_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     cfg.write_text(CONFIG, encoding="utf-8")
     monkeypatch.setenv("DATABASE_URL", "postgresql://nobody@127.0.0.1:9/none")
     monkeypatch.setenv("ACME_TOKEN", TOKEN)
+    monkeypatch.setenv("ACME_OM", "om-url-secret-0123456789abcdef")
     monkeypatch.setenv("CONNECTOR_CONFIG", str(cfg))
     monkeypatch.delenv("CONNECTOR_AUTO_MIGRATE", raising=False)
     return cfg
@@ -167,7 +171,7 @@ def test_ingest_jsonl_and_csv_with_bad_rows(
     cli_env: Path, engine: Engine, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     jl = _write_jsonl(tmp_path / "leads.jsonl")
-    code, out, err = run(capsys, "ingest", "--org", "acme", str(jl))
+    code, out, err = run(capsys, "ingest", "--no-verify", "--org", "acme", str(jl))
     assert code == 3
     assert err.splitlines() == [
         f"{jl}:3: rejected: not valid JSON (Expecting property name enclosed in double quotes)",
@@ -175,16 +179,20 @@ def test_ingest_jsonl_and_csv_with_bad_rows(
         f"{jl}:7: rejected: expected a JSON object",
         f"{jl}:10: rejected: not a Salesforce id",
     ]
-    assert out == f"{jl}: 4 new (3 assigned, 1 unassigned), 1 duplicate, 4 rejected\n"
+    assert out == (
+        f"{jl}: 4 new (3 assigned, 1 unassigned), 1 duplicate, 0 skipped, 4 rejected{OFFLINE}\n"
+    )
 
     cs = _write_csv(tmp_path / "leads.csv")
-    code, out, err = run(capsys, "ingest", str(cs))
+    code, out, err = run(capsys, "ingest", "--no-verify", str(cs))
     assert code == 3
     assert err.splitlines() == [
         f"{cs}:4: rejected: expected 3 cells, found 2",
         f"{cs}:5: rejected: missing CRM id (column 'Id')",
     ]
-    assert out == f"{cs}: 2 new (2 assigned, 0 unassigned), 0 duplicate, 2 rejected\n"
+    assert out == (
+        f"{cs}: 2 new (2 assigned, 0 unassigned), 0 duplicate, 0 skipped, 2 rejected{OFFLINE}\n"
+    )
 
     with engine.connect() as conn:
         rows = conn.execute(
@@ -207,10 +215,16 @@ def test_ingest_jsonl_and_csv_with_bad_rows(
     assert before == {"leads": 6, "assignments": 5, "outbox": 5}
 
     # the same files again: every good row is a duplicate and nothing changes
-    code, out, _ = run(capsys, "ingest", str(jl))
-    assert (code, out) == (3, f"{jl}: 0 new (0 assigned, 0 unassigned), 5 duplicate, 4 rejected\n")
-    code, out, _ = run(capsys, "ingest", str(cs))
-    assert (code, out) == (3, f"{cs}: 0 new (0 assigned, 0 unassigned), 2 duplicate, 2 rejected\n")
+    code, out, _ = run(capsys, "ingest", "--no-verify", str(jl))
+    assert (code, out) == (
+        3,
+        f"{jl}: 0 new (0 assigned, 0 unassigned), 5 duplicate, 0 skipped, 4 rejected{OFFLINE}\n",
+    )
+    code, out, _ = run(capsys, "ingest", "--no-verify", str(cs))
+    assert (code, out) == (
+        3,
+        f"{cs}: 0 new (0 assigned, 0 unassigned), 2 duplicate, 0 skipped, 2 rejected{OFFLINE}\n",
+    )
     assert table_counts(engine) == before
 
 
@@ -219,27 +233,30 @@ def test_ingest_clean_file_exits_0(
 ) -> None:
     path = tmp_path / "leads.txt"
     path.write_text('{"Id": "00Q000000000001", "Country": "US"}\n', encoding="utf-8")
-    code, _, err = run(capsys, "ingest", str(path))
+    code, _, err = run(capsys, "ingest", "--no-verify", str(path))
     assert code == 2
     assert err == (
         f"connector: {path}: cannot tell the format from the name; pass --format jsonl|csv\n"
     )
-    code, out, err = run(capsys, "ingest", "--format", "jsonl", str(path))
+    code, out, err = run(capsys, "ingest", "--no-verify", "--format", "jsonl", str(path))
     assert (code, err) == (0, "")
-    assert out == f"{path}: 1 new (1 assigned, 0 unassigned), 0 duplicate, 0 rejected\n"
+    assert out == (
+        f"{path}: 1 new (1 assigned, 0 unassigned), 0 duplicate, 0 skipped, 0 rejected{OFFLINE}\n"
+    )
 
 
 def test_ingest_missing_file(
     cfg_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, _, err = run(capsys, "ingest", str(tmp_path / "nope.csv"))
+    code, _, err = run(capsys, "ingest", "--no-verify", str(tmp_path / "nope.csv"))
     assert (code, err) == (2, f"connector: {tmp_path / 'nope.csv'}: no such file\n")
 
 
 def _check_status_shape(status: dict[str, Any]) -> None:
-    assert set(status) == {"org", "leads", "teams", "outbox"}
+    assert set(status) == {"org", "leads", "teams", "outbox", "skipped", "inbox"}
     assert set(status["leads"]) == {"total", "assigned", "unassigned"}
-    assert set(status["outbox"]) == {"pending", "sent", "dead"}
+    assert set(status["outbox"]) == {"pending", "sent", "dead", "superseded"}
+    assert set(status["inbox"]) == {"pending", "dead"}
     for team in status["teams"]:
         assert set(team) == {"name", "members"}
         for m in team["members"]:
@@ -247,7 +264,7 @@ def _check_status_shape(status: dict[str, Any]) -> None:
 
 
 def test_status_json(cli_env: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    run(capsys, "ingest", str(_write_jsonl(tmp_path / "leads.jsonl")))
+    run(capsys, "ingest", "--no-verify", str(_write_jsonl(tmp_path / "leads.jsonl")))
     code, out, err = run(capsys, "status", "--org", "acme", "--json")
     assert (code, err) == (0, "")
     status = json.loads(out)
@@ -295,7 +312,9 @@ def test_status_json(cli_env: Path, tmp_path: Path, capsys: pytest.CaptureFixtur
                 ],
             },
         ],
-        "outbox": {"pending": 3, "sent": 0, "dead": 0},
+        "skipped": {},
+        "inbox": {"pending": 0, "dead": 0},
+        "outbox": {"pending": 3, "sent": 0, "dead": 0, "superseded": 0},
     }
     code, out, _ = run(capsys, "status")
     assert code == 0 and out.startswith("org acme: 4 leads, 3 assigned, 1 unassigned\n")
@@ -320,6 +339,7 @@ def test_auto_migrate_off_refuses_an_old_schema(
     cfg.write_text(CONFIG, encoding="utf-8")
     monkeypatch.setenv("DATABASE_URL", blank_database(databases, "cli_old_schema"))
     monkeypatch.setenv("ACME_TOKEN", TOKEN)
+    monkeypatch.setenv("ACME_OM", "om-url-secret-0123456789abcdef")
     monkeypatch.setenv("CONNECTOR_AUTO_MIGRATE", "0")
     code, out, err = run(capsys, "--config", str(cfg), "status", "--json")
     assert (code, out) == (2, "")
@@ -372,7 +392,7 @@ def test_16_ingest_processes_at_once(db_url: str, engine: Engine, tmp_path: Path
         files.append(path)
     env = {**os.environ, "DATABASE_URL": db_url, "ACME_TOKEN": TOKEN, "CONNECTOR_CONFIG": str(cfg)}
     env.pop("CONNECTOR_AUTO_MIGRATE", None)
-    cmds = [[*_connector(), "ingest", "--org", "acme", str(p)] for p in files]
+    cmds = [[*_connector(), "ingest", "--no-verify", "--org", "acme", str(p)] for p in files]
 
     results = _run_all(cmds, env)
     assert [(r.returncode, r.stderr) for r in results] == [(0, "")] * FILES
@@ -414,6 +434,8 @@ crm:
   kind: salesforce
   instance_url: {url}
   auth: {{method: client_credentials, client_id: "${{SF_ID}}", client_secret: "${{{secret_var}}}"}}
+  outbound_secrets: ["${{SF_OM}}"]
+intake_owner_ids: ["00G000000000001"]
 teams:
   - name: ae
     members: [{{crm_user_id: "{owner}", name: Rep}}]
@@ -447,6 +469,7 @@ def test_check_config_online_reports_crm_errors_per_org(tmp_path: Path) -> None:
             "SF_ID": sf.client_id,
             "SF_SECRET": sf.client_secret,
             "SF_WRONG": wrong,
+            "SF_OM": "om-url-secret-0123456789abcdef",
         }
         env.pop("CONNECTOR_CONFIG", None)
         r = subprocess.run(

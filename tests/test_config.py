@@ -26,6 +26,7 @@ crm:
   kind: hubspot
   auth: {access_token: "${GLOBEX_TOKEN}"}
   webhook_secrets: ["${GLOBEX_HOOK_1}", "${GLOBEX_HOOK_2}"]
+  portal_id: 62515
 teams:
   - name: smb
     members: [{crm_user_id: "101", name: Kim}]
@@ -88,12 +89,14 @@ def test_env_ref_inside_a_longer_value() -> None:
 
 
 def test_missing_env_var_names_key_path_and_variable() -> None:
-    assert error(SAMPLE_YAML, {"ACME_SF_ID": "id-123"}) == (
+    env = {"ACME_SF_ID": "id-123", "ACME_OM_SECRET": SAMPLE_ENV["ACME_OM_SECRET"]}
+    assert error(SAMPLE_YAML, env) == (
         "acme.yaml: crm.auth.client_secret: environment variable ACME_SF_SECRET is not set"
     )
     assert error(SAMPLE_YAML, {}) == (
         "acme.yaml: crm.auth.client_id: environment variable ACME_SF_ID is not set; "
-        "crm.auth.client_secret: environment variable ACME_SF_SECRET is not set"
+        "crm.auth.client_secret: environment variable ACME_SF_SECRET is not set; "
+        "crm.outbound_secrets[0]: environment variable ACME_OM_SECRET is not set"
     )
 
 
@@ -323,3 +326,65 @@ def test_contact_parent_key() -> None:
     cfg = parse_config(SAMPLE_YAML.replace("object: Lead", "object: Contact"), "a", SAMPLE_ENV)
     assert cfg.crm.parent_key == "AccountId"
     assert parse_config(SAMPLE_YAML, "a", SAMPLE_ENV).crm.parent_key is None
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            SAMPLE_YAML.replace(
+                "  object: Lead\n", "  object: Lead\n  organization_id: 00D5g000004ABC\n", 1
+            ),
+            "crm.organization_id: not a Salesforce organization id (15 or 18 characters, 00D...)",
+        ),
+        (
+            SAMPLE_YAML.replace(
+                "  object: Lead\n", "  object: Lead\n  outbound_allow_cidrs: [10.0.0.0/33]\n", 1
+            ),
+            "crm.outbound_allow_cidrs: '10.0.0.0/33' is not an IP network (e.g. 13.108.0.0/14)",
+        ),
+        (
+            SAMPLE_YAML.replace(
+                "intake_owner_ids:", "poll: {unrouted_owner_ids: [x]}\nintake_owner_ids:", 1
+            ),
+            "poll.unrouted_owner_ids: moved: write these ids as `intake_owner_ids` at the top "
+            "level of the file (they now apply to every input path, not only the poll)",
+        ),
+        (
+            HUBSPOT_YAML.replace("  portal_id: 62515\n", ""),
+            "crm: portal_id is required with webhook_secrets: events of other portals must be "
+            "told apart and refused",
+        ),
+        (
+            SAMPLE_YAML.replace("{Country: [US, CA]}", "{Country name: [US]}", 1),
+            "rules[0].when: `when.Country name`: not a CRM field name (letters, digits and _ only)",
+        ),
+    ],
+)
+def test_trust_settings_are_validated(text: str, message: str) -> None:
+    env = {**SAMPLE_ENV, **HUBSPOT_ENV}
+    with pytest.raises(ConfigError) as err:
+        parse_config(text, "x.yaml", env)
+    assert str(err.value) == f"x.yaml: invalid configuration\n  {message}"
+
+
+def test_short_outbound_secret_is_refused_without_echoing_it() -> None:
+    env = {**SAMPLE_ENV, "ACME_OM_SECRET": "too-short"}
+    with pytest.raises(ConfigError) as err:
+        parse_config(SAMPLE_YAML, "x.yaml", env)
+    assert "too-short" not in str(err.value)
+    assert str(err.value).endswith(
+        "crm.outbound_secrets: [0]: must be 24 to 200 characters of A-Z a-z 0-9 . _ ~ - "
+        "(it is sent as a URL path segment)"
+    )
+
+
+def test_warnings_name_settings_that_route_nothing() -> None:
+    cfg = parse_config(
+        SAMPLE_YAML.replace('intake_owner_ids: ["00G5g000001QueueAAA"]\n', ""), "x.yaml", SAMPLE_ENV
+    )
+    assert cfg.warnings() == [
+        "intake_owner_ids is empty: every Salesforce record has an owner, so nothing will be "
+        "routed (list the intake queue or integration user)"
+    ]
+    assert parse_config(SAMPLE_YAML, "x.yaml", SAMPLE_ENV).warnings() == []

@@ -211,7 +211,7 @@ def test_a_long_outage_dead_letters_no_owner_write(
     defaults) is not the records' fault: every write waits it out, none is dead-lettered."""
     import threading
 
-    from connector.crm import adapter_for
+    from connector.adapters import adapter_for
     from connector.dispatch import Dispatcher
 
     sf, hs = sandboxes

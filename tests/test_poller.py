@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, text
 
+from connector.adapters import adapter_for
 from connector.config import OrgConfig
-from connector.crm import adapter_for
 from connector.poller import Poller, poll_window
 from connector.store import make_engine
 from connector.teams import apply_teams
@@ -28,14 +28,8 @@ def sf() -> Iterator[SalesforceSandbox]:
 
 
 def _cfg(sf: SalesforceSandbox, reps: list[str], intake: str) -> OrgConfig:
-    cfg = salesforce_org(sf, reps, obj="Lead")
-    return cfg.model_copy(
-        update={
-            "poll": cfg.poll.model_copy(
-                update={"unrouted_owner_ids": [intake], "overlap_seconds": 60}
-            )
-        }
-    )
+    cfg = salesforce_org(sf, reps, obj="Lead", intake=[intake])
+    return cfg.model_copy(update={"poll": cfg.poll.model_copy(update={"overlap_seconds": 60})})
 
 
 def _watermark(engine: Engine, org: str) -> datetime | None:

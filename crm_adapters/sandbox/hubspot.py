@@ -147,6 +147,15 @@ class HubSpotSandbox(SandboxServer):
             self._objects[object_type][rid] = _Obj(rid, props, ms, ms)
             return rid
 
+    def person_edit(
+        self, record_id: str, owner_id: str | None, object_type: str = "contacts"
+    ) -> None:
+        """A person changes the record's owner in the UI (bumps its modification time)."""
+        with self._lock:
+            o = self._objects[object_type][record_id]
+            o.properties["hubspot_owner_id"] = owner_id
+            o.modified_ms = self._tick()
+
     def delete_record(self, record_id: str, object_type: str = "contacts") -> None:
         """Archive a record: later batch updates report OBJECT_NOT_FOUND for it."""
         with self._lock:

@@ -247,6 +247,13 @@ class SalesforceSandbox(SandboxServer):
             self._records[rid] = _Rec(obj, f, stamp)
             return rid
 
+    def person_edit(self, record_id: str, owner_id: str | None) -> None:
+        """A person changes the record's owner in the UI (bumps SystemModstamp, no API call)."""
+        with self._lock:
+            rec = self._records[_key(record_id)]
+            rec.fields["OwnerId"] = _key(owner_id) if owner_id else None
+            rec.modstamp = self._tick()
+
     def delete_record(self, record_id: str) -> None:
         """Soft-delete (recycle bin): later writes fail with ENTITY_IS_DELETED."""
         with self._lock:

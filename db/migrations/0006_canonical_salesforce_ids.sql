@@ -117,3 +117,14 @@ WHERE crm_object IN ('Lead', 'Contact')
 
 -- One live lead per record; merged leads stay for the audit.
 CREATE UNIQUE INDEX leads_live_crm_id ON leads (org, crm_object, crm_id) WHERE merged_into IS NULL;
+
+-- Pushed events and skip records name Salesforce records the same way.
+UPDATE intake_events SET crm_id = salesforce_id_18(crm_id)
+WHERE source = 'salesforce_outbound' AND crm_id IS DISTINCT FROM salesforce_id_18(crm_id);
+DELETE FROM skipped_records s
+WHERE s.crm_object IN ('Lead', 'Contact') AND s.crm_id <> salesforce_id_18(s.crm_id)
+  AND EXISTS (SELECT 1 FROM skipped_records o
+              WHERE o.org = s.org AND o.crm_object = s.crm_object
+                AND o.crm_id = salesforce_id_18(s.crm_id));
+UPDATE skipped_records SET crm_id = salesforce_id_18(crm_id)
+WHERE crm_object IN ('Lead', 'Contact') AND crm_id <> salesforce_id_18(crm_id);

@@ -1,6 +1,9 @@
-"""Build an org's CRM adapter from its config (the connector's only way to reach a CRM)."""
+"""Build and share each org's CRM adapter (the connector's only way to reach a CRM)."""
 
 from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
 
 from connector.config import HubSpotCrm, OrgConfig
 from crm_adapters.base import CrmAdapter
@@ -9,6 +12,7 @@ from crm_adapters.salesforce import SalesforceAdapter, SalesforceSettings
 
 
 def adapter_for(cfg: OrgConfig) -> CrmAdapter:
+    """A new adapter for one org; every read returns the fields its rules need."""
     crm = cfg.crm
     if isinstance(crm, HubSpotCrm):
         return HubSpotAdapter(
@@ -17,7 +21,7 @@ def adapter_for(cfg: OrgConfig) -> CrmAdapter:
                 base_url=crm.base_url.rstrip("/"),
                 object=crm.object,
                 limit_per_10s=crm.limit_per_10s,
-                extra_properties=tuple(dict.fromkeys([*crm.fetch_properties, *cfg.poll.fields])),
+                extra_properties=tuple(cfg.read_fields),
             )
         )
     auth = {
@@ -32,6 +36,21 @@ def adapter_for(cfg: OrgConfig) -> CrmAdapter:
             object=crm.object,
             parent_field=crm.parent_field,
             api_version=crm.api_version,
-            extra_fields=tuple(cfg.poll.fields),
+            extra_fields=tuple(cfg.read_fields),
         )
     )
+
+
+class Adapters:
+    """One adapter per org, built on first use and shared by the threads of this process."""
+
+    def __init__(self, configs: Mapping[str, OrgConfig]) -> None:
+        self.configs = configs
+        self._adapters: dict[str, CrmAdapter] = {}
+        self._lock = threading.Lock()
+
+    def get(self, org: str) -> CrmAdapter:
+        with self._lock:
+            if org not in self._adapters:
+                self._adapters[org] = adapter_for(self.configs[org])
+            return self._adapters[org]

@@ -1,0 +1,313 @@
+"""The intake inbox: pushes are stored by record id, then read back from the CRM and routed.
+
+A receiver commits each delivery's record ids to ``intake_events`` in one short transaction
+and answers at once (Salesforce and HubSpot both want a fast answer, and calling the CRM inside
+a transaction is forbidden). An ``InboxWorker`` (any number, in any number of processes:
+SKIP LOCKED claims under a lease, so a dead worker's claim is rescued) then, per claim:
+
+1. drops the records that are already routed (a redelivery changes nothing),
+2. reads the others from the CRM with the org's own credentials, with no transaction open,
+   in the adapter's batches (SOQL ``Id IN`` of 200, HubSpot batch read of 100),
+3. routes the records the CRM says are unrouted, with the fields of that read, records the
+   others as skipped with the reason, and marks the events, all in one transaction.
+
+A failed read is retried with exponential backoff; after ``max_attempts`` the events are dead
+and ``connector inbox list --dead`` / ``connector inbox retry`` show and requeue them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection, Engine, TextClause, text
+from sqlalchemy.exc import SQLAlchemyError
+
+import db
+from connector.config import OrgConfig
+from connector.metrics import Metrics
+from connector.routing import Outcome, Router, RoutingError
+from connector.verify import Verdict, judge_all, readable_ids
+from crm_adapters.base import CrmAdapter
+
+log = logging.getLogger(__name__)
+
+SQL: dict[str, TextClause] = {k: text(v) for k, v in db.queries("inbox").items()}
+
+SOURCE_BY_KIND = {"salesforce": "salesforce_outbound", "hubspot": "hubspot_webhook"}
+INBOX_STATES = ("pending", "claimed", "done", "skipped", "dead")
+
+AdapterSource = Callable[[str], CrmAdapter]
+"""org name -> that org's CRM adapter (built once, shared by threads)."""
+
+
+def store_events(
+    conn: Connection,
+    cfg: OrgConfig,
+    event_keys: Sequence[str],
+    crm_ids: Sequence[str],
+) -> int:
+    """Commit-ready insert of one delivery's events; the number that were new."""
+    if not event_keys:
+        return 0
+    rows = conn.execute(
+        SQL["insert_events"],
+        {
+            "org": cfg.org,
+            "source": SOURCE_BY_KIND[cfg.crm.kind],
+            "crm_object": cfg.crm_object,
+            "event_keys": list(event_keys),
+            "crm_ids": list(crm_ids),
+        },
+    ).all()
+    return len(rows)
+
+
+def record_skips(conn: Connection, cfg: OrgConfig, source: str, skips: Sequence[Verdict]) -> None:
+    """Remember why records were not routed (latest reason per record)."""
+    if skips:
+        conn.execute(
+            SQL["record_skips"],
+            {
+                "org": cfg.org,
+                "crm_object": cfg.crm_object,
+                "source": source,
+                "crm_ids": [v.crm_id for v in skips],
+                "reasons": [v.reason or "" for v in skips],
+                "owners": [v.owner for v in skips],
+            },
+        )
+
+
+def count_outcomes(metrics: Metrics, org: str, source: str, outcomes: Sequence[Outcome]) -> None:
+    for o in outcomes:
+        metrics.leads_ingested.labels(source, o.status).inc()
+        if o.status == "assigned" and o.team:
+            metrics.assignments.labels(org, o.team).inc()
+
+
+def read_unrouted(
+    engine: Engine, cfg: OrgConfig, adapter: CrmAdapter, crm_ids: Sequence[str]
+) -> tuple[set[str], list[Verdict]]:
+    """(ids already routed, verdicts for the others from one batched CRM read).
+
+    Already-routed records are not read again: a redelivery or re-import changes nothing, and
+    our own write-back would otherwise look like a person's owner. No transaction is open
+    while the CRM is called.
+    """
+    ids = list(dict.fromkeys(crm_ids))
+    with engine.connect() as conn:
+        routed = {
+            r.crm_id
+            for r in conn.execute(
+                SQL["already_routed"],
+                {"org": cfg.org, "crm_object": cfg.crm_object, "crm_ids": ids},
+            )
+        }
+    to_check = [i for i in ids if i not in routed]
+    if not to_check:
+        return routed, []
+    wanted = readable_ids(cfg, to_check)
+    records = adapter.fetch_records(wanted, cfg.read_fields) if wanted else []
+    return routed, judge_all(cfg, to_check, records, adapter.owner_field)
+
+
+@dataclass(frozen=True)
+class InboxRow:
+    id: int
+    crm_id: str
+
+
+class InboxWorker:
+    """Drains ``intake_events``: claim (short transaction), read from the CRM (no
+    transaction), route and record (one transaction)."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        configs: Mapping[str, OrgConfig],
+        routers: Mapping[str, Router],
+        adapters: AdapterSource,
+        metrics: Metrics,
+        *,
+        batch_size: int = 200,
+        lease_seconds: float = 120.0,
+        max_attempts: int = 10,
+        base_delay: float = 1.0,
+        max_delay: float = 300.0,
+        poll_interval: float = 0.5,
+    ) -> None:
+        self.engine = engine
+        self.configs = dict(configs)
+        self.routers = routers
+        self.adapters = adapters
+        self.metrics = metrics
+        self.batch_size = batch_size
+        self.lease_seconds = lease_seconds
+        self.max_attempts = max_attempts
+        self.base_delay = base_delay
+        self.max_delay = max_delay
+        self.poll_interval = poll_interval
+        self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._run, name="inbox-worker", daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.clear()
+            try:
+                done = self.drain_once()
+            except Exception as exc:  # keep the worker alive; the lease rescues claimed rows
+                log.warning("inbox worker: %s", type(exc).__name__)
+                done = 0
+            if done == 0:
+                self._wake.wait(self.poll_interval)
+
+    def drain_once(self) -> int:
+        """Process one claim per org; the number of events handled."""
+        handled = 0
+        for org in sorted(self.configs):
+            rows = self._claim(org)
+            if rows:
+                self._process(self.configs[org], rows)
+                handled += len(rows)
+        return handled
+
+    def drain(self, rounds: int = 1000) -> int:
+        """Process until nothing is ready (tests and `--once` commands)."""
+        total = 0
+        for _ in range(rounds):
+            n = self.drain_once()
+            total += n
+            if n == 0:
+                break
+        return total
+
+    def _claim(self, org: str) -> list[InboxRow]:
+        with self.engine.begin() as conn:
+            result = conn.execute(
+                SQL["claim"],
+                {
+                    "org": org,
+                    "worker": self.worker_id,
+                    "lease_seconds": self.lease_seconds,
+                    "limit": self.batch_size,
+                },
+            ).all()
+        return [InboxRow(r.id, r.crm_id) for r in result]
+
+    def _retry_later(self, rows: list[InboxRow], error: str) -> None:
+        try:
+            with self.engine.begin() as conn:
+                conn.execute(
+                    SQL["retry_later"],
+                    {
+                        "ids": [r.id for r in rows],
+                        "worker": self.worker_id,
+                        "max_attempts": self.max_attempts,
+                        "base_delay": self.base_delay,
+                        "max_delay": self.max_delay,
+                        "error": error,
+                    },
+                )
+        except SQLAlchemyError as exc:
+            log.warning("inbox: cannot reschedule (%s); the lease will", type(exc).__name__)
+
+    def _process(self, cfg: OrgConfig, rows: list[InboxRow]) -> None:
+        source = SOURCE_BY_KIND[cfg.crm.kind]
+        try:
+            routed, checked = read_unrouted(
+                self.engine, cfg, self.adapters(cfg.org), [r.crm_id for r in rows]
+            )
+        except Exception as exc:  # a CRM or database error, or an adapter bug: retry later
+            code = str(getattr(exc, "code", "") or type(exc).__name__)[:100]
+            self.metrics.crm_errors.labels(cfg.org, code).inc()
+            log.warning("inbox: CRM read for org %s failed (%s); will retry", cfg.org, code)
+            self._retry_later(rows, f"CRM read failed: {code}")
+            return
+        if checked:
+            self.metrics.crm_calls.labels(cfg.org, "fetch_records").inc()
+        verdicts = {v.crm_id: v for v in checked}
+        leads = [v.lead for v in verdicts.values() if v.lead is not None]
+        skips = [v for v in verdicts.values() if v.reason is not None]
+        states: list[str] = []
+        notes: list[str | None] = []
+        for row in rows:
+            v = verdicts.get(row.crm_id)
+            if v is None or v.reason is None:
+                states.append("done")
+                notes.append("already routed" if v is None else None)
+            else:
+                states.append("skipped")
+                notes.append(v.reason)
+        try:
+            with self.engine.begin() as conn:
+                outcomes = self.routers[cfg.org].assign_in(conn, leads, source) if leads else []
+                record_skips(conn, cfg, source, skips)
+                conn.execute(
+                    SQL["finish"],
+                    {
+                        "ids": [r.id for r in rows],
+                        "states": states,
+                        "notes": notes,
+                        "worker": self.worker_id,
+                    },
+                )
+        except (SQLAlchemyError, RoutingError) as exc:
+            # Rolled back; back off (and dead-letter after max_attempts). If even that fails
+            # (database down), the lease expires and another claim rescues the rows.
+            log.warning("inbox: routing for org %s failed: %s", cfg.org, type(exc).__name__)
+            self._retry_later(rows, f"routing failed: {type(exc).__name__}")
+            return
+        count_outcomes(self.metrics, cfg.org, source, outcomes)
+        for v in skips:
+            self.metrics.records_skipped.labels(cfg.org, v.reason or "").inc()
+        log.info(
+            "inbox: org %s routed %s; skipped %s; %d already routed",
+            cfg.org,
+            [f"{o.crm_id}:{o.status}" for o in outcomes],
+            [f"{v.crm_id}:{v.reason}" for v in skips],
+            len(routed),
+        )
+
+
+# --- operator commands -------------------------------------------------------------------
+
+
+def list_events(engine: Engine, org: str, state: str, limit: int = 100) -> list[dict[str, Any]]:
+    with engine.connect() as conn:
+        return [
+            dict(r._mapping)
+            for r in conn.execute(SQL["list"], {"org": org, "state": state, "limit": limit})
+        ]
+
+
+def retry_dead(engine: Engine, org: str, ids: Sequence[int] | None = None) -> int:
+    """Requeue dead events (all of the org's, or the given ids); returns how many."""
+    with engine.begin() as conn:
+        return len(
+            conn.execute(SQL["retry_dead"], {"org": org, "ids": list(ids) if ids else None}).all()
+        )

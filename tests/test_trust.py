@@ -1,0 +1,433 @@
+"""The CRM is the system of record: every input is a hint, read back before routing, and an
+owner a person set is never overwritten. End to end: real Postgres, the app under uvicorn, the
+CRM simulators over real HTTP and the real client libraries inside the adapters."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from sqlalchemy import Engine, text
+
+from connector.adapters import Adapters, adapter_for
+from connector.config import OrgConfig, Rule
+from connector.dispatch import Dispatcher, finished_rows, retry_dead
+from connector.importer import ingest_file
+from connector.inbox import list_events
+from connector.inbox import retry_dead as retry_dead_events
+from connector.retention import purge
+from connector.routing import Lead, Router
+from connector.service import serve_in_thread
+from connector.signatures import sign_v3
+from connector.soap import ack_response, build_outbound_message
+from connector.status import org_status
+from connector.teams import apply_teams
+from connector.web import create_app
+from crm_adapters.sandbox import HubSpotSandbox, SalesforceSandbox
+from tests.crm_orgs import (
+    HS_WEBHOOK_SECRET,
+    OUTBOUND_SECRET,
+    PORTAL_ID,
+    SF_ORG_ID,
+    hubspot_org,
+    salesforce_org,
+)
+
+SOAP_HEADERS = {"Content-Type": "text/xml; charset=utf-8", "SOAPAction": '""'}
+
+
+@pytest.fixture
+def sf() -> Iterator[SalesforceSandbox]:
+    box = SalesforceSandbox(lock_wait_s=0.3, record_work_ms=0.2).start()
+    yield box
+    box.stop()
+
+
+@pytest.fixture
+def hs() -> Iterator[HubSpotSandbox]:
+    box = HubSpotSandbox(limit_per_10s=1000).start()
+    yield box
+    box.stop()
+
+
+class SfOrg:
+    """A Salesforce org routing Leads: reps, an intake user, and a person who owns records."""
+
+    def __init__(self, sf: SalesforceSandbox, engine: Engine) -> None:
+        self.sf = sf
+        self.reps = [sf.add_user(f"Rep {i}") for i in range(3)]
+        self.intake = sf.add_user("Lead intake")
+        self.person = sf.add_user("A person")
+        cfg = salesforce_org(sf, self.reps, org="acme", obj="Lead", intake=[self.intake])
+        us = Rule(team="ae", when={"Country": ["US", "CA"]}, name="north america")
+        self.cfg = cfg.model_copy(update={"rules": [us, *cfg.rules]})
+        apply_teams(engine, self.cfg)
+
+    def leads(self, n: int, owner: str | None) -> list[str]:
+        return [
+            self.sf.add_record("Lead", owner_id=owner, fields={"Country": "US"}) for _ in range(n)
+        ]
+
+    def owner(self, rid: str) -> str | None:
+        rec = self.sf.get_record(rid)
+        assert rec is not None
+        owner: str | None = rec["OwnerId"]
+        return owner
+
+
+def message(ids: list[str], org_id: str = SF_ORG_ID, first: int = 0) -> bytes:
+    return build_outbound_message(
+        org_id,
+        [
+            (f"04l{first + n:012d}AAA", "Lead", {"Id": rid, "Country": "FR"})
+            for n, rid in enumerate(ids)
+        ],
+    )
+
+
+def table_counts(engine: Engine) -> dict[str, int]:
+    with engine.connect() as conn:
+        return {
+            t: conn.execute(text(f"SELECT count(*) FROM {t}")).scalar_one()
+            for t in ("intake_events", "leads", "assignments", "outbox", "skipped_records")
+        }
+
+
+def rotation_total(engine: Engine) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(text("SELECT sum(assigned_in_epoch) FROM members")).scalar_one())
+
+
+def skips(engine: Engine) -> dict[str, str]:
+    with engine.connect() as conn:
+        return dict(conn.execute(text("SELECT crm_id, reason FROM skipped_records")).all())
+
+
+def running_app(engine: Engine, configs: dict[str, OrgConfig]) -> tuple[object, Adapters]:
+    adapters = Adapters(configs)
+    return create_app(engine, configs, adapters=adapters.get), adapters
+
+
+def drain_inbox(app: object) -> None:
+    worker = app.state.inbox_worker  # type: ignore[attr-defined]
+    worker.drain()
+
+
+# --- 1. authenticated Outbound Messages --------------------------------------------------
+
+
+def test_forged_outbound_message_changes_nothing(engine: Engine, sf: SalesforceSandbox) -> None:
+    """The issue's attack: a SOAP message carrying only a real OrganizationId (it is on every
+    Web-to-Lead form) used to change the owners of Leads a person owned. Without the URL
+    secret it is refused like an unknown org, and nothing is stored or written."""
+    org = SfOrg(sf, engine)
+    owned = org.leads(10, org.person)
+    app, _ = running_app(engine, {"acme": org.cfg})
+    with serve_in_thread(app) as base, httpx.Client(base_url=base, timeout=10) as client:
+        answers = [
+            client.post(path, content=message(owned), headers=SOAP_HEADERS)
+            for path in (
+                "/webhooks/salesforce/acme",
+                "/webhooks/salesforce/acme/" + "x" * len(OUTBOUND_SECRET),
+                "/webhooks/salesforce/acme/" + OUTBOUND_SECRET[:-1] + "X",
+                "/webhooks/salesforce/nobody/" + OUTBOUND_SECRET,
+            )
+        ]
+    assert {(a.status_code, a.content) for a in answers} == {(404, answers[0].content)}
+    assert b"not_found" in answers[0].content
+    drain_inbox(app)
+    dispatcher = Dispatcher(engine, "acme", adapter_for(org.cfg))
+    dispatcher.drain(timeout=10)
+    assert table_counts(engine) == dict.fromkeys(
+        ("intake_events", "leads", "assignments", "outbox", "skipped_records"), 0
+    )
+    assert all(org.owner(r) == org.person for r in owned)
+
+
+def test_invented_ids_from_an_authenticated_sender_route_nothing(
+    engine: Engine, sf: SalesforceSandbox
+) -> None:
+    """100 invented ids in one (authenticated) message used to create 100 leads, move the
+    rotation and leave 100 dead outbox rows. Read back, they are simply not found."""
+    org = SfOrg(sf, engine)
+    invented = [f"00Q5g00000Zz{i:06d}" for i in range(100)]
+    app, _ = running_app(engine, {"acme": org.cfg})
+    with serve_in_thread(app) as base, httpx.Client(base_url=base, timeout=10) as client:
+        resp = client.post(
+            f"/webhooks/salesforce/acme/{OUTBOUND_SECRET}",
+            content=message(invented),
+            headers=SOAP_HEADERS,
+        )
+    assert resp.status_code == 200 and resp.content == ack_response()
+    drain_inbox(app)
+    counts = table_counts(engine)
+    assert (counts["leads"], counts["assignments"], counts["outbox"]) == (0, 0, 0)
+    assert counts["skipped_records"] == 100
+    assert set(skips(engine).values()) == {"not_found"}
+    assert rotation_total(engine) == 0
+    assert org_status(engine, org.cfg)["skipped"] == {"not_found": 100}
+
+
+# --- 2. person-owned records on every path -----------------------------------------------
+
+
+def test_outbound_messages_route_only_what_the_crm_says_is_unrouted(
+    engine: Engine, sf: SalesforceSandbox
+) -> None:
+    org = SfOrg(sf, engine)
+    intake = org.leads(6, org.intake)
+    owned = org.leads(4, org.person)
+    contact = sf.add_record("Contact", owner_id=org.intake)
+    app, _ = running_app(engine, {"acme": org.cfg})
+    with serve_in_thread(app) as base, httpx.Client(base_url=base, timeout=10) as client:
+        ids = intake + owned
+        resp = client.post(
+            f"/webhooks/salesforce/acme/{OUTBOUND_SECRET}",
+            content=message(ids),
+            headers=SOAP_HEADERS,
+        )
+        assert resp.content == ack_response()
+        # A Contact id in a Lead message (another object): never read as a Lead.
+        body = build_outbound_message(SF_ORG_ID, [("04l000000000999AAA", "Lead", {"Id": contact})])
+        assert (
+            client.post(
+                f"/webhooks/salesforce/acme/{OUTBOUND_SECRET}", content=body, headers=SOAP_HEADERS
+            ).content
+            == ack_response()
+        )
+    drain_inbox(app)
+    Dispatcher(engine, "acme", adapter_for(org.cfg), intake_owner_ids=[org.intake]).drain(10)
+
+    with engine.connect() as conn:
+        routed = dict(
+            conn.execute(
+                text(
+                    "SELECT l.crm_id, l.fields->>'Country' FROM leads l "
+                    "JOIN assignments a ON a.lead_id = l.id"
+                )
+            ).all()
+        )
+    assert set(routed) == set(intake)
+    # The rules saw the CRM's Country (US), not the message's (FR).
+    assert set(routed.values()) == {"US"}
+    assert all(org.owner(r) in org.reps for r in intake)
+    assert all(org.owner(r) == org.person for r in owned)
+    assert skips(engine) == {**dict.fromkeys(owned, "owned"), contact: "wrong_object"}
+    assert rotation_total(engine) == len(intake)
+    status = org_status(engine, org.cfg)
+    assert status["skipped"] == {"owned": 4, "wrong_object": 1}
+    assert status["outbox"]["sent"] == len(intake)
+
+
+def hubspot_delivery(
+    client: httpx.Client, base: str, ids: list[str], first_event: int, portal: int = PORTAL_ID
+) -> httpx.Response:
+    now_ms = int(time.time() * 1000)
+    events = [
+        {
+            "eventId": first_event + i,
+            "subscriptionId": 1,
+            "portalId": portal,
+            "appId": 7,
+            "occurredAt": now_ms,
+            "subscriptionType": "contact.creation",
+            "attemptNumber": 0,
+            "objectId": int(rid),
+        }
+        for i, rid in enumerate(ids)
+    ]
+    body = json.dumps(events).encode()
+    url = f"{base}/webhooks/hubspot/hsdemo"
+    headers = {
+        "Content-Type": "application/json",
+        "X-HubSpot-Signature-v3": sign_v3(HS_WEBHOOK_SECRET, "POST", url, body, now_ms),
+        "X-HubSpot-Request-Timestamp": str(now_ms),
+    }
+    return client.post(url, content=body, headers=headers)
+
+
+def test_hubspot_creation_of_an_owned_contact_keeps_its_owner(
+    engine: Engine, hs: HubSpotSandbox
+) -> None:
+    """A contact.creation event does not mean the contact is unowned: forms, imports and
+    workflows set owners at creation."""
+    owners = [hs.add_owner(f"O{i}") for i in range(2)]
+    person = hs.add_owner("Person")
+    cfg = hubspot_org(hs, owners)
+    apply_teams(engine, cfg)
+    free = [hs.add_record("contacts") for _ in range(3)]
+    taken = [hs.add_record("contacts", owner_id=person) for _ in range(2)]
+    app, _ = running_app(engine, {"hsdemo": cfg})
+    with serve_in_thread(app) as base, httpx.Client(timeout=10) as client:
+        resp = hubspot_delivery(client, base, free + taken, 100)
+        assert resp.status_code == 200 and resp.json()["queued"] == 5
+        # Another portal's events on the same URL: refused, nothing of them stored.
+        foreign = hubspot_delivery(client, base, free, 200, portal=PORTAL_ID + 1)
+        assert (foreign.status_code, foreign.json()["error"]) == (403, "wrong_portal")
+    drain_inbox(app)
+    Dispatcher(engine, "hsdemo", adapter_for(cfg)).drain(10)
+    assert table_counts(engine)["intake_events"] == 5
+    assert skips(engine) == dict.fromkeys(taken, "owned")
+    for rid in taken:
+        rec = hs.get_record(rid)
+        assert rec is not None and rec["properties"]["hubspot_owner_id"] == person
+    for rid in free:
+        rec = hs.get_record(rid)
+        assert rec is not None and rec["properties"]["hubspot_owner_id"] in owners
+
+
+def test_import_verifies_each_batch_against_the_crm(
+    engine: Engine, sf: SalesforceSandbox, tmp_path: Path
+) -> None:
+    org = SfOrg(sf, engine)
+    intake = org.leads(5, org.intake)
+    owned = org.leads(3, org.person)
+    missing = "00Q5g00000Zz000001"
+    path = tmp_path / "backfill.jsonl"
+    rows = [{"Id": r, "Country": "DE"} for r in [*intake, *owned, missing]]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    router = Router(engine, org.cfg)
+    summary = ingest_file(router, path, "jsonl", "Id", batch_size=4, adapter=adapter_for(org.cfg))
+    assert (summary.assigned, summary.duplicate) == (5, 0)
+    assert summary.skipped == {"owned": 3, "not_found": 1}
+    assert skips(engine) == {**dict.fromkeys(owned, "owned"), missing: "not_found"}
+    with engine.connect() as conn:
+        countries = set(conn.execute(text("SELECT fields->>'Country' FROM leads")).scalars())
+    assert countries == {"US"}  # the CRM's value, not the file's
+    # A re-import changes nothing: routed leads are not read again.
+    again = ingest_file(router, path, "jsonl", "Id", adapter=adapter_for(org.cfg))
+    assert (again.new, again.duplicate) == (0, 5)
+    assert rotation_total(engine) == 5
+
+
+# --- 3. owner-safe write-back -------------------------------------------------------------
+
+
+def test_a_persons_change_between_assignment_and_write_back_is_kept(
+    engine: Engine, sf: SalesforceSandbox
+) -> None:
+    """The issue's case: the first write-back got a 503, a person then changed the owner in
+    the CRM, and the retry overwrote it while the outbox said `sent`."""
+    org = SfOrg(sf, engine)
+    rids = org.leads(3, org.intake)
+    Router(engine, org.cfg).assign_many([Lead(r, {"Country": "US"}) for r in rids], "api")
+    d = Dispatcher(
+        engine, "acme", adapter_for(org.cfg), intake_owner_ids=[org.intake], backoff_base=0.05
+    )
+    sf.inject_failures(1, 503, path_contains="composite/sobjects")
+    first = d.run_once()
+    assert (first.retried, first.sent) == (3, 0)
+
+    sf.person_edit(rids[0], org.person)  # a person takes the first Lead meanwhile
+    d.drain(timeout=10)
+    assert org.owner(rids[0]) == org.person
+    assert org.owner(rids[1]) in org.reps and org.owner(rids[2]) in org.reps
+    rows = finished_rows(engine, "acme", "superseded")
+    assert [(r["crm_id"], r["found_owner"]) for r in rows] == [(rids[0], org.person)]
+    assert org_status(engine, org.cfg)["outbox"]["superseded"] == 1
+
+
+def test_outbox_retry_goes_through_the_same_check(engine: Engine, sf: SalesforceSandbox) -> None:
+    org = SfOrg(sf, engine)
+    rids = org.leads(2, org.intake)
+    Router(engine, org.cfg).assign_many([Lead(r, {}) for r in rids], "api")
+    d = Dispatcher(engine, "acme", adapter_for(org.cfg), intake_owner_ids=[org.intake])
+    sf.poison(rids)  # a validation rule fails both writes: dead
+    assert d.drain(timeout=10).dead == 2
+    sf.clear_faults()
+    sf.person_edit(rids[0], org.person)  # days later a person took one of them
+    assert retry_dead(engine, "acme") == 2
+    stats = d.drain(timeout=10)
+    assert (stats.sent, stats.superseded) == (1, 1)
+    assert org.owner(rids[0]) == org.person
+    assert org.owner(rids[1]) in org.reps
+
+
+def test_a_record_that_already_has_our_owner_is_not_written_again(
+    engine: Engine, sf: SalesforceSandbox
+) -> None:
+    org = SfOrg(sf, engine)
+    rid = org.leads(1, org.intake)[0]
+    out = Router(engine, org.cfg).assign(Lead(rid, {}), "api")
+    sf.person_edit(rid, str(out.owner_id))  # e.g. our earlier write landed, its answer lost
+    before = sf.counters()["calls"].get("PATCH composite/sobjects", 0)
+    stats = Dispatcher(engine, "acme", adapter_for(org.cfg)).drain(timeout=10)
+    assert (stats.sent, stats.requests, stats.reads) == (1, 0, 1)
+    assert sf.counters()["calls"].get("PATCH composite/sobjects", 0) == before
+
+
+def test_one_owner_read_per_write_request(engine: Engine, sf: SalesforceSandbox) -> None:
+    org = SfOrg(sf, engine)
+    rids = org.leads(450, None)
+    Router(engine, org.cfg).assign_many([Lead(r, {}) for r in rids], "api")
+    stats = Dispatcher(engine, "acme", adapter_for(org.cfg)).drain(timeout=30)
+    assert stats.sent == 450
+    assert stats.reads == stats.requests == 3  # ceil(450 / 200) writes, one read before each
+
+
+# --- 6. operator tools ----------------------------------------------------------------------
+
+
+def test_dead_inbox_events_can_be_listed_and_retried(engine: Engine, sf: SalesforceSandbox) -> None:
+    org = SfOrg(sf, engine)
+    rid = org.leads(1, org.intake)[0]
+    app, _ = running_app(engine, {"acme": org.cfg})
+    worker = app.state.inbox_worker  # type: ignore[attr-defined]
+    worker.max_attempts = 1
+    with serve_in_thread(app) as base, httpx.Client(base_url=base, timeout=10) as client:
+        sf.inject_failures(1, 401, {"errorCode": "INVALID_AUTH_HEADER", "message": "no"})
+        worker.stop()
+        resp = client.post(
+            f"/webhooks/salesforce/acme/{OUTBOUND_SECRET}",
+            content=message([rid]),
+            headers=SOAP_HEADERS,
+        )
+        assert resp.status_code == 200
+    worker.drain()
+    dead = list_events(engine, "acme", "dead")
+    assert [(e["crm_id"], e["attempts"]) for e in dead] == [(rid, 1)]
+    assert "CRM read failed" in dead[0]["last_error"]
+    assert org_status(engine, org.cfg)["inbox"]["dead"] == 1
+    assert retry_dead_events(engine, "acme") == 1
+    worker.drain()
+    assert list_events(engine, "acme", "dead") == []
+    assert org.owner(rid) == org.intake  # routed; the dispatcher has not run
+    assert table_counts(engine)["assignments"] == 1
+
+
+def test_retention_purges_old_payloads_and_finished_rows(
+    engine: Engine, sf: SalesforceSandbox
+) -> None:
+    org = SfOrg(sf, engine)
+    rids = org.leads(4, org.intake)
+    Router(engine, org.cfg).assign_many([Lead(r, {"Email": "x@y.z"}) for r in rids], "api")
+    Dispatcher(engine, "acme", adapter_for(org.cfg), intake_owner_ids=[org.intake]).drain(10)
+    with engine.begin() as conn:  # two of them are 40 days old
+        conn.execute(
+            text(
+                "UPDATE leads SET received_at = now() - interval '40 days' WHERE crm_id = ANY(:ids)"
+            ),
+            {"ids": rids[:2]},
+        )
+        conn.execute(
+            text(
+                "UPDATE outbox SET finished_at = now() - interval '40 days' "
+                "WHERE crm_id = ANY(:ids)"
+            ),
+            {"ids": rids[:2]},
+        )
+    before = org_status(engine, org.cfg)
+    done = purge(engine, "acme", 30)
+    assert (done.fields_cleared, done.outbox_deleted, done.ran) == (2, 2, True)
+    with engine.connect() as conn:
+        kept = dict(conn.execute(text("SELECT crm_id, fields FROM leads")).all())
+    assert {r: kept[r] for r in rids[:2]} == {rids[0]: {}, rids[1]: {}}
+    assert all(kept[r] == {"Email": "x@y.z"} for r in rids[2:])
+    after = org_status(engine, org.cfg)
+    assert after["teams"] == before["teams"] and after["leads"] == before["leads"]
+    assert after["outbox"]["sent"] == 2
+    assert purge(engine, "acme", 30).fields_cleared == 0  # idempotent
