@@ -7,9 +7,11 @@ its real 100-per-10-s limit), `connector serve` (the receiver), `connector dispa
 write-back), and this load generator. The generator is open-loop: request i is due at
 t0 + i / rate and its latency is measured from that due time, so a slow server cannot hide
 its queueing (no coordinated omission). Each request is one signed webhook with one
-contact.creation event, i.e. one new lead. Lead-to-CRM is measured from the due time to the
-moment the sandbox accepted the owner write (outbox.finished_at). Writes
-bench/results/webhook.json.
+contact.creation event, i.e. one new lead. The receiver stores the event and acks; its inbox
+worker reads the contact back from the sandbox (batch read) and routes it; the dispatcher reads
+the current owners again and writes. Lead-to-CRM is measured from the due time to the moment
+the sandbox accepted the owner write (outbox.finished_at). Each `serve` process gets its own
+admin port (/healthz, readiness). Writes bench/results/webhook.json.
 """
 
 from __future__ import annotations
@@ -213,14 +215,25 @@ def main() -> None:
         ).json()
         (tmp / "bench.yaml").write_text(config_yaml(sandbox, seeded["owners"]))
         ports = [free_port() for _ in range(args.receivers)]
-        for port in ports:
+        admin_ports = [free_port() for _ in range(args.receivers)]
+        for port, admin in zip(ports, admin_ports, strict=True):
             procs.append(
                 subprocess.Popen(
-                    [*cli, "--config", str(tmp), "serve", "--port", str(port)], env=env
+                    [
+                        *cli,
+                        "--config",
+                        str(tmp),
+                        "serve",
+                        "--port",
+                        str(port),
+                        "--admin-port",
+                        str(admin),
+                    ],
+                    env=env,
                 )
             )
-        for port in ports:
-            wait_http(f"http://127.0.0.1:{port}/healthz")
+        for admin in admin_ports:
+            wait_http(f"http://127.0.0.1:{admin}/healthz")
         procs.append(
             subprocess.Popen(
                 [*cli, "--config", str(tmp), "dispatch", "--concurrency", "2"], env=env
@@ -239,8 +252,13 @@ def main() -> None:
                 deadline = time.time() + 60
                 while time.time() < deadline:
                     with engine.connect() as conn:
+                        # events not yet read back and routed, then owner writes not yet sent
                         left = conn.execute(
-                            text("SELECT count(*) FROM outbox WHERE state IN ('pending','claimed')")
+                            text(
+                                "SELECT (SELECT count(*) FROM intake_events "
+                                "WHERE state IN ('pending','claimed')) + (SELECT count(*) "
+                                "FROM outbox WHERE state IN ('pending','claimed'))"
+                            )
                         ).scalar_one()
                     if left == 0:
                         break
@@ -256,7 +274,18 @@ def main() -> None:
                             {"ids": chunk},
                         ).all()
                     )
+                    # when the inbox worker had read the record back and routed it
+                    routed: dict[str, Any] = dict(
+                        conn.execute(
+                            text(
+                                "SELECT crm_id, extract(epoch FROM finished_at) FROM intake_events "
+                                "WHERE state = 'done' AND crm_id = ANY(:ids)"
+                            ),
+                            {"ids": chunk},
+                        ).all()
+                    )
                 l2c = [(float(finished[i]) - res["due"][i]) * 1000 for i in chunk if i in finished]
+                l2r = [(float(routed[i]) - res["due"][i]) * 1000 for i in chunk if i in routed]
                 row = {
                     "target_rps": rate,
                     "seconds": seconds,
@@ -266,6 +295,8 @@ def main() -> None:
                     "ack_p99_ms": round(pct(res["ack_ms"], 99), 1),
                     "errors": len(res["errors"]),
                     "written_back": len(finished),
+                    "routed_p50_ms": round(pct(l2r, 50), 1),
+                    "routed_p99_ms": round(pct(l2r, 99), 1),
                     "lead_to_crm_p50_ms": round(pct(l2c, 50), 1),
                     "lead_to_crm_p99_ms": round(pct(l2c, 99), 1),
                 }
@@ -273,7 +304,9 @@ def main() -> None:
                 print(
                     f"{rate:>4} req/s x {seconds} s: achieved {row['achieved_rps']:>6}/s  "
                     f"ACK p50 {row['ack_p50_ms']:>6} ms p99 {row['ack_p99_ms']:>7} ms  "
-                    f"errors {row['errors']}  lead-to-CRM p50 {row['lead_to_crm_p50_ms']} ms "
+                    f"errors {row['errors']}  routed p50 {row['routed_p50_ms']} ms "
+                    f"p99 {row['routed_p99_ms']} ms  "
+                    f"lead-to-CRM p50 {row['lead_to_crm_p50_ms']} ms "
                     f"p99 {row['lead_to_crm_p99_ms']} ms  ({row['written_back']}/"
                     f"{len(chunk)} written back)",
                     flush=True,

@@ -5,7 +5,8 @@
 Salesforce: N Contacts over 50 Accounts, one Account holding 30% of them, on the Salesforce
 sandbox with its lock model (lock wait scaled down from 10 s to LOCK_WAIT_S so a run takes
 seconds). Naive: 16 threads, one PATCH per record, up to 3 retries on UNABLE_TO_LOCK_ROW.
-Dispatcher: the leads are assigned in Postgres, then 4 dispatchers drain the outbox.
+Dispatcher: the leads are assigned in Postgres, then 2 dispatchers drain the outbox; each
+write request is preceded by one read of its records' current owners (DispatchStats.reads).
 HubSpot: the same Contacts on the HubSpot sandbox under its 100-per-10-s limit; naive sends
 one-record batch updates from 16 threads (bounded by a time budget), the dispatcher sends
 100-record batches. Writes bench/results/writeback.json.
@@ -78,7 +79,9 @@ def drain(engine: Any, cfg: Any, dispatchers: int) -> tuple[float, DispatchStats
     lock = threading.Lock()
 
     def one() -> None:
-        s = Dispatcher(engine, cfg.org, adapter_for(cfg)).drain(timeout=900)
+        s = Dispatcher(
+            engine, cfg.org, adapter_for(cfg), intake_owner_ids=cfg.intake_owner_ids
+        ).drain(timeout=900)
         with lock:
             total.add(s)
 
@@ -166,13 +169,22 @@ def salesforce(factory: DatabaseFactory, n: int) -> dict[str, Any]:
                 ],
                 "import",
             )
-        calls_before = sf.counters()["total_calls"]
+        before = sf.counters()
+        calls_before = before["total_calls"]
         seconds, d = drain(engine, cfg, DISPATCHERS)
         c = sf.counters()
+        by_endpoint = {
+            k: v - before["calls"].get(k, 0)
+            for k, v in c["calls"].items()
+            if v - before["calls"].get(k, 0)
+        }
         wrong = sum(1 for rid in ids if not sf.get_record(rid)["OwnerId"])  # type: ignore[index]
         out["dispatcher"] = {
             "calls": c["total_calls"] - calls_before,
+            "calls_by_endpoint": by_endpoint,
             "write_requests": d.requests,
+            "owner_reads": d.reads,
+            "superseded": d.superseded,
             "lock_errors": c.get("lock_errors", 0),
             "retried": d.retried,
             "dead": d.dead,
@@ -184,7 +196,8 @@ def salesforce(factory: DatabaseFactory, n: int) -> dict[str, Any]:
         engine.dispose()
         print(
             f"salesforce dispatcher {n} records: {d.requests} write requests "
-            f"(minimum {math.ceil(n / 200)}), {c.get('lock_errors', 0)} lock errors, "
+            f"(minimum {math.ceil(n / 200)}), {d.reads} owner reads, "
+            f"{c['total_calls'] - calls_before} CRM calls, {c.get('lock_errors', 0)} lock errors, "
             f"{d.retried} retries, {d.dead} dead, {seconds:.1f} s",
             flush=True,
         )
@@ -254,9 +267,13 @@ def hubspot(factory: DatabaseFactory, n: int, naive_budget_s: float) -> dict[str
         seconds, d = drain(engine, cfg, DISPATCHERS)
         c = hs.counters()
         requests_needed = math.ceil(n / 100)
-        windows = math.ceil(requests_needed / 100) - 1
+        # each write request is preceded by one owner read: 2 calls per 100 records
+        windows = math.ceil(2 * requests_needed / 100) - 1
         out["dispatcher"] = {
+            "calls_by_endpoint": c["calls"],
             "write_requests": d.requests,
+            "owner_reads": d.reads,
+            "superseded": d.superseded,
             "429": c.get("rate_limited", 0),
             "dead": d.dead,
             "sent": d.sent,
@@ -267,7 +284,8 @@ def hubspot(factory: DatabaseFactory, n: int, naive_budget_s: float) -> dict[str
         engine.dispose()
         print(
             f"hubspot dispatcher    {n} records: {d.requests} write requests "
-            f"(minimum {requests_needed}), {c.get('rate_limited', 0)} x 429, {d.dead} dead, "
+            f"(minimum {requests_needed}), {d.reads} owner reads, "
+            f"{c.get('rate_limited', 0)} x 429, {d.dead} dead, "
             f"{seconds:.1f} s (theoretical minimum {windows * 10.0:.0f} s + request time)",
             flush=True,
         )

@@ -150,7 +150,8 @@ def send_soap(
     client: httpx.Client, url: str, batch: list[tuple[str, dict[str, str]]], sent: Sent, n: int
 ) -> None:
     body = build_outbound_message(
-        SF_ORG_ID, [(f"04l{n:012d}AAA", "Lead", {"Id": rid, **f}) for rid, f in batch]
+        SF_ORG_ID,
+        [(f"04l{n:010d}{i:02d}AAA", "Lead", {"Id": rid, **f}) for i, (rid, f) in enumerate(batch)],
     )
     t0 = time.time()
     r = client.post(

@@ -291,7 +291,9 @@ class _App:
             record_id = salesforce_record_id(n.sobject_id)
             if record_id is None:
                 raise ApiError(400, "invalid_lead", f"Notification {i}: not a Salesforce id")
-            keys.append(n.notification_id)
+            # A redelivery repeats both; a notification id reused for another record (a buggy
+            # or hostile sender) cannot hide that record.
+            keys.append(f"{n.notification_id}:{record_id}")
             ids.append(record_id)
 
         def store() -> int:

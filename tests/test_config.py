@@ -57,7 +57,7 @@ def test_readme_sample_parses() -> None:
 
 
 def test_example_configs_parse() -> None:
-    env = {name: "x" for name in re.findall(r"\$\{(\w+)\}", _examples_text())}
+    env = {name: "x" * 32 for name in re.findall(r"\$\{(\w+)\}", _examples_text())}
     configs = load_configs(README.parent / "config", env)
     assert configs and all(isinstance(c, OrgConfig) for c in configs.values())
 

@@ -246,7 +246,7 @@ def test_salesforce_message_is_stored_as_hints_then_acked(
         {
             "org": "acme",
             "source": "salesforce_outbound",
-            "event_key": f"04l5g00000AbCd000{n}",
+            "event_key": f"04l5g00000AbCd000{n}:{canonical}",
             "crm_object": "Lead",
             "crm_id": canonical,
             "state": "pending",
@@ -265,7 +265,7 @@ def test_salesforce_message_is_stored_as_hints_then_acked(
     upper = post_sf(client, sf_message(ids=["00Q5G00000LM001EAB"], first=9))
     assert upper.content == ack_response()
     rows = {r["event_key"]: r["crm_id"] for r in intake_rows(engine)}
-    assert rows["04l5g00000AbCd0009"] == "00Q5g00000Lm001EAB"
+    assert rows["04l5g00000AbCd0009:00Q5g00000Lm001EAB"] == "00Q5g00000Lm001EAB"
     assert counts(engine) == stored(intake_events=4)
 
 
