@@ -142,6 +142,7 @@ class InboxWorker:
         base_delay: float = 1.0,
         max_delay: float = 300.0,
         poll_interval: float = 0.5,
+        linger_seconds: float = 0.2,
     ) -> None:
         self.engine = engine
         self.configs = dict(configs)
@@ -154,6 +155,9 @@ class InboxWorker:
         self.base_delay = base_delay
         self.max_delay = max_delay
         self.poll_interval = poll_interval
+        # After a wake-up, let more events arrive so one CRM read covers many (HubSpot's
+        # budget counts calls: one read per delivery at 100 req/s would exhaust it).
+        self.linger_seconds = linger_seconds
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -178,6 +182,8 @@ class InboxWorker:
     def _run(self) -> None:
         while not self._stop.is_set():
             self._wake.clear()
+            if self.linger_seconds > 0:
+                self._stop.wait(self.linger_seconds)
             try:
                 done = self.drain_once()
             except Exception as exc:  # keep the worker alive; the lease rescues claimed rows

@@ -205,6 +205,7 @@ class Proc:
     env: dict[str, str] = field(repr=False)
     log_dir: Path = field(repr=False)
     port: int | None = None
+    admin_port: int | None = None
     proc: subprocess.Popen[bytes] | None = None
     starts: int = 0
     started_at: float = 0.0
@@ -213,6 +214,11 @@ class Proc:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def admin_url(self) -> str:
+        """Where /healthz and /metrics are (the admin listener)."""
+        return f"http://127.0.0.1:{self.admin_port}"
 
     def start(self) -> Proc:
         self.starts += 1
@@ -261,7 +267,7 @@ class Proc:
             if not self.alive():
                 raise AssertionError(f"{self.name} exited: {self.tail()}")
             try:
-                if httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200:
+                if httpx.get(f"{self.admin_url}/healthz", timeout=2).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
@@ -291,17 +297,31 @@ def service(
     name: str, command: str, config_dir: Path, env: dict[str, str], log_dir: Path, *extra: str
 ) -> Proc:
     """A `connector serve|run` process on a free port (not started)."""
-    port = free_port()
-    args = ["--config", str(config_dir), command, "--port", str(port), *extra]
-    return Proc(name, args, env, log_dir, port=port)
+    port, admin = free_port(), free_port()
+    args = [
+        "--config",
+        str(config_dir),
+        command,
+        "--port",
+        str(port),
+        "--admin-port",
+        str(admin),
+        *extra,
+    ]
+    return Proc(name, args, env, log_dir, port=port, admin_port=admin)
 
 
 # --- senders --------------------------------------------------------------------------------
 
 
+# The demo org's Outbound Message endpoint, with its URL secret.
+SF_PATH = f"/webhooks/salesforce/demo-sf/{ENV['DEMO_SF_OUTBOUND_SECRET']}"
+
+
 def soap_body(batch: Sequence[tuple[str, dict[str, str]]], n: int) -> bytes:
     return build_outbound_message(
-        SF_ORG_ID, [(f"04l{n:012d}AAA", "Lead", {"Id": rid, **f}) for rid, f in batch]
+        SF_ORG_ID,
+        [(f"04l{n:010d}{i:02d}AAA", "Lead", {"Id": rid, **f}) for i, (rid, f) in enumerate(batch)],
     )
 
 
@@ -486,7 +506,7 @@ def wait_drained(
                 text(
                     "SELECT (SELECT count(*) FROM leads), (SELECT count(*) FROM assignments), "
                     "(SELECT count(*) FROM outbox WHERE state IN ('pending', 'claimed')), "
-                    "(SELECT count(*) FROM webhook_inbox WHERE state IN ('pending', 'claimed'))"
+                    "(SELECT count(*) FROM intake_events WHERE state IN ('pending', 'claimed'))"
                 )
             ).one()
         if (

@@ -39,6 +39,7 @@ rules:
 """
 TOKEN = "tok-never-printed"
 OFFLINE = " (not verified against the CRM: --no-verify)"
+OM = "om-url-secret-0123456789abcdef"
 
 
 @pytest.fixture
@@ -390,7 +391,13 @@ def test_16_ingest_processes_at_once(db_url: str, engine: Engine, tmp_path: Path
             body = "Id,Country\n" + "".join(f"{x},US\n" for x in ids)
         path.write_text(body, encoding="utf-8")
         files.append(path)
-    env = {**os.environ, "DATABASE_URL": db_url, "ACME_TOKEN": TOKEN, "CONNECTOR_CONFIG": str(cfg)}
+    env = {
+        **os.environ,
+        "DATABASE_URL": db_url,
+        "ACME_TOKEN": TOKEN,
+        "ACME_OM": OM,
+        "CONNECTOR_CONFIG": str(cfg),
+    }
     env.pop("CONNECTOR_AUTO_MIGRATE", None)
     cmds = [[*_connector(), "ingest", "--no-verify", "--org", "acme", str(p)] for p in files]
 
@@ -409,7 +416,7 @@ def test_16_ingest_processes_at_once(db_url: str, engine: Engine, tmp_path: Path
 
     first = status()
     assert first["leads"] == {"total": LEADS, "assigned": LEADS, "unassigned": 0}
-    assert first["outbox"] == {"pending": LEADS, "sent": 0, "dead": 0}
+    assert first["outbox"] == {"pending": LEADS, "sent": 0, "dead": 0, "superseded": 0}
     got = [m["assigned"] for m in first["teams"][0]["members"]]
     assert len(got) == REPS and sum(got) == LEADS
     assert max(got) - min(got) <= 1, got

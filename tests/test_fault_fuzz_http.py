@@ -90,7 +90,7 @@ def _stored(engine: Engine) -> int:
     with engine.connect() as conn:
         return int(
             conn.execute(
-                text("SELECT (SELECT count(*) FROM leads) + (SELECT count(*) FROM webhook_inbox)")
+                text("SELECT (SELECT count(*) FROM leads) + (SELECT count(*) FROM intake_events)")
             ).scalar_one()
         )
 
@@ -104,7 +104,7 @@ def _check_storage(engine: Engine, r: httpx.Response) -> None:
         return
     FIGURES["accepted_as_valid"] += 1
     with engine.begin() as conn:
-        conn.execute(text("TRUNCATE outbox, assignments, leads, webhook_inbox"))
+        conn.execute(text("TRUNCATE outbox, assignments, leads, intake_events, skipped_records"))
         conn.execute(text("UPDATE members SET assigned_in_epoch = 0"))
 
 
@@ -175,7 +175,10 @@ def test_salesforce_endpoint_answers_clean_4xx(
     proc, engine = running
     headers = {"Content-Type": ctype} if ctype else {}
     r = httpx.post(
-        f"{proc.url}/webhooks/salesforce/{org}", content=body, headers=headers, timeout=30
+        f"{proc.url}/webhooks/salesforce/{org}/{ENV['DEMO_SF_OUTBOUND_SECRET']}",
+        content=body,
+        headers=headers,
+        timeout=30,
     )
     _assert_clean(r, "sf")
     _check_storage(engine, r)

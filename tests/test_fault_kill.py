@@ -26,6 +26,7 @@ from sqlalchemy import Engine
 from connector.config import load_configs
 from connector.demo import ENV, hubspot_yaml, salesforce_yaml
 from tests.fault_helpers import (
+    SF_PATH,
     Delivery,
     Proc,
     RecordingHubSpot,
@@ -101,7 +102,7 @@ def test_kill9_every_200ms_loses_nothing(
             (rid, {"Country": str(sf.get_record(rid)["Country"]), "Email": lead_email(rid)})  # type: ignore[index]
             for rid in ids
         ]
-        deliveries.append(Delivery("sf", "/webhooks/salesforce/demo-sf", soap_body(batch, n), ids))
+        deliveries.append(Delivery("sf", SF_PATH, soap_body(batch, n), ids))
     for n, i in enumerate(range(0, len(hs_ids), HS_BATCH)):
         ids = hs_ids[i : i + HS_BATCH]
         body = hubspot_events(ids, 10_000 + n * HS_BATCH)

@@ -28,6 +28,7 @@ from connector.config import load_configs
 from connector.demo import ENV, hubspot_yaml, salesforce_yaml
 from connector.store import make_engine, migrate, sqlalchemy_url
 from tests.fault_helpers import (
+    SF_PATH,
     Delivery,
     RecordingHubSpot,
     RecordingSalesforce,
@@ -132,9 +133,7 @@ def test_postgres_crash_at_one_third_and_one_half(
                 (r, {"Country": str(sf.get_record(r)["Country"]), "Email": lead_email(r)})  # type: ignore[index]
                 for r in ids
             ]
-            deliveries.append(
-                Delivery("sf", "/webhooks/salesforce/demo-sf", soap_body(batch, n), ids)
-            )
+            deliveries.append(Delivery("sf", SF_PATH, soap_body(batch, n), ids))
         for n, i in enumerate(range(0, HS_LEADS, 8)):
             ids = hs_ids[i : i + 8]
             deliveries.append(
@@ -178,7 +177,7 @@ def test_postgres_crash_at_one_third_and_one_half(
                 deadline = started + RECONNECT_LIMIT_S
                 while time.monotonic() < deadline:
                     try:
-                        if httpx.get(f"{p.url}/healthz", timeout=2).status_code == 200:
+                        if httpx.get(f"{p.admin_url}/healthz", timeout=2).status_code == 200:
                             break
                     except httpx.HTTPError:
                         pass

@@ -20,6 +20,7 @@ from sqlalchemy import Engine, text
 from connector.demo import hubspot_yaml, salesforce_yaml
 from crm_adapters.sandbox import HubSpotSandbox, SalesforceSandbox
 from tests.fault_helpers import (
+    SF_PATH,
     connector_env,
     hubspot_events,
     lead_email,
@@ -65,7 +66,7 @@ def test_every_event_five_times_gives_exactly_one_lead_each(
         events: list[tuple[str, str, bytes]] = []
         for n, rid in enumerate(sf_ids):
             fields = {"Country": str(sf.get_record(rid)["Country"]), "Email": lead_email(rid)}  # type: ignore[index]
-            events.append(("sf", "/webhooks/salesforce/demo-sf", soap_body([(rid, fields)], n)))
+            events.append(("sf", SF_PATH, soap_body([(rid, fields)], n)))
         for n, rid in enumerate(hs_ids):
             events.append(("hs", "/webhooks/hubspot/demo-hs", hubspot_events([rid], 50_000 + n)))
 
@@ -102,7 +103,7 @@ def test_every_event_five_times_gives_exactly_one_lead_each(
             leads, assignments, outbox, inbox = conn.execute(
                 text(
                     "SELECT (SELECT count(*) FROM leads), (SELECT count(*) FROM assignments), "
-                    "(SELECT count(*) FROM outbox), (SELECT count(*) FROM webhook_inbox)"
+                    "(SELECT count(*) FROM outbox), (SELECT count(*) FROM intake_events)"
                 )
             ).one()
         figures = {

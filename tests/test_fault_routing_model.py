@@ -68,8 +68,8 @@ def make_machine(engine: Engine) -> type[RuleBasedStateMachine]:
             with engine.begin() as conn:
                 conn.execute(
                     text(
-                        "TRUNCATE outbox, assignments, leads, members, teams, webhook_inbox "
-                        "RESTART IDENTITY CASCADE"
+                        "TRUNCATE outbox, assignments, leads, members, teams, intake_events, "
+                        "skipped_records RESTART IDENTITY CASCADE"
                     )
                 )
             self.teams = {

@@ -21,6 +21,7 @@ from connector.routing import Lead, Router
 from connector.teams import apply_teams
 from tests.fault_helpers import (
     SCANNED_LOGS,
+    SF_PATH,
     RecordingHubSpot,
     RecordingSalesforce,
     connector_env,
@@ -72,11 +73,9 @@ def test_failure_paths_log_no_email_and_no_secret(
                 base = p.url
                 for n, rid in enumerate(ids):
                     fields = {"Country": "US", "Email": lead_email(rid), "Phone": "+1 555 0100"}
-                    post_soap(
-                        client, f"{base}/webhooks/salesforce/demo-sf", soap_body([(rid, fields)], n)
-                    )
+                    post_soap(client, f"{base}{SF_PATH}", soap_body([(rid, fields)], n))
                 bad_id = soap_body([("not-an-id@example.com", {"Email": "jane@example.org"})], 99)
-                post_soap(client, f"{base}/webhooks/salesforce/demo-sf", bad_id)
+                post_soap(client, f"{base}{SF_PATH}", bad_id)
                 post_hubspot(client, f"{base}/webhooks/hubspot/demo-hs", hubspot_events(["101"], 1))
                 client.post(
                     f"{base}/webhooks/hubspot/demo-hs",

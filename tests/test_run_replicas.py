@@ -90,6 +90,7 @@ def test_three_replicas_share_the_work_and_keep_the_guarantees(
     ]
     env = {**os.environ, **ENV, "DATABASE_URL": db_url, "CONNECTOR_LOG_LEVEL": "WARNING"}
     ports = [_free_port() for _ in range(3)]
+    admin_ports = [_free_port() for _ in range(3)]
     logs = [open(tmp_path / f"replica{i}.log", "wb") for i in range(3)]  # noqa: SIM115
     procs = [
         subprocess.Popen(
@@ -102,6 +103,8 @@ def test_three_replicas_share_the_work_and_keep_the_guarantees(
                 "run",
                 "--port",
                 str(p),
+                "--admin-port",
+                str(admin_ports[i]),
             ],
             env=env,
             stdout=logs[i],
@@ -111,8 +114,8 @@ def test_three_replicas_share_the_work_and_keep_the_guarantees(
     ]
     try:
         urls = [f"http://127.0.0.1:{p}" for p in ports]
-        for url, proc in zip(urls, procs, strict=True):
-            _wait_healthy(url, proc)
+        for admin, proc in zip(admin_ports, procs, strict=True):
+            _wait_healthy(f"http://127.0.0.1:{admin}", proc)
         pushed = sf_ids[:240]
         sf_batches = [
             [
@@ -130,7 +133,12 @@ def test_three_replicas_share_the_work_and_keep_the_guarantees(
                 for n, batch in enumerate(sf_batches):
                     url = urls[(n + rep) % 3]
                     pool.submit(
-                        send_soap, client, f"{url}/webhooks/salesforce/demo-sf", batch, sent, n
+                        send_soap,
+                        client,
+                        f"{url}/webhooks/salesforce/demo-sf/{ENV['DEMO_SF_OUTBOUND_SECRET']}",
+                        batch,
+                        sent,
+                        n,
                     )
                 for n, ids in enumerate(hs_batches):
                     url = urls[(n + rep) % 3]
@@ -159,7 +167,12 @@ def test_three_replicas_share_the_work_and_keep_the_guarantees(
         assert double == 0
         for org in ("demo-sf", "demo-hs"):
             status = org_status(engine, configs[org])
-            assert status["outbox"] == {"pending": 0, "sent": status["leads"]["total"], "dead": 0}
+            assert status["outbox"] == {
+                "pending": 0,
+                "sent": status["leads"]["total"],
+                "dead": 0,
+                "superseded": 0,
+            }
             for team in status["teams"]:
                 counts = [m["assigned"] for m in team["members"]]
                 weights = [m["weight"] for m in team["members"]]
