@@ -424,12 +424,13 @@ class SalesforceAdapter:
         return outcomes
 
     # ----------------------------------------------------------------- reads
-    def _fields(self, extra: Sequence[str]) -> list[str]:
+    def _fields(self, extra: Sequence[str], configured: bool = True) -> list[str]:
         wanted = ["Id", "OwnerId", "SystemModstamp"]
         pf = self.settings.effective_parent_field
         if pf:
             wanted.append(pf)
-        wanted.extend(self.settings.extra_fields)
+        if configured:
+            wanted.extend(self.settings.extra_fields)
         for f in extra:
             if not _FIELD_RE.match(f):
                 raise ValueError(f"invalid field name {f!r}")
@@ -484,7 +485,9 @@ class SalesforceAdapter:
 
         Ids may be given in either form; a record answers for both (the API sends 18).
         """
-        cols = self._fields(fields)
+        # Only what the caller asks for (plus id, owner, parent): an owner check before a
+        # write must not fail on a rule field the org no longer has.
+        cols = self._fields(fields, configured=False)
         valid = [i for i in dict.fromkeys(ids) if is_id(i)]
         found: dict[str, CrmRecord] = {}
         for i in range(0, len(valid), _IN_CHUNK):

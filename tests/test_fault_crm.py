@@ -223,7 +223,7 @@ def test_a_long_outage_dead_letters_no_owner_write(
     (config_dir / "sf.yaml").write_text(salesforce_yaml(sf, reps, intake))
     (config_dir / "hs.yaml").write_text(hubspot_yaml(hs, owners))
     configs = load_configs(config_dir, env=ENV)
-    sf_ids = [sf.add_record("Lead", owner_id=intake) for _ in range(200)]
+    sf_ids = [sf.add_record("Lead", owner_id=intake, fields={"Country": "x"}) for _ in range(200)]
     hs_ids = [hs.add_record("contacts") for _ in range(200)]
     for cfg, ids, field in (
         (configs["demo-sf"], sf_ids, "Country"),
@@ -238,7 +238,12 @@ def test_a_long_outage_dead_letters_no_owner_write(
     threads = [
         threading.Thread(
             target=Dispatcher(
-                engine, org, adapter_for(cfg), backoff_base=0.01, backoff_cap=0.3
+                engine,
+                org,
+                adapter_for(cfg),
+                backoff_base=0.01,
+                backoff_cap=0.3,
+                intake_owner_ids=cfg.intake_owner_ids,
             ).run_forever,
             args=(stop,),
             kwargs={"poll_interval": 0.02},
