@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -20,8 +21,11 @@ def test_demo_runs_end_to_end_and_every_guarantee_holds() -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
     assert "FAILED" not in out
-    assert out.count("[ok]") == 5
+    assert out.count("[ok]") == 7
     assert "org demo-sf (salesforce): 200 of 200 leads assigned" in out
     assert "org demo-hs (hubspot): 120 of 120 leads assigned" in out
-    assert "'poll': 40" in out  # the leads that were never pushed were found by the poll
+    # The 40 leads never pushed are found by the poll (it may also reach pushed ones first:
+    # either path routes a record once).
+    poll = re.search(r"'poll': (\d+)", out)
+    assert poll is not None and int(poll.group(1)) >= 40
     assert "PATCH composite/sobjects" in out and "contacts/batch/update" in out
