@@ -243,7 +243,9 @@ def main() -> None:
         engine = make_engine(db_url)
         ids: list[str] = seeded["records"]
         offset = 0
-        limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
+        limits = httpx.Limits(
+            max_connections=64, max_keepalive_connections=64, keepalive_expiry=2.0
+        )
         with httpx.Client(timeout=30, limits=limits) as client:
             for rate in rates:
                 chunk = ids[offset : offset + int(rate * seconds)]

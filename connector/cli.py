@@ -128,7 +128,6 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         fmt,
         id_field,
         batch_size=args.batch_size,
-        salesforce_ids=cfg.crm.kind == "salesforce",
         adapter=adapter,
     )
     for r in summary.rejected:
@@ -373,8 +372,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--no-verify",
         action="store_true",
-        help="route the file's rows as they are, without reading each record from the CRM "
-        "(offline backfills only: a person's owner is then not protected)",
+        help="route the file's rows with the file's fields, without reading each record "
+        "from the CRM first (offline backfills; person-owned records then take rotation "
+        "turns, though the write-back still never overwrites a person's owner)",
     )
     s.add_argument("file")
     s.set_defaults(func=cmd_ingest)

@@ -25,6 +25,8 @@ from pydantic import (
     model_validator,
 )
 
+from crm_adapters.salesforce_ids import is_id as is_salesforce_id
+
 ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 ORG_NAME = r"^[a-z0-9][a-z0-9_-]{0,62}$"
 # scheme://user[:password]@ at the start of a database URL
@@ -142,7 +144,7 @@ class SalesforceCrm(_Model):
     @field_validator("organization_id")
     @classmethod
     def _org_id(cls, value: str | None) -> str | None:
-        if value is not None and not re.fullmatch(r"00D[A-Za-z0-9]{12}([A-Za-z0-9]{3})?", value):
+        if value is not None and not (value.startswith("00D") and is_salesforce_id(value)):
             raise ValueError("not a Salesforce organization id (15 or 18 characters, 00D...)")
         return value
 

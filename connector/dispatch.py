@@ -142,9 +142,9 @@ class Dispatcher:
         max_attempts: int = 8,
         backoff_base: float = 0.5,
         backoff_cap: float = 60.0,
+        intake_owner_ids: Sequence[str],
         auth_pause_seconds: float = 60.0,
         linger_seconds: float = 0.5,
-        intake_owner_ids: Sequence[str] = (),
     ) -> None:
         self.engine = engine
         self.org = org
@@ -364,47 +364,35 @@ class Dispatcher:
         return delay
 
     def _record(self, token: str, finish: _Finish, stats: DispatchStats) -> None:
-        with self.engine.begin() as conn:
-            applied = 0
-            if finish.sent:
-                applied += len(
-                    conn.execute(_SQL["finish_sent"], {"ids": finish.sent, "token": token}).all()
+        rows: list[tuple[int, str, str | None, float, str | None]] = [
+            *((i, "sent", None, 0.0, None) for i in finish.sent),
+            *((i, "dead", err, 0.0, None) for i, err in finish.dead),
+            *((i, "pending", err, delay, None) for i, err, delay in finish.retry),
+            *(
+                (
+                    i,
+                    "superseded",
+                    f"the CRM showed another owner just before the write: {o}",
+                    0.0,
+                    o,
                 )
-            if finish.dead:
-                applied += len(
-                    conn.execute(
-                        _SQL["finish_dead"],
-                        {
-                            "ids": [d[0] for d in finish.dead],
-                            "errors": [d[1] for d in finish.dead],
-                            "token": token,
-                        },
-                    ).all()
-                )
-            if finish.superseded:
-                applied += len(
-                    conn.execute(
-                        _SQL["finish_superseded"],
-                        {
-                            "ids": [r[0] for r in finish.superseded],
-                            "owners": [r[1] for r in finish.superseded],
-                            "token": token,
-                        },
-                    ).all()
-                )
-            if finish.retry:
-                applied += len(
-                    conn.execute(
-                        _SQL["finish_retry"],
-                        {
-                            "ids": [r[0] for r in finish.retry],
-                            "errors": [r[1] for r in finish.retry],
-                            "delays": [r[2] for r in finish.retry],
-                            "token": token,
-                        },
-                    ).all()
-                )
-        total = len(finish.sent) + len(finish.dead) + len(finish.retry) + len(finish.superseded)
+                for i, o in finish.superseded
+            ),
+        ]
+        applied = 0
+        if rows:
+            with self.engine.begin() as conn:
+                ids, states, errors, delays, owners = (list(c) for c in zip(*rows, strict=True))
+                params = {
+                    "ids": ids,
+                    "states": states,
+                    "errors": errors,
+                    "delays": delays,
+                    "owners": owners,
+                    "token": token,
+                }
+                applied = len(conn.execute(_SQL["finish"], params).all())
+        total = len(rows)
         stats.superseded += len(finish.superseded)
         stats.sent += len(finish.sent)
         stats.dead += len(finish.dead)

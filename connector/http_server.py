@@ -170,28 +170,12 @@ def build_server(
     host: str,
     port: int,
     *,
-    header_timeout: float = DEFAULT_HEADER_TIMEOUT,
-    keep_alive_timeout: int = DEFAULT_KEEP_ALIVE_TIMEOUT,
-    max_connections: int = DEFAULT_MAX_CONNECTIONS,
-    max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES,
-    log_level: str = "warning",
-    lifespan: Literal["auto", "on", "off"] = "auto",
     server_class: type[uvicorn.Server] = uvicorn.Server,
+    **limits: Any,
 ) -> uvicorn.Server:
-    """A server for ``receiver_config``; ``server_class`` lets the service keep its subclass."""
-    return server_class(
-        receiver_config(
-            app,
-            host,
-            port,
-            header_timeout=header_timeout,
-            keep_alive_timeout=keep_alive_timeout,
-            max_connections=max_connections,
-            max_header_bytes=max_header_bytes,
-            log_level=log_level,
-            lifespan=lifespan,
-        )
-    )
+    """A server for ``receiver_config(app, host, port, **limits)``; ``server_class`` lets the
+    service keep its subclass."""
+    return server_class(receiver_config(app, host, port, **limits))
 
 
 # --- request bodies ----------------------------------------------------------------------------

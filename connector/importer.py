@@ -4,10 +4,9 @@ Parsing is pure and reports every bad row with its line number; good rows are st
 ingested, in batches, through the same assignment code as every other input. A file is a hint
 like any push: by default each batch of ids is read back from the CRM, and only the records the
 CRM says are unrouted are routed, with the CRM's fields (see ``connector.verify``); the others
-are recorded as skipped with the reason. ``verify=False`` (``--no-verify``) routes the file's
-own rows as they are, for offline use. For a Salesforce
-org (``salesforce_ids=True``) a row whose id is not a 15- or 18-character Salesforce id is
-rejected: stored as is, it could never match the record the APIs later send.
+are recorded as skipped with the reason. Without an adapter (``--no-verify``) the file's own
+rows are routed as they are, for offline use. For a Salesforce org a row whose id is not a
+15- or 18-character Salesforce id is rejected: it could never match a record the APIs send.
 """
 
 from __future__ import annotations
@@ -21,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, TextIO
 
+from connector.inbox import read_unrouted, record_skips
 from connector.routing import Lead, LeadError, Outcome, Router, validate_lead
 from connector.verify import Verdict
 from crm_adapters.base import CrmAdapter
@@ -189,7 +189,6 @@ def ingest_file(
     fmt: Format,
     id_field: str,
     batch_size: int = 500,
-    salesforce_ids: bool = False,
     adapter: CrmAdapter | None = None,
 ) -> Summary:
     """Ingest every good row of ``path``; rejections are collected with line numbers.
@@ -198,6 +197,8 @@ def ingest_file(
     `connector ingest`); without, the file's rows are routed as they are.
     """
     summary = Summary()
+    # A Salesforce org rejects rows whose id is not a Salesforce id (line numbers reported).
+    salesforce_ids = router.cfg.crm.kind == "salesforce"
     rows = list(read_file(path, fmt, id_field, salesforce_ids))
     progress = Progress(len(rows))
     batch: list[Lead] = []
@@ -230,8 +231,6 @@ def _verified_flush(
 ) -> None:
     """Read the batch's records from the CRM, route the unrouted ones with the CRM's fields,
     record the others as skipped: one CRM read (in the adapter's chunks), one transaction."""
-    from connector.inbox import read_unrouted, record_skips
-
     cfg = router.cfg
     routed, verdicts = read_unrouted(router.engine, cfg, adapter, [x.crm_id for x in batch])
     leads = [v.lead for v in verdicts if v.lead is not None]

@@ -180,15 +180,18 @@ class InboxWorker:
             self._thread = None
 
     def _run(self) -> None:
+        backlog = False
         while not self._stop.is_set():
             self._wake.clear()
-            if self.linger_seconds > 0:
+            if not backlog and self.linger_seconds > 0:
                 self._stop.wait(self.linger_seconds)
             try:
                 done = self.drain_once()
             except Exception as exc:  # keep the worker alive; the lease rescues claimed rows
                 log.warning("inbox worker: %s", type(exc).__name__)
                 done = 0
+            # A full claim means more is waiting: claim again at once.
+            backlog = done >= self.batch_size
             if done == 0:
                 self._wake.wait(self.poll_interval)
 

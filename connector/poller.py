@@ -41,11 +41,11 @@ class PollResult:
     watermark: datetime | None = None
 
 
-def routable(cfg: OrgConfig, record: CrmRecord, owner_field: str) -> bool:
+def routable(cfg: OrgConfig, record: CrmRecord, owner_field: str, intake: frozenset[str]) -> bool:
     """Whether the poller may route this record: unowned, or owned by an intake owner (a
     record a person owns is not a candidate, and is not recorded as a skip either: the poll
     reads every changed record, not only the ones someone asked us to route)."""
-    return is_unrouted(cfg.crm.kind, record.fields.get(owner_field), intake_keys(cfg))
+    return is_unrouted(cfg.crm.kind, record.fields.get(owner_field), intake)
 
 
 def poll_window(
@@ -70,6 +70,7 @@ class Poller:
         self.adapter = adapter
         self.router = Router(engine, cfg)
         self.clock = clock
+        self.intake = intake_keys(cfg)
 
     def poll_once(self) -> PollResult:
         """One round, unless another process is polling this org right now."""
@@ -102,7 +103,7 @@ class Poller:
             result.seen += len(page)
             leads: list[Lead] = []
             for record in page:
-                if not routable(self.cfg, record, self.adapter.owner_field):
+                if not routable(self.cfg, record, self.adapter.owner_field, self.intake):
                     result.skipped_owned += 1
                     continue
                 fields = routing_fields(record, self.cfg.read_fields, self.adapter.owner_field)

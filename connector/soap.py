@@ -22,8 +22,6 @@ from xml.etree.ElementTree import Element, ParseError, TreeBuilder
 import defusedxml
 import defusedxml.ElementTree as safe_et
 
-from crm_adapters import salesforce_ids
-
 SOAP_ENV_NS = "http://schemas.xmlsoap.org/soap/envelope/"
 OUTBOUND_NS = "http://soap.sforce.com/2005/09/outbound"
 SOBJECT_NS = "urn:sobject.enterprise.soap.sforce.com"
@@ -47,6 +45,7 @@ _NOTIFICATION = f"{{{OUTBOUND_NS}}}Notification"
 _XSI_TYPE = f"{{{XSI_NS}}}type"
 _XSI_NIL = f"{{{XSI_NS}}}nil"
 
+# The shape of a record id; whether its suffix fits is crm_adapters.salesforce_ids' call.
 _SF_ID_RE = re.compile(r"[A-Za-z0-9]{15}(?:[A-Za-z0-9]{3})?")
 _XML_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Characters XML 1.0 cannot carry at all, even escaped.
@@ -264,12 +263,6 @@ def parse_outbound_message(
         partner_url=partner_url,
         notifications=notifications,
     )
-
-
-# The id functions moved to crm_adapters.salesforce_ids; their old names, for older callers.
-salesforce_id_18 = salesforce_ids.to_18
-canonical_salesforce_id = salesforce_ids.canonical_15
-same_salesforce_id = salesforce_ids.same_id
 
 
 # --- responses ----------------------------------------------------------------------------

@@ -39,7 +39,8 @@ class Verdict:
 
 
 def owner_key(kind: str, owner_id: str) -> str:
-    """The form two owner ids are compared in (Salesforce: 15 and 18 characters are equal)."""
+    """The form two CRM ids (owners, records) are compared in (Salesforce: the 15- and
+    18-character forms are equal)."""
     owner_id = owner_id.strip()
     return salesforce_id_key(owner_id) if kind == "salesforce" else owner_id
 
@@ -73,12 +74,19 @@ def routing_fields(record: CrmRecord, wanted: Iterable[str], owner_field: str) -
     return out
 
 
-def judge(cfg: OrgConfig, crm_id: str, record: CrmRecord | None, owner_field: str) -> Verdict:
-    """One record's verdict from the CRM's answer (None: the read did not return it)."""
+def judge(
+    cfg: OrgConfig,
+    crm_id: str,
+    record: CrmRecord | None,
+    owner_field: str,
+    intake: frozenset[str] | None = None,
+) -> Verdict:
+    """One record's verdict from the CRM's answer (None: the read did not return it);
+    ``intake`` is ``intake_keys(cfg)``, computed once per batch by callers that have one."""
     if record is None:
         return Verdict(crm_id, None, WRONG_OBJECT if wrong_object(cfg, crm_id) else NOT_FOUND)
     owner = record.fields.get(owner_field)
-    if not is_unrouted(cfg.crm.kind, owner, intake_keys(cfg)):
+    if not is_unrouted(cfg.crm.kind, owner, intake_keys(cfg) if intake is None else intake):
         return Verdict(crm_id, None, OWNED, owner)
     try:
         lead = validate_lead(crm_id, routing_fields(record, cfg.read_fields, owner_field))
@@ -90,19 +98,14 @@ def judge(cfg: OrgConfig, crm_id: str, record: CrmRecord | None, owner_field: st
 def judge_all(
     cfg: OrgConfig, crm_ids: Sequence[str], records: Sequence[CrmRecord], owner_field: str
 ) -> list[Verdict]:
-    """Verdicts for ``crm_ids`` in order, from the records one batched read returned."""
-    found: dict[str, CrmRecord] = {}
-    for r in records:
-        found[r.crm_id] = r
-        if cfg.crm.kind == "salesforce":
-            found.setdefault(salesforce_id_key(r.crm_id), r)
-    out = []
-    for cid in crm_ids:
-        rec = found.get(cid)
-        if rec is None and cfg.crm.kind == "salesforce":
-            rec = found.get(salesforce_id_key(cid))
-        out.append(judge(cfg, cid, rec, owner_field))
-    return out
+    """Verdicts for ``crm_ids`` in order, from the records one batched read returned
+    (matched by owner_key, so Salesforce's 15- and 18-character forms meet)."""
+    kind = cfg.crm.kind
+    found = {owner_key(kind, r.crm_id): r for r in records}
+    intake = intake_keys(cfg)
+    return [
+        judge(cfg, cid, found.get(owner_key(kind, cid)), owner_field, intake) for cid in crm_ids
+    ]
 
 
 def readable_ids(cfg: OrgConfig, crm_ids: Iterable[str]) -> list[str]:

@@ -63,7 +63,7 @@ from connector.senders import (
 )
 from connector.signatures import SIGNATURE_HEADER, TIMESTAMP_HEADER, SignatureError, verify_v3
 from connector.soap import SoapError, ack_response, parse_outbound_message, soap_fault
-from crm_adapters.salesforce_ids import id_key as salesforce_id_key
+from crm_adapters.salesforce_ids import id_key, is_id, same_id
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,6 @@ HUBSPOT_OBJECT_TYPE_IDS = {"contacts": "0-1", "leads": "0-136"}
 RETRY_AFTER_SECONDS = 5
 SOAP_CONTENT_TYPE = "text/xml; charset=utf-8"
 BODY_TIMEOUT_SECONDS = DEFAULT_BODY_TIMEOUT
-_SF_ID_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")
 
 
 class ApiError(Exception):
@@ -140,14 +139,6 @@ def db_errors(exc: Exception) -> ApiError | None:
     if isinstance(exc, SQLAlchemyError):
         return ApiError(500, "database_error", "the database refused the transaction")
     return None
-
-
-def salesforce_record_id(value: str) -> str | None:
-    """The canonical 18-character form of a well-formed Salesforce id, else None."""
-    v = value.strip()
-    if len(v) not in (15, 18) or not set(v) <= _SF_ID_CHARS:
-        return None
-    return salesforce_id_key(v)
 
 
 # --- the app ----------------------------------------------------------------------------
@@ -276,8 +267,7 @@ class _App:
             message = await run_in_threadpool(parse_outbound_message, body, limit)
         except SoapError as exc:
             raise ApiError(exc.http_status, exc.code, exc.message) from None
-        sent_org = salesforce_record_id(message.organization_id)
-        if sent_org is None or sent_org != salesforce_record_id(crm.organization_id):
+        if not same_id(message.organization_id, crm.organization_id):
             raise ApiError(403, "wrong_organization", "OrganizationId does not match this org")
         keys: list[str] = []
         ids: list[str] = []
@@ -288,9 +278,9 @@ class _App:
                     "wrong_sobject_type",
                     f"Notification {i}: sObject is {n.sobject_type}, expected {crm.object}",
                 )
-            record_id = salesforce_record_id(n.sobject_id)
-            if record_id is None:
+            if not is_id(n.sobject_id):
                 raise ApiError(400, "invalid_lead", f"Notification {i}: not a Salesforce id")
+            record_id = id_key(n.sobject_id)
             # A redelivery repeats both; a notification id reused for another record (a buggy
             # or hostile sender) cannot hide that record.
             keys.append(f"{n.notification_id}:{record_id}")
@@ -484,16 +474,18 @@ def create_admin_app(engine: Engine, metrics: Metrics, *, token: str | None = No
     """The admin ASGI app: GET /healthz and GET /metrics. With ``token`` every request needs
     ``Authorization: Bearer <token>``; without, bind it to localhost only."""
 
-    def authorized(request: Request) -> bool:
-        if not token:
-            return True
-        given = request.headers.get("authorization", "")
-        return hmac.compare_digest(given.encode(), f"Bearer {token}".encode())
+    def guarded(endpoint: Callable[[Request], Awaitable[Response]]) -> Any:
+        async def run(request: Request) -> Response:
+            given = request.headers.get("authorization", "")
+            if token and not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+                return JSONResponse(
+                    {"error": "unauthorized", "message": "bearer token needed"}, 401
+                )
+            return await endpoint(request)
+
+        return run
 
     async def healthz(request: Request) -> Response:
-        if not authorized(request):
-            return JSONResponse({"error": "unauthorized", "message": "bearer token needed"}, 401)
-
         def ping() -> None:
             with engine.connect() as conn:
                 conn.execute(text("SELECT 1"))
@@ -510,15 +502,13 @@ def create_admin_app(engine: Engine, metrics: Metrics, *, token: str | None = No
         return JSONResponse({"status": "ok"})
 
     async def metrics_endpoint(request: Request) -> Response:
-        if not authorized(request):
-            return JSONResponse({"error": "unauthorized", "message": "bearer token needed"}, 401)
         body = await run_in_threadpool(metrics.render)
         return Response(body, 200, media_type=CONTENT_TYPE)
 
     app = Starlette(
         routes=[
-            Route("/healthz", healthz, methods=["GET"]),
-            Route("/metrics", metrics_endpoint, methods=["GET"]),
+            Route("/healthz", guarded(healthz), methods=["GET"]),
+            Route("/metrics", guarded(metrics_endpoint), methods=["GET"]),
         ],
         exception_handlers={HTTPException: _http_error},
     )

@@ -148,6 +148,7 @@ class HubSpotSettings:
     limit_per_10s: int = 100
     search_per_s: float = 4.0
     timeout: float = 30.0
+    # Read by changed_since (the poll); fetch_records reads only what it is asked for.
     extra_properties: tuple[str, ...] = ()
     search_result_cap: int = 10_000
     pool_size: int = 16
@@ -341,9 +342,10 @@ class HubSpotAdapter:
                 )
 
     # ----------------------------------------------------------------- reads
-    def _properties(self, extra: Sequence[str]) -> list[str]:
+    def _properties(self, extra: Sequence[str], configured: bool = True) -> list[str]:
         props = [OWNER_PROPERTY, self.settings.modified_property]
-        props.extend(self.settings.extra_properties)
+        if configured:
+            props.extend(self.settings.extra_properties)
         props.extend(extra)
         return list(dict.fromkeys(props))
 
@@ -412,12 +414,13 @@ class HubSpotAdapter:
                 after = str(nxt)
 
     def fetch_records(self, ids: Sequence[str], fields: Sequence[str]) -> list[CrmRecord]:
-        """Batch read (100 per call); missing ids are skipped."""
+        """Batch read (100 per call) of the requested properties plus the owner; missing ids
+        are skipped."""
         unique = list(dict.fromkeys(ids))
         found: dict[str, CrmRecord] = {}
         for i in range(0, len(unique), 100):
             body = {
-                "properties": self._properties(fields),
+                "properties": self._properties(fields, configured=False),
                 "inputs": [{"id": x} for x in unique[i : i + 100]],
                 "propertiesWithHistory": [],
             }

@@ -151,6 +151,7 @@ class SalesforceSettings:
     parent_field: str | None = None
     api_version: str = "62.0"
     timeout: float = 30.0
+    # Read by changed_since (the poll); fetch_records reads only what it is asked for.
     extra_fields: tuple[str, ...] = ()
     token_url: str | None = None
     pool_size: int = 16

@@ -36,32 +36,21 @@ WHERE o.id = ready.id
 RETURNING o.id, o.crm_id, o.owner_id, o.parent_id, o.attempts,
           extract(epoch FROM now() - o.created_at) AS age
 
--- name: finish_sent
-UPDATE outbox SET state = 'sent', finished_at = now(), lease_until = NULL, last_error = NULL
-WHERE id = ANY(CAST(:ids AS bigint[])) AND state = 'claimed' AND claimed_by = :token
-RETURNING id
-
--- name: finish_dead
+-- name: finish
+-- One statement records a round's results: sent, dead (with the CRM's reason), superseded
+-- (with the owner found) or back to pending after a delay (a retry).
 UPDATE outbox o
-SET state = 'dead', finished_at = now(), lease_until = NULL, last_error = f.error
-FROM unnest(CAST(:ids AS bigint[]), CAST(:errors AS text[])) AS f (id, error)
-WHERE o.id = f.id AND o.state = 'claimed' AND o.claimed_by = :token
-RETURNING o.id
-
--- name: finish_superseded
-UPDATE outbox o
-SET state = 'superseded', finished_at = now(), lease_until = NULL, found_owner = f.owner,
-    last_error = 'the CRM showed another owner just before the write: ' || f.owner
-FROM unnest(CAST(:ids AS bigint[]), CAST(:owners AS text[])) AS f (id, owner)
-WHERE o.id = f.id AND o.state = 'claimed' AND o.claimed_by = :token
-RETURNING o.id
-
--- name: finish_retry
-UPDATE outbox o
-SET state = 'pending', claimed_by = NULL, lease_until = NULL, last_error = f.error,
-    available_at = now() + make_interval(secs => f.delay)
-FROM unnest(CAST(:ids AS bigint[]), CAST(:errors AS text[]), CAST(:delays AS float8[]))
-     AS f (id, error, delay)
+SET state = f.state,
+    finished_at = CASE WHEN f.state = 'pending' THEN NULL ELSE now() END,
+    claimed_by = CASE WHEN f.state = 'pending' THEN NULL ELSE o.claimed_by END,
+    lease_until = NULL,
+    last_error = f.error,
+    found_owner = f.owner,
+    available_at = CASE WHEN f.state = 'pending'
+                        THEN now() + make_interval(secs => f.delay) ELSE o.available_at END
+FROM unnest(CAST(:ids AS bigint[]), CAST(:states AS text[]), CAST(:errors AS text[]),
+            CAST(:delays AS float8[]), CAST(:owners AS text[]))
+     AS f (id, state, error, delay, owner)
 WHERE o.id = f.id AND o.state = 'claimed' AND o.claimed_by = :token
 RETURNING o.id
 

@@ -8,6 +8,7 @@ from sqlalchemy import Engine
 from connector.config import OrgConfig, parse_config
 from connector.store import make_engine
 from connector.teams import apply_teams
+from crm_adapters.sandbox import HubSpotSandbox, SalesforceSandbox
 from tests.pg import DatabaseFactory, server_url
 
 SAMPLE_YAML = """
@@ -69,6 +70,22 @@ def sample_cfg() -> OrgConfig:
 def applied(engine: Engine, sample_cfg: OrgConfig) -> OrgConfig:
     apply_teams(engine, sample_cfg)
     return sample_cfg
+
+
+@pytest.fixture
+def sf() -> Iterator[SalesforceSandbox]:
+    """A fresh Salesforce simulator (short lock waits, a little work per saved record)."""
+    box = SalesforceSandbox(lock_wait_s=0.3, record_work_ms=0.5).start()
+    yield box
+    box.stop()
+
+
+@pytest.fixture
+def hs() -> Iterator[HubSpotSandbox]:
+    """A fresh HubSpot simulator with a budget no test exhausts by accident."""
+    box = HubSpotSandbox(limit_per_10s=1000).start()
+    yield box
+    box.stop()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Iterator
 
-import pytest
 from sqlalchemy import Engine, text
 
 from connector.adapters import adapter_for
@@ -16,20 +14,6 @@ from connector.routing import Lead, Router
 from connector.teams import apply_teams
 from crm_adapters.sandbox import HubSpotSandbox, SalesforceSandbox
 from tests.crm_orgs import hubspot_org, salesforce_org
-
-
-@pytest.fixture
-def sf() -> Iterator[SalesforceSandbox]:
-    box = SalesforceSandbox(lock_wait_s=0.3, record_work_ms=0.5).start()
-    yield box
-    box.stop()
-
-
-@pytest.fixture
-def hs() -> Iterator[HubSpotSandbox]:
-    box = HubSpotSandbox(limit_per_10s=1000).start()
-    yield box
-    box.stop()
 
 
 def _states(engine: Engine, org: str) -> dict[str, int]:
@@ -75,7 +59,10 @@ def test_salesforce_owners_reach_the_crm_in_batches_without_lock_errors(
     apply_teams(engine, cfg)
     Router(engine, cfg).assign_many(leads, "import")
 
-    dispatchers = [Dispatcher(engine, cfg.org, adapter_for(cfg)) for _ in range(3)]
+    dispatchers = [
+        Dispatcher(engine, cfg.org, adapter_for(cfg), intake_owner_ids=cfg.intake_owner_ids)
+        for _ in range(3)
+    ]
     threads = [threading.Thread(target=d.drain, kwargs={"timeout": 60}) for d in dispatchers]
     for t in threads:
         t.start()
@@ -130,7 +117,7 @@ def test_permanent_errors_go_dead_with_the_reason_and_can_be_retried(
     apply_teams(engine, cfg)
     Router(engine, cfg).assign_many(leads, "import")
     sf.delete_record(leads[3].crm_id)
-    d = Dispatcher(engine, cfg.org, adapter_for(cfg))
+    d = Dispatcher(engine, cfg.org, adapter_for(cfg), intake_owner_ids=cfg.intake_owner_ids)
     d.drain(timeout=30)
     assert _states(engine, cfg.org) == {"sent": 19, "dead": 1}
     dead = finished_rows(engine, cfg.org)
@@ -150,7 +137,14 @@ def test_server_errors_are_retried_until_sent(engine: Engine, sf: SalesforceSand
     apply_teams(engine, cfg)
     Router(engine, cfg).assign_many(leads, "import")
     sf.inject_failures(3, status=503, path_contains="composite")
-    d = Dispatcher(engine, cfg.org, adapter_for(cfg), backoff_base=0.05, backoff_cap=0.2)
+    d = Dispatcher(
+        engine,
+        cfg.org,
+        adapter_for(cfg),
+        intake_owner_ids=cfg.intake_owner_ids,
+        backoff_base=0.05,
+        backoff_cap=0.2,
+    )
     stats = d.drain(timeout=30)
     assert _states(engine, cfg.org) == {"sent": 50}
     assert stats.retried >= 50
@@ -163,10 +157,12 @@ def test_a_dead_dispatchers_claim_is_taken_over_after_its_lease(
     cfg = salesforce_org(sf, reps)
     apply_teams(engine, cfg)
     Router(engine, cfg).assign_many(leads, "import")
-    dying = Dispatcher(engine, cfg.org, adapter_for(cfg), lease_seconds=0.5)
+    dying = Dispatcher(
+        engine, cfg.org, adapter_for(cfg), intake_owner_ids=cfg.intake_owner_ids, lease_seconds=0.5
+    )
     claimed = dying.claim("dead-worker-token")  # claims, then "dies" before writing
     assert len(claimed) == 30
-    survivor = Dispatcher(engine, cfg.org, adapter_for(cfg))
+    survivor = Dispatcher(engine, cfg.org, adapter_for(cfg), intake_owner_ids=cfg.intake_owner_ids)
     assert survivor.run_once().claimed == 0  # the lease still protects the claim
     stats = survivor.drain(timeout=30)
     assert stats.sent == 30
@@ -187,7 +183,9 @@ def test_hubspot_owners_reach_the_crm(engine: Engine, hs: HubSpotSandbox) -> Non
     cfg = hubspot_org(hs, owners)
     apply_teams(engine, cfg)
     Router(engine, cfg).assign_many([Lead(i, {}) for i in ids], "import")
-    stats = Dispatcher(engine, cfg.org, adapter_for(cfg)).drain(timeout=60)
+    stats = Dispatcher(
+        engine, cfg.org, adapter_for(cfg), intake_owner_ids=cfg.intake_owner_ids
+    ).drain(timeout=60)
     assert stats.sent == 250
     for crm_id, owner in _db_owners(engine, cfg.org).items():
         record = hs.get_record(crm_id)
@@ -204,7 +202,9 @@ def test_hubspot_rate_limit_is_waited_out_not_failed(engine: Engine) -> None:
         cfg = hubspot_org(box, owners, limit_per_10s=100)  # configured above the real limit
         apply_teams(engine, cfg)
         Router(engine, cfg).assign_many([Lead(i, {}) for i in ids], "import")
-        stats = Dispatcher(engine, cfg.org, adapter_for(cfg)).drain(timeout=60)
+        stats = Dispatcher(
+            engine, cfg.org, adapter_for(cfg), intake_owner_ids=cfg.intake_owner_ids
+        ).drain(timeout=60)
         assert _states(engine, cfg.org) == {"sent": 500}
         assert stats.dead == 0
         assert box.counters().get("rate_limited", 0) >= 1  # the sandbox did say 429

@@ -87,3 +87,26 @@ def test_a_suffix_that_marks_a_digit_upper_case_is_malformed() -> None:
     assert not same_id("000000000000000BAA", "000000000000000BAA")
     assert canonical_15("") is None and canonical_15("00Q1") is None
     assert canonical_15("00Q5g00000LmAb!") is None
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "same"),
+    [
+        ("00D000000000062", "00D000000000062EAA", True),
+        ("00D000000000062EAA", "00D000000000062", True),
+        ("00D000000000062EAA", "00d000000000062eaa", True),  # 18-char ids ignore case
+        ("00D000000000062", "00D000000000062", True),
+        ("00D000000000062", "00d000000000062", False),  # 15-char ids are case-sensitive
+        ("00D000000000062", "00D000000000063", False),
+        ("00D000000000062EAA", "00D000000000063EAA", False),
+        ("00D000000000062", "00D000000000062AAA", False),  # suffix says lowercase d
+        ("00D000000000062", "00D00000000006", False),
+        ("00D000000000062", "", False),
+        ("", "", False),
+        ("00D00000000006!", "00D00000000006!", False),
+        ("00D000000000062EA9", "00D000000000062EA9", False),  # 9 is no suffix character
+        ("000000000000000BAA", "000000000000000BAA", False),  # suffix marks a digit upper
+    ],
+)
+def test_same_salesforce_id(a: str, b: str, same: bool) -> None:
+    assert same_id(a, b) is same

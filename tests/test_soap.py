@@ -16,7 +16,6 @@ from connector.soap import (
     parse_outbound_message,
     soap_fault,
 )
-from crm_adapters.salesforce_ids import canonical_15, same_id, to_18
 
 # Shaped like Salesforce's documented Outbound Message: default namespace on <notifications>,
 # sObject fields under the sf: prefix, xsi:type on sObject, nil fields, several notifications,
@@ -395,61 +394,6 @@ def test_soap_fault_escapes_and_is_well_formed() -> None:
     assert b"soapenv:Server" in soap_fault("oops", faultcode="Server")
     with pytest.raises(ValueError):
         soap_fault("x", faultcode="Nope")
-
-
-# --- Salesforce ids ---------------------------------------------------------------------
-
-
-def test_salesforce_id_18_known_value() -> None:
-    assert to_18("001A0000006Vm9r") == "001A0000006Vm9rIAC"
-    assert to_18("001A0000006Vm9rIAC") == "001A0000006Vm9rIAC"
-    assert to_18("00D000000000062") == "00D000000000062EAA"
-
-
-@pytest.mark.parametrize(
-    ("a", "b", "same"),
-    [
-        ("00D000000000062", "00D000000000062EAA", True),
-        ("00D000000000062EAA", "00D000000000062", True),
-        ("00D000000000062EAA", "00d000000000062eaa", True),  # 18-char ids ignore case
-        ("00D000000000062", "00D000000000062", True),
-        ("00D000000000062", "00d000000000062", False),  # 15-char ids are case-sensitive
-        ("00D000000000062", "00D000000000063", False),
-        ("00D000000000062EAA", "00D000000000063EAA", False),
-        ("00D000000000062", "00D000000000062AAA", False),  # suffix says lowercase d
-        ("00D000000000062", "00D00000000006", False),
-        ("00D000000000062", "", False),
-        ("", "", False),
-        ("00D00000000006!", "00D00000000006!", False),
-        ("00D000000000062EA9", "00D000000000062EA9", False),  # 9 is no suffix character
-        ("000000000000000BAA", "000000000000000BAA", False),  # suffix marks a digit upper
-    ],
-)
-def test_same_salesforce_id(a: str, b: str, same: bool) -> None:
-    assert same_id(a, b) is same
-
-
-def test_canonical_salesforce_id() -> None:
-    assert canonical_15("00d000000000062eaa") == "00D000000000062"
-    assert canonical_15("not an id") is None
-    with pytest.raises(ValueError):
-        to_18("nope")
-
-
-@given(
-    st.text(
-        alphabet="abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789",
-        min_size=15,
-        max_size=15,
-    )
-)
-def test_salesforce_id_18_round_trip(id15: str) -> None:
-    id18 = to_18(id15)
-    assert id18[:15] == id15
-    assert same_id(id15, id18)
-    assert same_id(id15, id18.lower())
-    assert same_id(id15, id18.upper())
-    assert canonical_15(id18.swapcase()) == id15
 
 
 # --- fuzz: nothing but SoapError, ever ----------------------------------------------------

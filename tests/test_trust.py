@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import pytest
 from sqlalchemy import Engine, text
 
 from connector.adapters import Adapters, adapter_for
@@ -27,6 +25,7 @@ from connector.soap import ack_response, build_outbound_message
 from connector.status import org_status
 from connector.teams import apply_teams
 from connector.web import create_app
+from crm_adapters.salesforce_ids import to_18
 from crm_adapters.sandbox import HubSpotSandbox, SalesforceSandbox
 from tests.crm_orgs import (
     HS_WEBHOOK_SECRET,
@@ -38,20 +37,6 @@ from tests.crm_orgs import (
 )
 
 SOAP_HEADERS = {"Content-Type": "text/xml; charset=utf-8", "SOAPAction": '""'}
-
-
-@pytest.fixture
-def sf() -> Iterator[SalesforceSandbox]:
-    box = SalesforceSandbox(lock_wait_s=0.3, record_work_ms=0.2).start()
-    yield box
-    box.stop()
-
-
-@pytest.fixture
-def hs() -> Iterator[HubSpotSandbox]:
-    box = HubSpotSandbox(limit_per_10s=1000).start()
-    yield box
-    box.stop()
 
 
 class SfOrg:
@@ -140,7 +125,7 @@ def test_forged_outbound_message_changes_nothing(engine: Engine, sf: SalesforceS
     assert {(a.status_code, a.content) for a in answers} == {(404, answers[0].content)}
     assert b"not_found" in answers[0].content
     drain_inbox(app)
-    dispatcher = Dispatcher(engine, "acme", adapter_for(org.cfg))
+    dispatcher = Dispatcher(engine, "acme", adapter_for(org.cfg), intake_owner_ids=[org.intake])
     dispatcher.drain(timeout=10)
     assert table_counts(engine) == dict.fromkeys(
         ("intake_events", "leads", "assignments", "outbox", "skipped_records"), 0
@@ -154,7 +139,7 @@ def test_invented_ids_from_an_authenticated_sender_route_nothing(
     """100 invented ids in one (authenticated) message used to create 100 leads, move the
     rotation and leave 100 dead outbox rows. Read back, they are simply not found."""
     org = SfOrg(sf, engine)
-    invented = [f"00Q5g00000Zz{i:06d}" for i in range(100)]
+    invented = [to_18(f"00Q5g00000Zz{i:03d}") for i in range(100)]
     app, _ = running_app(engine, {"acme": org.cfg})
     with serve_in_thread(app) as base, httpx.Client(base_url=base, timeout=10) as client:
         resp = client.post(
@@ -269,7 +254,7 @@ def test_hubspot_creation_of_an_owned_contact_keeps_its_owner(
         foreign = hubspot_delivery(client, base, free, 200, portal=PORTAL_ID + 1)
         assert (foreign.status_code, foreign.json()["error"]) == (403, "wrong_portal")
     drain_inbox(app)
-    Dispatcher(engine, "hsdemo", adapter_for(cfg)).drain(10)
+    Dispatcher(engine, "hsdemo", adapter_for(cfg), intake_owner_ids=cfg.intake_owner_ids).drain(10)
     assert table_counts(engine)["intake_events"] == 5
     assert skips(engine) == dict.fromkeys(taken, "owned")
     for rid in taken:
@@ -286,7 +271,7 @@ def test_import_verifies_each_batch_against_the_crm(
     org = SfOrg(sf, engine)
     intake = org.leads(5, org.intake)
     owned = org.leads(3, org.person)
-    missing = "00Q5g00000Zz000001"
+    missing = to_18("00Q5g00000Zz001")
     path = tmp_path / "backfill.jsonl"
     rows = [{"Id": r, "Country": "DE"} for r in [*intake, *owned, missing]]
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
@@ -355,7 +340,9 @@ def test_a_record_that_already_has_our_owner_is_not_written_again(
     out = Router(engine, org.cfg).assign(Lead(rid, {}), "api")
     sf.person_edit(rid, str(out.owner_id))  # e.g. our earlier write landed, its answer lost
     before = sf.counters()["calls"].get("PATCH composite/sobjects", 0)
-    stats = Dispatcher(engine, "acme", adapter_for(org.cfg)).drain(timeout=10)
+    stats = Dispatcher(engine, "acme", adapter_for(org.cfg), intake_owner_ids=[org.intake]).drain(
+        timeout=10
+    )
     assert (stats.sent, stats.requests, stats.reads) == (1, 0, 1)
     assert sf.counters()["calls"].get("PATCH composite/sobjects", 0) == before
 
@@ -364,7 +351,9 @@ def test_one_owner_read_per_write_request(engine: Engine, sf: SalesforceSandbox)
     org = SfOrg(sf, engine)
     rids = org.leads(450, None)
     Router(engine, org.cfg).assign_many([Lead(r, {}) for r in rids], "api")
-    stats = Dispatcher(engine, "acme", adapter_for(org.cfg)).drain(timeout=30)
+    stats = Dispatcher(engine, "acme", adapter_for(org.cfg), intake_owner_ids=[org.intake]).drain(
+        timeout=30
+    )
     assert stats.sent == 450
     assert stats.reads == stats.requests == 3  # ceil(450 / 200) writes, one read before each
 

@@ -26,7 +26,18 @@ __all__ = ["SalesforceSandbox"]
 
 _PREFIX = {"Lead": "00Q", "Contact": "003", "Account": "001", "User": "005"}
 _BASE_FIELDS = {
-    "Lead": {"Id", "OwnerId", "SystemModstamp", "LastName", "Company", "Email", "Status", "Name"},
+    # Country is a standard Lead field (address compound), queryable in every org.
+    "Lead": {
+        "Id",
+        "OwnerId",
+        "SystemModstamp",
+        "LastName",
+        "Company",
+        "Email",
+        "Status",
+        "Name",
+        "Country",
+    },
     "Contact": {"Id", "OwnerId", "SystemModstamp", "LastName", "AccountId", "Email", "Name"},
     "Account": {"Id", "OwnerId", "SystemModstamp", "Name"},
     "User": {"Id", "Username", "Name", "IsActive", "SystemModstamp"},
