@@ -11,6 +11,7 @@ import select
 import socket
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -90,9 +91,14 @@ def connect(port: int) -> socket.socket:
     return sock
 
 
+# Bytes read past the end of one response (pipelined answers can arrive in one recv).
+_LEFTOVER: weakref.WeakKeyDictionary[socket.socket, bytes] = weakref.WeakKeyDictionary()
+
+
 def read_response(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
-    """One response: status, lower-cased headers, body (by Content-Length)."""
-    buf = b""
+    """One response: status, lower-cased headers, body (by Content-Length); bytes of the
+    next response that came in the same read are kept for the next call."""
+    buf = _LEFTOVER.pop(sock, b"")
     while b"\r\n\r\n" not in buf:
         chunk = sock.recv(65536)
         assert chunk, f"closed before a complete response: {buf!r}"
@@ -105,7 +111,9 @@ def read_response(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
         chunk = sock.recv(65536)
         assert chunk, "closed mid-body"
         body += chunk
-    return int(lines[0].split()[1]), headers, body
+    if len(body) > length:
+        _LEFTOVER[sock] = body[length:]
+    return int(lines[0].split()[1]), headers, body[:length]
 
 
 def wait_closed(sock: socket.socket, since: float) -> tuple[float, bytes]:
