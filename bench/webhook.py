@@ -1,6 +1,6 @@
 """Benchmark: sustained signed HubSpot webhook load against `connector serve`.
 
-    .venv/bin/python -m bench.webhook [--quick]
+    .venv/bin/python -m bench.webhook [--quick] [--receivers N] [--run]
 
 Four separate processes on this machine: the HubSpot sandbox (`connector sandbox hubspot`,
 its real 100-per-10-s limit), `connector serve` (the receiver), `connector dispatch` (the
@@ -11,7 +11,10 @@ contact.creation event, i.e. one new lead. The receiver stores the event and ack
 worker reads the contact back from the sandbox (batch read) and routes it; the dispatcher reads
 the current owners again and writes. Lead-to-CRM is measured from the due time to the moment
 the sandbox accepted the owner write (outbox.finished_at). Each `serve` process gets its own
-admin port (/healthz, readiness). Writes bench/results/webhook.json.
+admin port (/healthz, readiness). Writes bench/results/webhook.json. With ``--run`` the
+receivers are `connector run` processes (receiver, inbox worker and dispatchers sharing one
+HubSpot rate budget, the production default) and no separate dispatch process runs; that
+writes bench/results/webhook-run.json.
 """
 
 from __future__ import annotations
@@ -176,6 +179,12 @@ def main() -> None:
         default=1,
         help="`connector serve` processes, requests spread round robin",
     )
+    ap.add_argument(
+        "--run",
+        action="store_true",
+        help="`connector run` processes (receiver, inbox worker and dispatchers in one process, "
+        "sharing one HubSpot rate budget) instead of `serve` + a separate `dispatch`",
+    )
     args = ap.parse_args()
     rates = [50, 100, 200] if args.quick else [50, 100, 200, 300]
     seconds = 5 if args.quick else 15
@@ -223,7 +232,7 @@ def main() -> None:
                         *cli,
                         "--config",
                         str(tmp),
-                        "serve",
+                        "run" if args.run else "serve",
                         "--port",
                         str(port),
                         "--admin-port",
@@ -234,11 +243,12 @@ def main() -> None:
             )
         for admin in admin_ports:
             wait_http(f"http://127.0.0.1:{admin}/healthz")
-        procs.append(
-            subprocess.Popen(
-                [*cli, "--config", str(tmp), "dispatch", "--concurrency", "2"], env=env
+        if not args.run:
+            procs.append(
+                subprocess.Popen(
+                    [*cli, "--config", str(tmp), "dispatch", "--concurrency", "2"], env=env
+                )
             )
-        )
         hooks = [f"http://127.0.0.1:{port}/webhooks/hubspot/bench-hs" for port in ports]
         engine = make_engine(db_url)
         ids: list[str] = seeded["records"]
@@ -330,11 +340,12 @@ def main() -> None:
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
         "quick": args.quick,
         "receivers": args.receivers,
+        "mode": "run" if args.run else "serve+dispatch",
         "rows": rows,
         "sandbox_counters": counters,
     }
     RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / "webhook.json"
+    path = RESULTS / ("webhook-run.json" if args.run else "webhook.json")
     path.write_text(json.dumps(out, indent=2) + "\n")
     print(f"HubSpot 429s: {counters.get('rate_limited', 0)}; wrote {path}")
 

@@ -34,7 +34,7 @@ from connector.config import OrgConfig
 from connector.metrics import Metrics
 from connector.routing import Outcome, Router, RoutingError
 from connector.verify import Verdict, judge_all, readable_ids
-from crm_adapters.base import CrmAdapter
+from crm_adapters.base import CrmAdapter, RateLimitedError
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +142,7 @@ class InboxWorker:
         base_delay: float = 1.0,
         max_delay: float = 300.0,
         poll_interval: float = 0.5,
-        linger_seconds: float = 0.2,
+        linger_seconds: float = 0.4,
     ) -> None:
         self.engine = engine
         self.configs = dict(configs)
@@ -228,7 +228,11 @@ class InboxWorker:
             ).all()
         return [InboxRow(r.id, r.crm_id) for r in result]
 
-    def _retry_later(self, rows: list[InboxRow], error: str) -> None:
+    def _retry_later(
+        self, rows: list[InboxRow], error: str, limited: RateLimitedError | None = None
+    ) -> None:
+        """Back off (dead after max_attempts), or, over a CRM quota, wait its Retry-After
+        without spending an attempt."""
         try:
             with self.engine.begin() as conn:
                 conn.execute(
@@ -240,6 +244,8 @@ class InboxWorker:
                         "base_delay": self.base_delay,
                         "max_delay": self.max_delay,
                         "error": error,
+                        "rate_limited": limited is not None,
+                        "delay": limited.retry_after if limited is not None else None,
                     },
                 )
         except SQLAlchemyError as exc:
@@ -255,7 +261,8 @@ class InboxWorker:
             code = str(getattr(exc, "code", "") or type(exc).__name__)[:100]
             self.metrics.crm_errors.labels(cfg.org, code).inc()
             log.warning("inbox: CRM read for org %s failed (%s); will retry", cfg.org, code)
-            self._retry_later(rows, f"CRM read failed: {code}")
+            limited = exc if isinstance(exc, RateLimitedError) else None
+            self._retry_later(rows, f"CRM read failed: {code}", limited)
             return
         if checked:
             self.metrics.crm_calls.labels(cfg.org, "fetch_records").inc()

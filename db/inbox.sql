@@ -37,12 +37,18 @@ FROM unnest(CAST(:ids AS bigint[]), CAST(:states AS text[]), CAST(:notes AS text
 WHERE i.id = f.id AND i.state = 'claimed' AND i.claimed_by = :worker
 
 -- name: retry_later
+-- A quota answer (:rate_limited) is not the event's fault: its attempt is given back, so a
+-- 429 storm never dead-letters events, and the CRM's Retry-After (:delay) is the wait.
+-- Other failures back off exponentially from the attempt count (incremented by claim).
 UPDATE intake_events
-SET state = CASE WHEN attempts >= :max_attempts THEN 'dead' ELSE 'pending' END,
-    finished_at = CASE WHEN attempts >= :max_attempts THEN now() END,
-    -- Exponential backoff from the attempt count (incremented by claim), capped.
-    available_at = now() + make_interval(
-        secs => least(CAST(:max_delay AS float8), CAST(:base_delay AS float8) * 2 ^ (attempts - 1))),
+SET attempts = attempts - CASE WHEN CAST(:rate_limited AS boolean) THEN 1 ELSE 0 END,
+    state = CASE WHEN attempts >= :max_attempts AND NOT CAST(:rate_limited AS boolean)
+                 THEN 'dead' ELSE 'pending' END,
+    finished_at = CASE WHEN attempts >= :max_attempts AND NOT CAST(:rate_limited AS boolean)
+                       THEN now() END,
+    available_at = now() + make_interval(secs => coalesce(
+        CAST(:delay AS float8),
+        least(CAST(:max_delay AS float8), CAST(:base_delay AS float8) * 2 ^ (attempts - 1)))),
     lease_until = NULL, last_error = :error
 WHERE id = ANY(CAST(:ids AS bigint[])) AND state = 'claimed' AND claimed_by = :worker
 

@@ -420,3 +420,42 @@ def test_retention_purges_old_payloads_and_finished_rows(
     assert after["teams"] == before["teams"] and after["leads"] == before["leads"]
     assert after["outbox"]["sent"] == 2
     assert purge(engine, "acme", 30).fields_cleared == 0  # idempotent
+
+
+def test_a_crm_quota_answer_never_dead_letters_pushed_events(
+    engine: Engine, sf: SalesforceSandbox
+) -> None:
+    """A 429 on the read-back is the CRM's quota, not the event's fault: the event waits the
+    Retry-After without spending an attempt (even with max_attempts=1), then is routed."""
+    org = SfOrg(sf, engine)
+    rid = org.leads(1, org.intake)[0]
+    app, _ = running_app(engine, {"acme": org.cfg})
+    worker = app.state.inbox_worker  # type: ignore[attr-defined]
+    worker.max_attempts = 1
+    with serve_in_thread(app) as base, httpx.Client(base_url=base, timeout=10) as client:
+        worker.stop()
+        sf.inject_failures(
+            1, 429, [{"errorCode": "REQUEST_LIMIT", "message": "slow down"}], path_contains="query"
+        )
+        resp = client.post(
+            f"/webhooks/salesforce/acme/{OUTBOUND_SECRET}",
+            content=message([rid]),
+            headers=SOAP_HEADERS,
+        )
+        assert resp.status_code == 200
+    worker.drain()
+    with engine.connect() as conn:
+        state, attempts, wait = conn.execute(
+            text(
+                "SELECT state, attempts, extract(epoch FROM available_at - now()) "
+                "FROM intake_events"
+            )
+        ).one()
+    assert (state, attempts) == ("pending", 0)
+    assert 0 < wait <= 1.0  # the adapter's Retry-After for a request-scoped 429
+    deadline = time.monotonic() + 10
+    while table_counts(engine)["assignments"] == 0 and time.monotonic() < deadline:
+        worker.drain()
+        time.sleep(0.1)
+    assert table_counts(engine)["assignments"] == 1
+    assert list_events(engine, "acme", "dead") == []
