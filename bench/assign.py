@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness import ENV, RunResult, fairness, run, team_yaml
-from connector.config import parse_config
-from connector.store import make_engine
-from connector.teams import apply_teams
+from connector.core.config import parse_config
+from connector.routing.teams import apply_teams
+from connector.shell.store import make_engine
 from tests.pg import DatabaseFactory, server_url
 
 RESULTS = Path(__file__).parent / "results"

@@ -25,9 +25,9 @@ import psycopg
 from sqlalchemy import Engine, text
 
 import db
-from connector.config import parse_config
-from connector.routing import Lead, Router
-from connector.store import make_engine
+from connector.core.config import parse_config
+from connector.routing.assign import Lead, Router
+from connector.shell.store import make_engine
 
 MODES = ("project", "project_batch", "raw", "raw_batch", "naive")
 

@@ -35,8 +35,8 @@ from typing import Any
 import httpx
 from sqlalchemy import text
 
-from connector.signatures import sign_v3
-from connector.store import make_engine
+from connector.intake.signatures import sign_v3
+from connector.shell.store import make_engine
 from tests.pg import DatabaseFactory, server_url
 
 RESULTS = Path(__file__).parent / "results"
@@ -200,7 +200,7 @@ def main() -> None:
         "BENCH_HS_SECRET": SECRET,
         "CONNECTOR_LOG_LEVEL": "WARNING",
     }
-    cli = [sys.executable, "-m", "connector.cli"]
+    cli = [sys.executable, "-m", "connector"]
     rows = []
     try:
         sb_port = free_port()

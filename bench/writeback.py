@@ -27,12 +27,12 @@ from typing import Any
 
 import requests
 
-from connector.adapters import adapter_for
-from connector.dispatch import Dispatcher, DispatchStats
-from connector.routing import Lead, Router
-from connector.store import make_engine
-from connector.teams import apply_teams
-from crm_adapters.sandbox import HubSpotSandbox, SalesforceSandbox
+from connector.routing.assign import Lead, Router
+from connector.routing.teams import apply_teams
+from connector.shell.adapters import adapter_for
+from connector.shell.store import make_engine
+from connector.writeback.dispatch import Dispatcher, DispatchStats
+from crm_sandboxes import HubSpotSandbox, SalesforceSandbox
 from tests.crm_orgs import hubspot_org, salesforce_org
 from tests.pg import DatabaseFactory, server_url
 

@@ -5,10 +5,10 @@ from collections.abc import Iterator
 import pytest
 from sqlalchemy import Engine
 
-from connector.config import OrgConfig, parse_config
-from connector.store import make_engine
-from connector.teams import apply_teams
-from crm_adapters.sandbox import HubSpotSandbox, SalesforceSandbox
+from connector.core.config import OrgConfig, parse_config
+from connector.routing.teams import apply_teams
+from connector.shell.store import make_engine
+from crm_sandboxes import HubSpotSandbox, SalesforceSandbox
 from tests.pg import DatabaseFactory, server_url
 
 SAMPLE_YAML = """

@@ -11,7 +11,7 @@ import pytest
 from crm_adapters.base import CrmAdapter
 from crm_adapters.hubspot import HubSpotAdapter, HubSpotSettings
 from crm_adapters.salesforce import SalesforceAdapter, SalesforceSettings
-from crm_adapters.sandbox import HubSpotSandbox, SalesforceSandbox
+from crm_sandboxes import HubSpotSandbox, SalesforceSandbox
 
 SF_CLIENT_CREDENTIALS = {
     "method": "client_credentials",

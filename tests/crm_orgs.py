@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from connector.config import OrgConfig, parse_config
-from crm_adapters.sandbox import HubSpotSandbox, SalesforceSandbox
+from connector.core.config import OrgConfig, parse_config
+from crm_sandboxes import HubSpotSandbox, SalesforceSandbox
 
 SF_ORG_ID = "00D000000000062EAA"
 OUTBOUND_SECRET = "test-outbound-secret-0123456789"

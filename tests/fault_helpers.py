@@ -28,11 +28,11 @@ from typing import Any
 import httpx
 from sqlalchemy import Engine, text
 
-from connector.demo import ENV, HS_PORTAL, SF_ORG_ID
-from connector.signatures import sign_v3
-from connector.soap import build_outbound_message
-from crm_adapters.sandbox import HubSpotSandbox, SalesforceSandbox
-from crm_adapters.sandbox._server import Reply, Request
+from connector.intake.signatures import sign_v3
+from connector.intake.soap import build_outbound_message
+from connector.shell.demo import ENV, HS_PORTAL, SF_ORG_ID
+from crm_sandboxes import HubSpotSandbox, SalesforceSandbox
+from crm_sandboxes._server import Reply, Request
 
 ROOT = Path(__file__).resolve().parent.parent
 # Every secret the test configs and sandboxes use: none may ever appear in a log.
@@ -228,7 +228,7 @@ class Proc:
         SCANNED_LOGS.append(log)
         with open(log, "wb") as f:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "connector.cli", "--log-level", "INFO", *self.args],
+                [sys.executable, "-m", "connector", "--log-level", "INFO", *self.args],
                 env=self.env,
                 stdout=f,
                 stderr=subprocess.STDOUT,
@@ -547,7 +547,7 @@ def record_figures(name: str, figures: dict[str, Any]) -> None:
 
 def fairness_violations(engine: Engine, configs: Any) -> list[str]:
     """Teams where an active rep is a lead or more away from its weighted share (this epoch)."""
-    from connector.status import org_status
+    from connector.shell.status import org_status
 
     bad = []
     for org, cfg in configs.items():

@@ -13,7 +13,7 @@ import uuid
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from connector.store import (
+from connector.shell.store import (
     make_embedded_tempdir,
     make_engine,
     migrate,

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, text
 
-from connector.cli import main
+from connector.shell.cli import main
 
 CONFIG = """
 org: acme
@@ -355,7 +355,7 @@ FILES, LEADS, REPS = 16, 10_000, 10
 
 def _connector() -> list[str]:
     exe = Path(sys.executable).with_name("connector")
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "connector.cli"]
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "connector"]
 
 
 def _run_all(cmds: list[list[str]], env: dict[str, str]) -> list[subprocess.CompletedProcess[str]]:
@@ -451,7 +451,7 @@ rules: [{{team: ae}}]
 
 
 def test_check_config_online_reports_crm_errors_per_org(tmp_path: Path) -> None:
-    from crm_adapters.sandbox import SalesforceSandbox
+    from crm_sandboxes import SalesforceSandbox
 
     wrong = "wrong-secret-never-printed"
     sf = SalesforceSandbox(record_work_ms=0.0).start()
@@ -551,7 +551,7 @@ def test_config_before_or_after_other_commands(
 
 
 def test_log_level_before_or_after_the_command(monkeypatch: pytest.MonkeyPatch) -> None:
-    from connector.cli import build_parser
+    from connector.shell.cli import build_parser
 
     monkeypatch.delenv("CONNECTOR_LOG_LEVEL", raising=False)
 

@@ -10,8 +10,8 @@ import pytest
 from sqlalchemy import Engine
 
 from bench.harness import ENV, fairness, run, team_yaml
-from connector.config import parse_config
-from connector.teams import apply_teams
+from connector.core.config import parse_config
+from connector.routing.teams import apply_teams
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,4 @@
-"""connector.config: parsing, env references, refusals and the messages that explain them."""
+"""connector.core.config: parsing, env references, refusals and the messages that explain them."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from connector.config import (
+from connector.core.config import (
     ConfigError,
     OrgConfig,
     config_path_from,

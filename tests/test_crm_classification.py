@@ -32,7 +32,7 @@ from crm_adapters.salesforce import (
     classify_salesforce_http,
     classify_salesforce_record_error,
 )
-from crm_adapters.sandbox import HubSpotSandbox
+from crm_sandboxes import HubSpotSandbox
 from tests.crm_conftest_helpers import hs_settings
 
 

@@ -16,7 +16,7 @@ from crm_adapters.base import (
     RetryableError,
 )
 from crm_adapters.batching import plan_batches
-from crm_adapters.sandbox import HubSpotSandbox, SalesforceSandbox
+from crm_sandboxes import HubSpotSandbox, SalesforceSandbox
 from tests.crm_conftest_helpers import Harness, hs_sandbox, sf_sandbox
 
 __all__ = ["hs_sandbox", "sf_sandbox"]

@@ -12,7 +12,7 @@ from simple_salesforce.exceptions import SalesforceError
 from crm_adapters.base import OwnerWrite
 from crm_adapters.batching import plan_batches
 from crm_adapters.salesforce import SalesforceAdapter, classify_salesforce_exception
-from crm_adapters.sandbox import SalesforceSandbox
+from crm_sandboxes import SalesforceSandbox
 from tests.crm_conftest_helpers import sf_settings
 
 

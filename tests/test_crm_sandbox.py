@@ -15,11 +15,10 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from crm_adapters.base import AuthError, OwnerWrite, PermanentError, RateLimitedError
-from crm_adapters.factory import build_adapter
 from crm_adapters.hubspot import HubSpotAdapter, HubSpotSettings
 from crm_adapters.salesforce import SalesforceAdapter, SalesforceSettings
 from crm_adapters.salesforce_ids import to_18
-from crm_adapters.sandbox import HubSpotSandbox, SalesforceSandbox, make_sandbox
+from crm_sandboxes import HubSpotSandbox, SalesforceSandbox, make_sandbox
 from tests.crm_conftest_helpers import hs_settings, sf_settings
 
 
@@ -78,7 +77,7 @@ def test_serve_standalone() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    code = f"from crm_adapters.sandbox import serve; serve('hubspot', '127.0.0.1', {port})"
+    code = f"from crm_sandboxes import serve; serve('hubspot', '127.0.0.1', {port})"
     proc = subprocess.Popen([sys.executable, "-c", code])
     try:
         deadline = time.monotonic() + 15
@@ -214,30 +213,17 @@ def test_sf_limits_and_bad_queries(sf: SalesforceSandbox) -> None:
     assert a.usage()["limit_info"] is not None
 
 
-def test_factory_accepts_config_mappings(sf: SalesforceSandbox, hs: HubSpotSandbox) -> None:
-    class Secret:
-        def get_secret_value(self) -> str:
-            return "sandbox-secret"
+def test_adapter_for_builds_each_crm_from_its_config(
+    sf: SalesforceSandbox, hs: HubSpotSandbox
+) -> None:
+    from connector.shell.adapters import adapter_for
+    from tests.crm_orgs import hubspot_org, salesforce_org
 
-    sfa = build_adapter(
-        "salesforce",
-        {
-            "kind": "salesforce",
-            "instance_url": sf.url,
-            "organization_id": "00D",
-            "auth": {"method": "client_credentials", "client_id": "sandbox-client",
-                     "client_secret": Secret(), "username": None},
-        },
-    )  # fmt: skip
+    sfa = adapter_for(salesforce_org(sf, [to_18("005000000000001")]))
     assert isinstance(sfa, SalesforceAdapter) and sfa.check_owners([]) == {}
-    hsa = build_adapter(
-        "hubspot",
-        {"kind": "hubspot", "base_url": hs.url, "auth": {"access_token": "sandbox-token"}},
-    )
+    hsa = adapter_for(hubspot_org(hs, ["1"]))
     assert isinstance(hsa, HubSpotAdapter) and hsa.check_owners(["1"]) == {"1": "not found"}
     assert "sandbox-token" not in repr(hsa.settings) and "secret" not in repr(sfa.settings)
-    with pytest.raises(ValueError):
-        build_adapter("dynamics", {})
 
 
 # ---------------------------------------------------------------- HubSpot limits

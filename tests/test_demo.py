@@ -13,7 +13,7 @@ pytestmark = pytest.mark.slow
 
 def test_demo_runs_end_to_end_and_every_guarantee_holds() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "connector.cli", "demo", "--sf-leads", "200", "--hs-leads", "120"],
+        [sys.executable, "-m", "connector", "demo", "--sf-leads", "200", "--hs-leads", "120"],
         capture_output=True,
         text=True,
         timeout=300,

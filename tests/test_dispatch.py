@@ -8,11 +8,11 @@ import threading
 
 from sqlalchemy import Engine, text
 
-from connector.adapters import adapter_for
-from connector.dispatch import Dispatcher, finished_rows, retry_dead
-from connector.routing import Lead, Router
-from connector.teams import apply_teams
-from crm_adapters.sandbox import HubSpotSandbox, SalesforceSandbox
+from connector.routing.assign import Lead, Router
+from connector.routing.teams import apply_teams
+from connector.shell.adapters import adapter_for
+from connector.writeback.dispatch import Dispatcher, finished_rows, retry_dead
+from crm_sandboxes import HubSpotSandbox, SalesforceSandbox
 from tests.crm_orgs import hubspot_org, salesforce_org
 
 
@@ -168,7 +168,7 @@ def test_a_dead_dispatchers_claim_is_taken_over_after_its_lease(
     assert stats.sent == 30
     assert _states(engine, cfg.org) == {"sent": 30}
     # the stale worker wakes up and reports failure for everything: nothing changes
-    from connector.dispatch import DispatchStats, _Finish
+    from connector.writeback.dispatch import DispatchStats, _Finish
 
     late = _Finish(dead=[(c.id, "late") for c in claimed])
     s = DispatchStats()

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, text
 
-from connector.config import OrgConfig, load_configs
-from connector.demo import ENV, hubspot_yaml, salesforce_yaml
-from connector.routing import Lead, Router
-from connector.teams import apply_teams
+from connector.core.config import OrgConfig, load_configs
+from connector.routing.assign import Lead, Router
+from connector.routing.teams import apply_teams
+from connector.shell.demo import ENV, hubspot_yaml, salesforce_yaml
 from tests.fault_helpers import (
     Proc,
     RecordingHubSpot,
@@ -211,8 +211,8 @@ def test_a_long_outage_dead_letters_no_owner_write(
     defaults) is not the records' fault: every write waits it out, none is dead-lettered."""
     import threading
 
-    from connector.adapters import adapter_for
-    from connector.dispatch import Dispatcher
+    from connector.shell.adapters import adapter_for
+    from connector.writeback.dispatch import Dispatcher
 
     sf, hs = sandboxes
     reps = [sf.add_user(f"Rep {i}") for i in range(6)]

@@ -21,11 +21,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Engine, text
 
-from connector.demo import ENV, SF_ORG_ID, hubspot_yaml, salesforce_yaml
-from connector.signatures import sign_v3
-from connector.soap import build_outbound_message
-from connector.store import make_engine
-from crm_adapters.sandbox import HubSpotSandbox, SalesforceSandbox
+from connector.intake.signatures import sign_v3
+from connector.intake.soap import build_outbound_message
+from connector.shell.demo import ENV, SF_ORG_ID, hubspot_yaml, salesforce_yaml
+from connector.shell.store import make_engine
+from crm_sandboxes import HubSpotSandbox, SalesforceSandbox
 from tests.fault_helpers import Proc, connector_env, record_figures, scan_logs, service
 from tests.pg import DatabaseFactory
 

@@ -23,8 +23,8 @@ import httpx
 import pytest
 from sqlalchemy import Engine
 
-from connector.config import load_configs
-from connector.demo import ENV, hubspot_yaml, salesforce_yaml
+from connector.core.config import load_configs
+from connector.shell.demo import ENV, hubspot_yaml, salesforce_yaml
 from tests.fault_helpers import (
     SF_PATH,
     Delivery,

@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, text
 
-from connector.config import load_configs
-from connector.demo import ENV, salesforce_yaml
-from connector.routing import Lead, Router
-from connector.teams import apply_teams
+from connector.core.config import load_configs
+from connector.routing.assign import Lead, Router
+from connector.routing.teams import apply_teams
+from connector.shell.demo import ENV, salesforce_yaml
 from tests.fault_helpers import (
     ROOT,
     SCANNED_LOGS,
@@ -100,7 +100,7 @@ def test_paused_dispatcher_is_overtaken_and_its_late_result_ignored(
                 [
                     sys.executable,
                     "-m",
-                    "connector.cli",
+                    "connector.shell.cli",
                     "--log-level",
                     "INFO",
                     "--config",

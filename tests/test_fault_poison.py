@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, text
 
-from connector.demo import hubspot_yaml, salesforce_yaml
+from connector.shell.demo import hubspot_yaml, salesforce_yaml
 from tests.fault_helpers import (
     ROOT,
     SCANNED_LOGS,
@@ -41,7 +41,7 @@ def _connector(
     SCANNED_LOGS.append(log)
     with open(log, "wb") as f:
         return subprocess.run(
-            [sys.executable, "-m", "connector.cli", "--log-level", "INFO", *args],
+            [sys.executable, "-m", "connector", "--log-level", "INFO", *args],
             env=env,
             stdout=subprocess.PIPE,
             stderr=f,

@@ -24,9 +24,9 @@ import httpx
 import pytest
 from sqlalchemy import create_engine, text
 
-from connector.config import load_configs
-from connector.demo import ENV, hubspot_yaml, salesforce_yaml
-from connector.store import make_engine, migrate, sqlalchemy_url
+from connector.core.config import load_configs
+from connector.shell.demo import ENV, hubspot_yaml, salesforce_yaml
+from connector.shell.store import make_engine, migrate, sqlalchemy_url
 from tests.fault_helpers import (
     SF_PATH,
     Delivery,

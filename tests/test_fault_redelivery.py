@@ -18,8 +18,8 @@ import httpx
 import pytest
 from sqlalchemy import Engine, text
 
-from connector.demo import hubspot_yaml, salesforce_yaml
-from crm_adapters.sandbox import HubSpotSandbox, SalesforceSandbox
+from connector.shell.demo import hubspot_yaml, salesforce_yaml
+from crm_sandboxes import HubSpotSandbox, SalesforceSandbox
 from tests.fault_helpers import (
     SF_PATH,
     connector_env,

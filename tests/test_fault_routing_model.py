@@ -18,9 +18,9 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_stat
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import DBAPIError
 
-from connector.config import OrgConfig, parse_config
-from connector.routing import Lead, Router
-from connector.teams import apply_teams
+from connector.core.config import OrgConfig, parse_config
+from connector.routing.assign import Lead, Router
+from connector.routing.teams import apply_teams
 from crm_adapters.salesforce_ids import to_18
 from tests.fault_helpers import record_figures
 

@@ -16,9 +16,9 @@ import httpx
 import pytest
 from sqlalchemy import Engine
 
-from connector.demo import hubspot_yaml, salesforce_yaml
-from connector.routing import Lead, Router
-from connector.teams import apply_teams
+from connector.routing.assign import Lead, Router
+from connector.routing.teams import apply_teams
+from connector.shell.demo import hubspot_yaml, salesforce_yaml
 from tests.fault_helpers import (
     SCANNED_LOGS,
     SF_PATH,
@@ -41,8 +41,8 @@ pytestmark = [pytest.mark.fault, pytest.mark.slow]
 def test_failure_paths_log_no_email_and_no_secret(
     engine: Engine, db_url: str, tmp_path: Path
 ) -> None:
-    from connector.config import load_configs
-    from connector.demo import ENV
+    from connector.core.config import load_configs
+    from connector.shell.demo import ENV
 
     sf = RecordingSalesforce().start()
     hs = RecordingHubSpot().start()

@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from connector.http_server import (
+from connector.intake.http_server import (
     DEFAULT_MAX_CONNECTIONS,
     BodyError,
     HeaderTimeoutH11Protocol,

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from connector.hubspot_events import (
+from connector.intake.hubspot_events import (
     EventError,
     HubSpotEvent,
     dedupe_latest,

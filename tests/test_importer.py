@@ -1,4 +1,4 @@
-"""connector.importer: parsing JSON lines and CSV (pure; no database)."""
+"""connector.intake.importer: parsing JSON lines and CSV (pure; no database)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from connector.importer import Rejected, detect_format, parse_csv, parse_jsonl, read_file
-from connector.routing import Lead
+from connector.intake.importer import Rejected, detect_format, parse_csv, parse_jsonl, read_file
+from connector.routing.assign import Lead
 
 
 def jsonl(text: str, id_field: str = "Id") -> list[tuple[int, Lead | Rejected]]:

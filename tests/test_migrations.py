@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import Engine, text
 
 import db
-from connector.store import make_engine, migrate, pending_migrations
+from connector.shell.store import make_engine, migrate, pending_migrations
 from crm_adapters.salesforce_ids import id_key, to_18
 from tests.pg import DatabaseFactory, with_database
 

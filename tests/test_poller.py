@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, text
 
-from connector.adapters import adapter_for
-from connector.config import OrgConfig
-from connector.poller import Poller, poll_window
-from connector.store import make_engine
-from connector.teams import apply_teams
-from crm_adapters.sandbox import SalesforceSandbox
+from connector.core.config import OrgConfig
+from connector.intake.poller import Poller, poll_window
+from connector.routing.teams import apply_teams
+from connector.shell.adapters import adapter_for
+from connector.shell.store import make_engine
+from crm_sandboxes import SalesforceSandbox
 from tests.crm_orgs import salesforce_org
 
 

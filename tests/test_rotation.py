@@ -1,4 +1,4 @@
-"""connector.rotation: weighted round robin with a hard fairness bound (pure, no I/O)."""
+"""connector.routing.rotation: weighted round robin with a hard fairness bound (pure, no I/O)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from connector.rotation import Seat, max_lag, next_owners
+from connector.routing.rotation import Seat, max_lag, next_owners
 
 
 def seats(weights: list[int], assigned: list[int] | None = None) -> list[Seat]:

@@ -1,4 +1,4 @@
-"""connector.routing on a real PostgreSQL: one owner per lead, fair rotations, team edits."""
+"""connector.routing.assign on a real PostgreSQL: one owner per lead, fair rotations, team edits."""
 
 from __future__ import annotations
 
@@ -10,12 +10,19 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, text
 
-from connector.config import OrgConfig, parse_config
-from connector.importer import ingest_file
-from connector.rotation import max_lag
-from connector.routing import MAX_FIELDS_BYTES, Lead, LeadError, Outcome, Router, validate_lead
-from connector.store import make_engine
-from connector.teams import apply_teams
+from connector.core.config import OrgConfig, parse_config
+from connector.intake.importer import ingest_file
+from connector.routing.assign import (
+    MAX_FIELDS_BYTES,
+    Lead,
+    LeadError,
+    Outcome,
+    Router,
+    validate_lead,
+)
+from connector.routing.rotation import max_lag
+from connector.routing.teams import apply_teams
+from connector.shell.store import make_engine
 from tests.conftest import SAMPLE_ENV, SAMPLE_YAML
 
 ENV = {"TOKEN": "unused"}
@@ -429,7 +436,7 @@ def test_router_rejects_unknown_source(engine: Engine, applied: OrgConfig) -> No
 
 
 def test_team_missing_from_the_database(engine: Engine, sample_cfg: OrgConfig) -> None:
-    from connector.routing import RoutingError
+    from connector.routing.assign import RoutingError
 
     with pytest.raises(RoutingError) as info:
         Router(engine, sample_cfg).assign(us(1), "api")

@@ -1,4 +1,4 @@
-"""connector.rules: which team a lead goes to (pure, no I/O)."""
+"""connector.routing.rules: which team a lead goes to (pure, no I/O)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from connector.config import Rule
-from connector.rules import compile_rules, match
+from connector.core.config import Rule
+from connector.routing.rules import compile_rules, match
 
 
 def rules(*specs: dict[str, Any]) -> tuple[Any, ...]:

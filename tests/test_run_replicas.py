@@ -22,8 +22,8 @@ import httpx
 import pytest
 from sqlalchemy import Engine, text
 
-from connector.config import load_configs
-from connector.demo import (
+from connector.core.config import load_configs
+from connector.shell.demo import (
     ENV,
     Sent,
     crm_mismatches,
@@ -33,8 +33,8 @@ from connector.demo import (
     send_soap,
     wait_until_done,
 )
-from connector.status import org_status
-from crm_adapters.sandbox import HubSpotSandbox, SalesforceSandbox
+from connector.shell.status import org_status
+from crm_sandboxes import HubSpotSandbox, SalesforceSandbox
 
 pytestmark = pytest.mark.slow
 
@@ -97,7 +97,7 @@ def test_three_replicas_share_the_work_and_keep_the_guarantees(
             [
                 sys.executable,
                 "-m",
-                "connector.cli",
+                "connector.shell.cli",
                 "--config",
                 str(config_dir),
                 "run",

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from connector.signatures import SignatureError, normalize_v3_uri, sign_v3, verify_v3
+from connector.intake.signatures import SignatureError, normalize_v3_uri, sign_v3, verify_v3
 
 SECRET = "yyyyyyyy-yyyy-yyyy-yyyy-yyyyyyyyyyyy"
 URI = "https://example.com/hubspot/webhooks?portal=62515"

@@ -1,7 +1,7 @@
 from sqlalchemy import Engine
 
-from connector.config import OrgConfig
-from connector.routing import Lead, Router
+from connector.core.config import OrgConfig
+from connector.routing.assign import Lead, Router
 
 
 def test_assign_one(engine: Engine, applied: OrgConfig) -> None:

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from connector.soap import (
+from connector.intake.soap import (
     DEFAULT_MAX_BYTES,
     DEFAULT_MAX_DEPTH,
     DEFAULT_MAX_ELEMENTS,

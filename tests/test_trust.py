@@ -11,22 +11,22 @@ from pathlib import Path
 import httpx
 from sqlalchemy import Engine, text
 
-from connector.adapters import Adapters, adapter_for
-from connector.config import OrgConfig, Rule
-from connector.dispatch import Dispatcher, finished_rows, retry_dead
-from connector.importer import ingest_file
-from connector.inbox import list_events
-from connector.inbox import retry_dead as retry_dead_events
-from connector.retention import purge
-from connector.routing import Lead, Router
-from connector.service import serve_in_thread
-from connector.signatures import sign_v3
-from connector.soap import ack_response, build_outbound_message
-from connector.status import org_status
-from connector.teams import apply_teams
-from connector.web import create_app
+from connector.core.config import OrgConfig, Rule
+from connector.intake.importer import ingest_file
+from connector.intake.inbox import list_events
+from connector.intake.inbox import retry_dead as retry_dead_events
+from connector.intake.receivers import create_app
+from connector.intake.signatures import sign_v3
+from connector.intake.soap import ack_response, build_outbound_message
+from connector.routing.assign import Lead, Router
+from connector.routing.teams import apply_teams
+from connector.shell.adapters import Adapters, adapter_for
+from connector.shell.retention import purge
+from connector.shell.service import serve_in_thread
+from connector.shell.status import org_status
+from connector.writeback.dispatch import Dispatcher, finished_rows, retry_dead
 from crm_adapters.salesforce_ids import to_18
-from crm_adapters.sandbox import HubSpotSandbox, SalesforceSandbox
+from crm_sandboxes import HubSpotSandbox, SalesforceSandbox
 from tests.crm_orgs import (
     HS_WEBHOOK_SECRET,
     OUTBOUND_SECRET,

@@ -19,17 +19,18 @@ import httpx
 import pytest
 from sqlalchemy import Engine, text
 
-from connector.adapters import adapter_for
-from connector.config import OrgConfig, SalesforceCrm, parse_config
-from connector.metrics import Metrics
-from connector.service import serve_in_thread
-from connector.signatures import sign_v3
-from connector.soap import ack_response, build_outbound_message
-from connector.store import make_engine
-from connector.teams import apply_teams
-from connector.web import create_admin_app, create_app
+from connector.core.config import OrgConfig, SalesforceCrm, parse_config
+from connector.core.metrics import Metrics
+from connector.intake.receivers import create_app
+from connector.intake.signatures import sign_v3
+from connector.intake.soap import ack_response, build_outbound_message
+from connector.routing.teams import apply_teams
+from connector.shell.adapters import adapter_for
+from connector.shell.admin import create_admin_app
+from connector.shell.service import serve_in_thread
+from connector.shell.store import make_engine
 from crm_adapters.base import CrmAdapter
-from crm_adapters.sandbox import HubSpotSandbox
+from crm_sandboxes import HubSpotSandbox
 
 SF_ORG_ID = "00D5g000004ABCD"  # configured in its 15-char form; messages carry 18 chars
 SF_ORG_ID_18 = "00D5g000004ABCDEA4"

@@ -24,7 +24,7 @@ from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import make_url
 
 import db
-from connector.config import ConfigError, OrgConfig
+from connector.core.config import ConfigError, OrgConfig
 
 log = logging.getLogger(__name__)
 
@@ -328,7 +328,7 @@ def open_database(configs: Sequence[OrgConfig], migrate_now: bool | None = None)
     Commands migrate on start unless CONNECTOR_AUTO_MIGRATE=0; then pending migrations are
     an error that tells the operator to run `connector migrate`.
     """
-    from connector.teams import apply_teams
+    from connector.routing.teams import apply_teams
 
     engine = make_engine(database_url(configs))
     if migrate_now is None:

@@ -13,7 +13,7 @@ from pathlib import Path
 from sqlalchemy.exc import DBAPIError
 
 from connector import __version__
-from connector.config import (
+from connector.core.config import (
     ConfigError,
     OrgConfig,
     all_orgs,
@@ -21,7 +21,7 @@ from connector.config import (
     load_configs,
     pick_org,
 )
-from connector.store import open_database
+from connector.shell.store import open_database
 from crm_adapters.base import CrmError
 
 log = logging.getLogger("connector")
@@ -34,8 +34,8 @@ def _configs(args: argparse.Namespace) -> dict[str, OrgConfig]:
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
-    from connector.store import database_url, make_engine, migrate
-    from connector.teams import apply_teams
+    from connector.routing.teams import apply_teams
+    from connector.shell.store import database_url, make_engine, migrate
 
     configs = (
         list(all_orgs(_configs(args)))
@@ -81,7 +81,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
             print(f"org {cfg.org}: warning: {warning}", file=sys.stderr)
     if not args.online:
         return EXIT_OK
-    from connector.adapters import adapter_for
+    from connector.shell.adapters import adapter_for
 
     problems = 0
     for cfg in all_orgs(configs):
@@ -107,8 +107,8 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 
 
 def cmd_ingest(args: argparse.Namespace) -> int:
-    from connector.importer import detect_format, ingest_file
-    from connector.routing import Router
+    from connector.intake.importer import detect_format, ingest_file
+    from connector.routing.assign import Router
 
     cfg = pick_org(_configs(args), args.org)
     path = Path(args.file)
@@ -119,7 +119,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     engine = open_database([cfg])
     adapter = None
     if not args.no_verify:
-        from connector.adapters import adapter_for
+        from connector.shell.adapters import adapter_for
 
         adapter = adapter_for(cfg)
     summary = ingest_file(
@@ -145,7 +145,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from connector.status import format_status, org_status
+    from connector.shell.status import format_status, org_status
 
     cfg = pick_org(_configs(args), args.org)
     status = org_status(open_database([cfg]), cfg)
@@ -157,8 +157,8 @@ def cmd_dispatch(args: argparse.Namespace) -> int:
     import signal
     import threading
 
-    from connector.adapters import adapter_for
-    from connector.dispatch import Dispatcher
+    from connector.shell.adapters import adapter_for
+    from connector.writeback.dispatch import Dispatcher
 
     configs = _configs(args)
     orgs = [pick_org(configs, args.org)] if args.org else list(all_orgs(configs))
@@ -204,7 +204,7 @@ def cmd_dispatch(args: argparse.Namespace) -> int:
 
 
 def cmd_outbox(args: argparse.Namespace) -> int:
-    from connector.dispatch import finished_rows, retry_dead
+    from connector.writeback.dispatch import finished_rows, retry_dead
 
     cfg = pick_org(_configs(args), args.org)
     engine = open_database([cfg])
@@ -227,7 +227,7 @@ def cmd_outbox(args: argparse.Namespace) -> int:
 
 
 def cmd_inbox(args: argparse.Namespace) -> int:
-    from connector.inbox import list_events, retry_dead
+    from connector.intake.inbox import list_events, retry_dead
 
     cfg = pick_org(_configs(args), args.org)
     engine = open_database([cfg])
@@ -246,7 +246,7 @@ def cmd_inbox(args: argparse.Namespace) -> int:
 
 
 def cmd_purge(args: argparse.Namespace) -> int:
-    from connector.retention import purge
+    from connector.shell.retention import purge
 
     configs = _configs(args)
     orgs = [pick_org(configs, args.org)] if args.org else list(all_orgs(configs))
@@ -263,8 +263,8 @@ def cmd_purge(args: argparse.Namespace) -> int:
 
 
 def _service(args: argparse.Namespace, *, receiver: bool, scheduler: bool, dispatch: bool) -> int:
-    from connector.service import run_service
-    from connector.web import trusted_proxies_from_env
+    from connector.intake.receivers import trusted_proxies_from_env
+    from connector.shell.service import run_service
 
     configs = _configs(args)
     engine = open_database(list(configs.values()))
@@ -297,8 +297,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_sync(args: argparse.Namespace) -> int:
     if not args.once:
         return _service(args, receiver=False, scheduler=True, dispatch=False)
-    from connector.adapters import adapter_for
-    from connector.poller import Poller
+    from connector.intake.poller import Poller
+    from connector.shell.adapters import adapter_for
 
     configs = _configs(args)
     orgs = [pick_org(configs, args.org)] if args.org else list(all_orgs(configs))
@@ -317,7 +317,7 @@ def cmd_sync(args: argparse.Namespace) -> int:
 
 
 def cmd_sandbox(args: argparse.Namespace) -> int:
-    from crm_adapters.sandbox import serve
+    from crm_sandboxes import serve
 
     print(f"{args.kind} sandbox on http://{args.host}:{args.port}", file=sys.stderr)
     serve(args.kind, args.host, args.port)
@@ -325,7 +325,7 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from connector.demo import run_demo
+    from connector.shell.demo import run_demo
 
     return run_demo(sf_leads=args.sf_leads, hs_leads=args.hs_leads, senders=args.senders)
 

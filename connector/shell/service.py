@@ -12,6 +12,7 @@ a poll or dispatch round in progress finish, and exits.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 import time
@@ -22,13 +23,14 @@ from typing import Any
 import uvicorn
 from apscheduler.schedulers.background import BackgroundScheduler
 from sqlalchemy import Engine
+from starlette.applications import Starlette
 
-from connector.adapters import Adapters
-from connector.config import OrgConfig
-from connector.dispatch import Dispatcher, DispatchStats
-from connector.http_server import build_server
-from connector.metrics import Metrics
-from connector.poller import Poller
+from connector.core.config import OrgConfig
+from connector.core.metrics import Metrics
+from connector.intake.http_server import build_server
+from connector.intake.poller import Poller
+from connector.shell.adapters import Adapters
+from connector.writeback.dispatch import Dispatcher, DispatchStats
 from crm_adapters.base import CrmAdapter
 
 log = logging.getLogger(__name__)
@@ -115,7 +117,7 @@ PURGE_INTERVAL_SECONDS = 6 * 3600
 
 
 def _safe_purge(engine: Engine, configs: Sequence[OrgConfig]) -> None:
-    from connector.retention import purge
+    from connector.shell.retention import purge
 
     for cfg in configs:
         try:
@@ -205,7 +207,7 @@ def _loopback(host: str) -> bool:
 def check_admin_binding(host: str, token: str | None) -> None:
     """Health and metrics name the orgs and their queues: off loopback they need a token."""
     if not _loopback(host) and not token:
-        from connector.config import ConfigError
+        from connector.core.config import ConfigError
 
         raise ConfigError(
             f"the admin listener on {host} is reachable from other machines: set "
@@ -237,7 +239,8 @@ def run_service(
     the claims of a process that died stay blocked before another process takes them over.
     The admin listener (``admin_port``; None turns it off) serves /healthz and /metrics.
     """
-    from connector.web import create_admin_app, create_app
+    from connector.intake.receivers import create_app
+    from connector.shell.admin import create_admin_app
 
     if admin_port is not None:
         check_admin_binding(admin_host, admin_token)
@@ -302,3 +305,21 @@ def run_service(
             t.join(timeout=60)
         log.info("connector stopped")
     return 0
+
+
+def app_from_env() -> Starlette:
+    """Factory for ``uvicorn --factory``: configs from $CONNECTOR_CONFIG, the database from
+    $DATABASE_URL (or the embedded one), migrated and with the teams applied."""
+    from connector.core.config import config_path_from, load_configs
+    from connector.intake.receivers import create_app, trusted_proxies_from_env
+    from connector.shell.store import open_database
+
+    configs = load_configs(config_path_from(None))
+    engine = open_database(list(configs.values()))
+    return create_app(
+        engine,
+        configs,
+        adapters=Adapters(configs).get,
+        public_base_url=os.environ.get("CONNECTOR_PUBLIC_BASE_URL") or None,
+        trusted_proxies=trusted_proxies_from_env(),
+    )

@@ -5,7 +5,7 @@ can acknowledge only after its commit. In that transaction it inserts the leads 
 org, object and CRM id: a repeat changes nothing and reports the existing owner), matches the
 rules, locks each team row it routes to (teams in name order, so two batches never deadlock),
 reads the active seats with a fresh snapshot, picks owners with the rotation in
-``connector.rotation``, and records the assignments, the members' counts and one outbox row
+``connector.routing.rotation``, and records the assignments, the members' counts and one outbox row
 per assignment in a single statement. For Salesforce orgs a lead's id (and its parent's) is
 stored in the 18-character form, so a record sent by its 15-character id and later by its
 18-character id (in any case) is one lead. The team row lock is what serialises a team's
@@ -26,9 +26,9 @@ from sqlalchemy import Connection, Engine, TextClause, text
 from sqlalchemy.exc import DBAPIError
 
 import db
-from connector.config import OrgConfig
-from connector.rotation import Seat, next_owners
-from connector.rules import Match, compile_rules, match
+from connector.core.config import OrgConfig
+from connector.routing.rotation import Seat, next_owners
+from connector.routing.rules import Match, compile_rules, match
 from crm_adapters.salesforce_ids import id_key
 
 log = logging.getLogger(__name__)

@@ -19,9 +19,10 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import Engine, TextClause, text
 
 import db
-from connector.config import OrgConfig
-from connector.routing import Lead, LeadError, Router, validate_lead
-from connector.verify import intake_keys, is_unrouted, routing_fields
+from connector.core.config import OrgConfig
+from connector.core.ownership import intake_keys, is_unrouted
+from connector.intake.verify import routing_fields
+from connector.routing.assign import Lead, LeadError, Router, validate_lead
 from crm_adapters.base import CrmAdapter, CrmRecord
 
 log = logging.getLogger(__name__)

@@ -13,10 +13,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from connector.config import OrgConfig
-from connector.routing import Lead, LeadError, validate_lead
+from connector.core.config import OrgConfig
+from connector.core.ownership import intake_keys, is_unrouted, owner_key
+from connector.routing.assign import Lead, LeadError, validate_lead
 from crm_adapters.base import CrmRecord
-from crm_adapters.salesforce_ids import id_key as salesforce_id_key
 
 NOT_FOUND = "not_found"
 WRONG_OBJECT = "wrong_object"
@@ -36,22 +36,6 @@ class Verdict:
     lead: Lead | None
     reason: str | None = None
     owner: str | None = None
-
-
-def owner_key(kind: str, owner_id: str) -> str:
-    """The form two CRM ids (owners, records) are compared in (Salesforce: the 15- and
-    18-character forms are equal)."""
-    owner_id = owner_id.strip()
-    return salesforce_id_key(owner_id) if kind == "salesforce" else owner_id
-
-
-def intake_keys(cfg: OrgConfig) -> frozenset[str]:
-    return frozenset(owner_key(cfg.crm.kind, o) for o in cfg.intake_owner_ids)
-
-
-def is_unrouted(kind: str, owner: str | None, intake: frozenset[str]) -> bool:
-    """No owner, or an intake owner: the record is waiting to be routed."""
-    return not owner or not owner.strip() or owner_key(kind, owner) in intake
 
 
 def wrong_object(cfg: OrgConfig, crm_id: str) -> bool:

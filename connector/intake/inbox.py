@@ -30,10 +30,10 @@ from sqlalchemy import Connection, Engine, TextClause, text
 from sqlalchemy.exc import SQLAlchemyError
 
 import db
-from connector.config import OrgConfig
-from connector.metrics import Metrics
-from connector.routing import Outcome, Router, RoutingError
-from connector.verify import Verdict, judge_all, readable_ids
+from connector.core.config import OrgConfig
+from connector.core.metrics import Metrics
+from connector.intake.verify import Verdict, judge_all, readable_ids
+from connector.routing.assign import Outcome, Router, RoutingError
 from crm_adapters.base import CrmAdapter, RateLimitedError
 
 log = logging.getLogger(__name__)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping
 
-from connector.config import HubSpotCrm, OrgConfig
+from connector.core.config import HubSpotCrm, OrgConfig
 from crm_adapters.base import CrmAdapter
 from crm_adapters.hubspot import HubSpotAdapter, HubSpotSettings
 from crm_adapters.salesforce import SalesforceAdapter, SalesforceSettings

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from crm_adapters.sandbox._server import Reply, Request, SandboxServer
-from crm_adapters.sandbox.hubspot import HubSpotSandbox
-from crm_adapters.sandbox.salesforce import SalesforceSandbox
+from crm_sandboxes._server import Reply, Request, SandboxServer
+from crm_sandboxes.hubspot import HubSpotSandbox
+from crm_sandboxes.salesforce import SalesforceSandbox
 
 __all__ = [
     "HubSpotSandbox",

@@ -3,8 +3,8 @@
 Parsing is pure and reports every bad row with its line number; good rows are still
 ingested, in batches, through the same assignment code as every other input. A file is a hint
 like any push: by default each batch of ids is read back from the CRM, and only the records the
-CRM says are unrouted are routed, with the CRM's fields (see ``connector.verify``); the others
-are recorded as skipped with the reason. Without an adapter (``--no-verify``) the file's own
+CRM says are unrouted are routed, with the CRM's fields (see ``connector.intake.verify``); the
+others are recorded as skipped with the reason. Without an adapter (``--no-verify``) the file's own
 rows are routed as they are, for offline use. For a Salesforce org a row whose id is not a
 15- or 18-character Salesforce id is rejected: it could never match a record the APIs send.
 """
@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, TextIO
 
-from connector.inbox import read_unrouted, record_skips
-from connector.routing import Lead, LeadError, Outcome, Router, validate_lead
-from connector.verify import Verdict
+from connector.intake.inbox import read_unrouted, record_skips
+from connector.intake.verify import Verdict
+from connector.routing.assign import Lead, LeadError, Outcome, Router, validate_lead
 from crm_adapters.base import CrmAdapter
 from crm_adapters.salesforce_ids import is_id
 

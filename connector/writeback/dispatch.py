@@ -33,7 +33,7 @@ from typing import Any
 from sqlalchemy import Engine, TextClause, text
 
 import db
-from connector.verify import is_unrouted, owner_key
+from connector.core.ownership import is_unrouted, owner_key
 from crm_adapters.base import (
     AuthError,
     CrmAdapter,

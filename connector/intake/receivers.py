@@ -4,9 +4,9 @@ admin listener (health and metrics).
 Every push is a hint. A receiver authenticates the sender, checks the body, commits the record
 ids to the intake inbox in one short transaction and answers; the ``InboxWorker`` (started by
 the app's lifespan when it is given the CRM adapters) reads each record back from the CRM and
-routes it only if the CRM says it is unrouted (see ``connector.inbox`` and
-``connector.verify``). An acknowledged delivery is never lost and a refused one stored nothing
-(the CRM retries it). Bad input gets a precise 4xx with a stable error code (JSON, or a SOAP
+routes it only if the CRM says it is unrouted (see ``connector.intake.inbox`` and
+``connector.intake.verify``). An acknowledged delivery is never lost and a refused one stored
+nothing (the CRM retries it). Bad input gets a precise 4xx with a stable error code (JSON, or a SOAP
 fault on the Salesforce endpoint); a database outage gets a 503 with Retry-After. Logs carry
 event, notification and record ids only (truncated), never field values, tokens or bodies.
 
@@ -19,9 +19,9 @@ Senders:
   ``crm.portal_id`` are refused and nothing of them is stored.
 
 The public listener serves only the webhook paths; ``/healthz`` and ``/metrics`` are on the
-admin app (``create_admin_app``), which ``connector run`` binds to localhost by default.
+admin app (``connector.shell.admin``), which ``connector run`` binds to localhost by default.
 
-Run it: ``uvicorn --factory connector.web:app_from_env`` with ``CONNECTOR_CONFIG`` (and
+Run it: ``uvicorn --factory connector.shell.service:app_from_env`` with ``CONNECTOR_CONFIG`` (and
 ``DATABASE_URL``) set; behind a TLS-terminating proxy also set ``CONNECTOR_PUBLIC_BASE_URL``
 (e.g. ``https://hooks.example.com``), the base of the URL HubSpot signs, and
 ``CONNECTOR_TRUSTED_PROXIES`` (the proxies' CIDRs) when the Salesforce address allowlist is used.
@@ -30,14 +30,13 @@ Run it: ``uvicorn --factory connector.web:app_from_env`` with ``CONNECTOR_CONFIG
 from __future__ import annotations
 
 import contextlib
-import hmac
 import logging
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from starlette.applications import Starlette
@@ -47,13 +46,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from connector.config import HubSpotCrm, OrgConfig, SalesforceCrm
-from connector.http_server import DEFAULT_BODY_TIMEOUT, BodyError, read_body
-from connector.hubspot_events import EventError, dedupe_latest, lead_events, parse_events
-from connector.inbox import AdapterSource, InboxWorker, store_events
-from connector.metrics import CONTENT_TYPE, Metrics
-from connector.routing import Router, RoutingError
-from connector.senders import (
+from connector.core.config import HubSpotCrm, OrgConfig, SalesforceCrm
+from connector.core.metrics import Metrics
+from connector.intake.http_server import DEFAULT_BODY_TIMEOUT, BodyError, read_body
+from connector.intake.hubspot_events import EventError, dedupe_latest, lead_events, parse_events
+from connector.intake.inbox import AdapterSource, InboxWorker, store_events
+from connector.intake.senders import (
     IPNetwork,
     client_address,
     in_networks,
@@ -61,8 +59,14 @@ from connector.senders import (
     printable_id,
     secret_matches,
 )
-from connector.signatures import SIGNATURE_HEADER, TIMESTAMP_HEADER, SignatureError, verify_v3
-from connector.soap import SoapError, ack_response, parse_outbound_message, soap_fault
+from connector.intake.signatures import (
+    SIGNATURE_HEADER,
+    TIMESTAMP_HEADER,
+    SignatureError,
+    verify_v3,
+)
+from connector.intake.soap import SoapError, ack_response, parse_outbound_message, soap_fault
+from connector.routing.assign import Router, RoutingError
 from crm_adapters.salesforce_ids import id_key, is_id, same_id
 
 log = logging.getLogger(__name__)
@@ -100,7 +104,7 @@ NOT_FOUND = ApiError(404, "not_found", "Not Found")
 
 
 async def read_capped(request: Request, limit: int) -> bytes:
-    """The body under the size cap and the body timeout (see connector.http_server)."""
+    """The body under the size cap and the body timeout (see connector.intake.http_server)."""
     try:
         return await read_body(request, limit, BODY_TIMEOUT_SECONDS)
     except BodyError as exc:
@@ -470,72 +474,8 @@ def create_app(
     return app
 
 
-def create_admin_app(engine: Engine, metrics: Metrics, *, token: str | None = None) -> Starlette:
-    """The admin ASGI app: GET /healthz and GET /metrics. With ``token`` every request needs
-    ``Authorization: Bearer <token>``; without, bind it to localhost only."""
-
-    def guarded(endpoint: Callable[[Request], Awaitable[Response]]) -> Any:
-        async def run(request: Request) -> Response:
-            given = request.headers.get("authorization", "")
-            if token and not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
-                return JSONResponse(
-                    {"error": "unauthorized", "message": "bearer token needed"}, 401
-                )
-            return await endpoint(request)
-
-        return run
-
-    async def healthz(request: Request) -> Response:
-        def ping() -> None:
-            with engine.connect() as conn:
-                conn.execute(text("SELECT 1"))
-
-        try:
-            await run_in_threadpool(ping)
-        except Exception as exc:
-            log.warning("healthz: database check failed: %s", type(exc).__name__)
-            return JSONResponse(
-                {"status": "unavailable", "error": "database_unavailable"},
-                503,
-                headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
-            )
-        return JSONResponse({"status": "ok"})
-
-    async def metrics_endpoint(request: Request) -> Response:
-        body = await run_in_threadpool(metrics.render)
-        return Response(body, 200, media_type=CONTENT_TYPE)
-
-    app = Starlette(
-        routes=[
-            Route("/healthz", guarded(healthz), methods=["GET"]),
-            Route("/metrics", guarded(metrics_endpoint), methods=["GET"]),
-        ],
-        exception_handlers={HTTPException: _http_error},
-    )
-    app.state.metrics = metrics
-    return app
-
-
 def trusted_proxies_from_env(env: Mapping[str, str] | None = None) -> list[IPNetwork]:
     """$CONNECTOR_TRUSTED_PROXIES: comma-separated CIDRs of proxies whose X-Forwarded-For is
     believed (nothing by default)."""
     raw = (os.environ if env is None else env).get("CONNECTOR_TRUSTED_PROXIES", "")
     return parse_networks(raw.split(","))
-
-
-def app_from_env() -> Starlette:
-    """Factory for ``uvicorn --factory``: configs from $CONNECTOR_CONFIG, the database from
-    $DATABASE_URL (or the embedded one), migrated and with the teams applied."""
-    from connector.adapters import Adapters
-    from connector.config import config_path_from, load_configs
-    from connector.store import open_database
-
-    configs = load_configs(config_path_from(None))
-    engine = open_database(list(configs.values()))
-    return create_app(
-        engine,
-        configs,
-        adapters=Adapters(configs).get,
-        public_base_url=os.environ.get("CONNECTOR_PUBLIC_BASE_URL") or None,
-        trusted_proxies=trusted_proxies_from_env(),
-    )

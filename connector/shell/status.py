@@ -7,7 +7,7 @@ from typing import Any
 from sqlalchemy import Engine, text
 
 import db
-from connector.config import OrgConfig
+from connector.core.config import OrgConfig
 
 OUTBOX_STATES = ("pending", "claimed", "sent", "dead", "superseded")
 

@@ -28,16 +28,16 @@ from typing import Any
 import httpx
 from sqlalchemy import Engine, text
 
-from connector.adapters import Adapters
-from connector.config import OrgConfig, load_configs
-from connector.service import serve_in_thread, start_dispatchers, start_scheduler
-from connector.signatures import sign_v3
-from connector.soap import build_outbound_message
-from connector.status import org_status
-from connector.store import make_embedded_tempdir, make_engine, migrate, start_embedded
-from connector.teams import apply_teams
-from connector.web import create_app
-from crm_adapters.sandbox import HubSpotSandbox, SalesforceSandbox
+from connector.core.config import OrgConfig, load_configs
+from connector.intake.receivers import create_app
+from connector.intake.signatures import sign_v3
+from connector.intake.soap import build_outbound_message
+from connector.routing.teams import apply_teams
+from connector.shell.adapters import Adapters
+from connector.shell.service import serve_in_thread, start_dispatchers, start_scheduler
+from connector.shell.status import org_status
+from connector.shell.store import make_embedded_tempdir, make_engine, migrate, start_embedded
+from crm_sandboxes import HubSpotSandbox, SalesforceSandbox
 
 SF_ORG_ID = "00D000000000001AAA"
 HS_PORTAL = 62515

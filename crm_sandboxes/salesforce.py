@@ -20,7 +20,7 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from crm_adapters.salesforce_ids import id_key, is_id, to_18
-from crm_adapters.sandbox._server import Reply, Request, SandboxServer
+from crm_sandboxes._server import Reply, Request, SandboxServer
 
 __all__ = ["SalesforceSandbox"]
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from crm_adapters.sandbox._server import Reply, Request, SandboxServer, correlation_id
+from crm_sandboxes._server import Reply, Request, SandboxServer, correlation_id
 
 __all__ = ["HubSpotSandbox"]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from connector.config import FieldValues, Rule
+from connector.core.config import FieldValues, Rule
 
 
 @dataclass(frozen=True)

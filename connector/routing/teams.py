@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from sqlalchemy import Connection, Engine, text
 
 import db
-from connector.config import OrgConfig, Team
+from connector.core.config import OrgConfig, Team
 
 log = logging.getLogger(__name__)
 

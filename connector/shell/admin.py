@@ -1,0 +1,81 @@
+"""The admin listener: ``GET /healthz`` and ``GET /metrics``, never on the public webhook port.
+
+``connector run`` binds it to 127.0.0.1 by default; anywhere else it needs a bearer token
+(``CONNECTOR_ADMIN_TOKEN``).
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from sqlalchemy import Engine, text
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from connector.core.metrics import CONTENT_TYPE, Metrics
+
+log = logging.getLogger(__name__)
+
+RETRY_AFTER_SECONDS = 5
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    codes = {404: "not_found", 405: "method_not_allowed"}
+    code = codes.get(exc.status_code, "bad_request")
+    return JSONResponse(
+        {"error": code, "message": str(exc.detail)}, exc.status_code, headers=exc.headers
+    )
+
+
+def create_admin_app(engine: Engine, metrics: Metrics, *, token: str | None = None) -> Starlette:
+    """The admin ASGI app: GET /healthz and GET /metrics. With ``token`` every request needs
+    ``Authorization: Bearer <token>``; without, bind it to localhost only."""
+
+    def guarded(endpoint: Callable[[Request], Awaitable[Response]]) -> Any:
+        async def run(request: Request) -> Response:
+            given = request.headers.get("authorization", "")
+            if token and not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+                return JSONResponse(
+                    {"error": "unauthorized", "message": "bearer token needed"}, 401
+                )
+            return await endpoint(request)
+
+        return run
+
+    async def healthz(request: Request) -> Response:
+        def ping() -> None:
+            with engine.connect() as conn:
+                conn.execute(text("SELECT 1"))
+
+        try:
+            await run_in_threadpool(ping)
+        except Exception as exc:
+            log.warning("healthz: database check failed: %s", type(exc).__name__)
+            return JSONResponse(
+                {"status": "unavailable", "error": "database_unavailable"},
+                503,
+                headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+            )
+        return JSONResponse({"status": "ok"})
+
+    async def metrics_endpoint(request: Request) -> Response:
+        body = await run_in_threadpool(metrics.render)
+        return Response(body, 200, media_type=CONTENT_TYPE)
+
+    app = Starlette(
+        routes=[
+            Route("/healthz", guarded(healthz), methods=["GET"]),
+            Route("/metrics", guarded(metrics_endpoint), methods=["GET"]),
+        ],
+        exception_handlers={HTTPException: _http_error},
+    )
+    app.state.metrics = metrics
+    return app
