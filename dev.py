@@ -52,7 +52,13 @@ def main(argv: list[str]) -> int:
     if what == "demo":
         return run([str(BIN / "connector"), "demo", *rest])
     if what == "lint":
-        for cmd in (["ruff", "check", "."], ["ruff", "format", "--check", "."], ["mypy"]):
+        checks = (
+            ["ruff", "check", "."],
+            ["ruff", "format", "--check", "."],
+            ["mypy"],
+            ["lint-imports"],
+        )
+        for cmd in checks:
             code = run([str(BIN / cmd[0]), *cmd[1:]])
             if code:
                 return code
