@@ -8,7 +8,7 @@ import logging
 import re
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
@@ -28,8 +28,8 @@ from crm_adapters.base import (
     RetryableError,
     WriteOutcome,
 )
+from crm_adapters.fields import HUBSPOT_OWNER_PROPERTY
 from crm_adapters.ratelimit import RollingWindowLimiter
-from crm_adapters.salesforce import plain_secret
 
 __all__ = [
     "HubSpotAdapter",
@@ -41,7 +41,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-OWNER_PROPERTY = "hubspot_owner_id"
+OWNER_PROPERTY = HUBSPOT_OWNER_PROPERTY
 _RETRYABLE_CATEGORIES = frozenset(
     {"INTERNAL_ERROR", "SERVICE_UNAVAILABLE", "TIMEOUT", "LOCKED", "CONFLICT_RETRY"}
 )
@@ -157,20 +157,6 @@ class HubSpotSettings:
     def modified_property(self) -> str:
         """Contacts keep the legacy `lastmodifieddate`; other objects use `hs_lastmodifieddate`."""
         return "lastmodifieddate" if self.object == "contacts" else "hs_lastmodifieddate"
-
-    @classmethod
-    def from_mapping(cls, data: Mapping[str, Any]) -> HubSpotSettings:
-        """Build from a config mapping; `auth.access_token` is accepted, unknown keys ignored."""
-        known = {f.name for f in fields(cls)}
-        d = {k: v for k, v in data.items() if k in known}
-        auth = data.get("auth")
-        if "access_token" not in d and isinstance(auth, Mapping) and "access_token" in auth:
-            d["access_token"] = auth["access_token"]
-        if "access_token" in d:
-            d["access_token"] = plain_secret(d["access_token"])
-        if "extra_properties" in d:
-            d["extra_properties"] = tuple(d["extra_properties"])
-        return cls(**d)
 
 
 _LIMITERS: dict[tuple[str, str, str], RollingWindowLimiter] = {}

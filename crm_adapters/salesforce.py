@@ -7,7 +7,7 @@ import re
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
@@ -27,6 +27,7 @@ from crm_adapters.base import (
     RetryableError,
     WriteOutcome,
 )
+from crm_adapters.fields import SALESFORCE_OWNER_FIELD, salesforce_parent_field
 from crm_adapters.salesforce_ids import id_key, is_id
 
 __all__ = [
@@ -159,30 +160,7 @@ class SalesforceSettings:
     @property
     def effective_parent_field(self) -> str | None:
         """Contacts default to AccountId; Leads have no parent unless configured."""
-        if self.parent_field is not None:
-            return self.parent_field or None
-        return "AccountId" if self.object == "Contact" else None
-
-    @classmethod
-    def from_mapping(cls, data: Mapping[str, Any]) -> SalesforceSettings:
-        """Build from a config mapping (e.g. a pydantic model_dump); unknown keys are ignored.
-
-        Secret values may be plain strings or objects with `get_secret_value()`.
-        """
-        known = {f.name for f in fields(cls)}
-        d = {k: v for k, v in data.items() if k in known}
-        if "extra_fields" in d:
-            d["extra_fields"] = tuple(d["extra_fields"])
-        d["auth"] = {
-            str(k): plain_secret(v) for k, v in dict(d.get("auth") or {}).items() if v is not None
-        }
-        return cls(**d)
-
-
-def plain_secret(value: object) -> str:
-    """str() of a config value, unwrapping pydantic SecretStr-like objects."""
-    getter = getattr(value, "get_secret_value", None)
-    return str(getter() if callable(getter) else value)
+        return salesforce_parent_field(self.object, self.parent_field)
 
 
 class RebasingSession(requests.Session):
@@ -271,7 +249,7 @@ class SalesforceAdapter:
 
     kind = "salesforce"
     max_batch = 200
-    owner_field = "OwnerId"
+    owner_field = SALESFORCE_OWNER_FIELD
 
     def __init__(self, settings: SalesforceSettings) -> None:
         method = settings.auth.get("method", "")
@@ -401,7 +379,7 @@ class SalesforceAdapter:
         payload = {
             "allOrNone": False,
             "records": [
-                {"attributes": {"type": obj}, "id": w.record_id, "OwnerId": w.owner_id}
+                {"attributes": {"type": obj}, "id": w.record_id, SALESFORCE_OWNER_FIELD: w.owner_id}
                 for w in batch
             ],
         }
@@ -426,7 +404,7 @@ class SalesforceAdapter:
 
     # ----------------------------------------------------------------- reads
     def _fields(self, extra: Sequence[str], configured: bool = True) -> list[str]:
-        wanted = ["Id", "OwnerId", "SystemModstamp"]
+        wanted = ["Id", SALESFORCE_OWNER_FIELD, "SystemModstamp"]
         pf = self.settings.effective_parent_field
         if pf:
             wanted.append(pf)

@@ -25,6 +25,7 @@ from pydantic import (
     model_validator,
 )
 
+from crm_adapters.fields import hubspot_parent_field, salesforce_parent_field
 from crm_adapters.salesforce_ids import is_id as is_salesforce_id
 
 ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -172,9 +173,7 @@ class SalesforceCrm(_Model):
     @property
     def parent_key(self) -> str | None:
         """The field that names the record's parent Account (Contact: AccountId)."""
-        if self.parent_field:
-            return self.parent_field
-        return "AccountId" if self.object == "Contact" else None
+        return salesforce_parent_field(self.object, self.parent_field)
 
 
 class HubSpotCrm(_Model):
@@ -206,7 +205,7 @@ class HubSpotCrm(_Model):
 
     @property
     def parent_key(self) -> str | None:
-        return self.parent_field
+        return hubspot_parent_field(self.parent_field)
 
 
 class Poll(_Model):

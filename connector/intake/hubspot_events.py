@@ -12,6 +12,8 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from crm_adapters.fields import HUBSPOT_OWNER_PROPERTY
+
 DEFAULT_MAX_BYTES = 1_048_576
 DEFAULT_MAX_EVENTS = 1000
 _MAX_ID = 2**63 - 1  # ids land in BIGINT columns
@@ -156,7 +158,7 @@ def lead_events(
     events: Iterable[HubSpotEvent],
     *,
     routed_properties: Collection[str],
-    owner_property: str = "hubspot_owner_id",
+    owner_property: str = HUBSPOT_OWNER_PROPERTY,
     object_type_ids: Collection[str] | None = None,
 ) -> list[HubSpotEvent]:
     """Keep the events that can change a lead's routing: creations, and changes to one of
