@@ -388,3 +388,23 @@ def test_warnings_name_settings_that_route_nothing() -> None:
         "routed (list the intake queue or integration user)"
     ]
     assert parse_config(SAMPLE_YAML, "x.yaml", SAMPLE_ENV).warnings() == []
+
+
+def test_parent_field_means_the_same_to_config_and_adapter() -> None:
+    """One rule (crm_adapters.fields): an empty parent_field means "no parent" everywhere."""
+    from connector.shell.adapters import adapter_for
+    from crm_adapters.salesforce import SalesforceAdapter
+
+    contact = SAMPLE_YAML.replace("object: Lead", "object: Contact")
+    for text, expected in (
+        (contact, "AccountId"),
+        (contact.replace("object: Contact", 'object: Contact\n  parent_field: ""'), None),
+        (
+            SAMPLE_YAML.replace("object: Lead", "object: Lead\n  parent_field: Parent__c"),
+            "Parent__c",
+        ),
+    ):
+        cfg = parse_config(text, "a", SAMPLE_ENV)
+        adapter = adapter_for(cfg)
+        assert isinstance(adapter, SalesforceAdapter)
+        assert cfg.crm.parent_key == adapter.settings.effective_parent_field == expected
