@@ -35,11 +35,13 @@ WHERE team_id = :team_id AND active AND in_config
 ORDER BY position
 
 -- name: record_assignments
+-- Assignment ids follow the order of the picks (WITH ORDINALITY ... ORDER BY ord), so ordering
+-- a team's assignments by id replays its rotation exactly (`connector simulate` relies on it).
 WITH picks AS (
     SELECT *
     FROM unnest(CAST(:lead_ids AS bigint[]), CAST(:member_ids AS bigint[]),
                 CAST(:rule_indexes AS integer[]), CAST(:rule_names AS text[]))
-         AS p (lead_id, member_id, rule_index, rule_name)
+         WITH ORDINALITY AS p (lead_id, member_id, rule_index, rule_name, ord)
 ), per_member AS (
     SELECT member_id, count(*) AS n FROM picks GROUP BY member_id
 ), bump AS (
@@ -54,6 +56,7 @@ WITH picks AS (
     SELECT p.lead_id, :org, :team_id, p.member_id, m.crm_user_id, :epoch,
            p.rule_index, p.rule_name, :source
     FROM picks p JOIN members m ON m.id = p.member_id
+    ORDER BY p.ord
     RETURNING id, lead_id, crm_user_id
 )
 INSERT INTO outbox (org, lead_id, assignment_id, crm_object, crm_id, owner_id, parent_id)

@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from sqlalchemy.exc import DBAPIError
@@ -150,6 +151,49 @@ def cmd_status(args: argparse.Namespace) -> int:
     cfg = pick_org(_configs(args), args.org)
     status = org_status(open_database([cfg]), cfg)
     print(json.dumps(status, indent=2) if args.json else format_status(status))
+    return EXIT_OK
+
+
+def parse_since(value: str, now: datetime) -> datetime:
+    """`--since`: a span back from now (``30d``, ``12h``, ``90m``) or an ISO date/time (UTC
+    unless it names a zone)."""
+    value = value.strip()
+    units = {"d": "days", "h": "hours", "m": "minutes"}
+    if value[-1:] in units and value[:-1].isdigit():
+        return now - timedelta(**{units[value[-1]]: int(value[:-1])})
+    try:
+        when = datetime.fromisoformat(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--since {value!r}: give a span like 30d, 12h or 90m, or a date like 2026-11-01"
+        ) from None
+    return when if when.tzinfo else when.replace(tzinfo=UTC)
+
+
+def _since_arg(value: str) -> datetime:
+    return parse_since(value, datetime.now(UTC))
+
+
+def _svg_arg(value: str) -> Path:
+    if not value.lower().endswith(".svg"):
+        raise argparse.ArgumentTypeError(f"{value}: only SVG is drawn; name the file *.svg")
+    return Path(value)
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from connector.routing.simulate import format_report, load_history, report, simulate
+
+    cfg = pick_org(_configs(args), args.org)
+    since: datetime = args.since
+    engine = open_database([cfg], migrate_now=False, apply_config=False)
+    history = load_history(engine, cfg, since)
+    result = simulate(cfg, history)
+    rep = report(cfg, history, result, since)
+    if args.plot:
+        from connector.routing.simulate import write_plot
+
+        write_plot(rep, args.plot)
+    print(json.dumps(rep, indent=2) if args.json else format_report(rep))
     return EXIT_OK
 
 
@@ -382,6 +426,23 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--org")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_status)
+    s = sub.add_parser(
+        "simulate",
+        help="replay the stored leads through a proposed config (--config NEW.yaml); "
+        "writes nothing",
+    )
+    s.add_argument("--org")
+    s.add_argument(
+        "--since",
+        type=_since_arg,
+        default="30d",
+        help="the window: 30d, 12h, 90m or an ISO date (default 30d)",
+    )
+    s.add_argument("--json", action="store_true")
+    s.add_argument(
+        "--plot", metavar="FILE.svg", type=_svg_arg, help="draw before/after per rep as SVG"
+    )
+    s.set_defaults(func=cmd_simulate)
     s = sub.add_parser("dispatch", help="write assigned owners back to the CRM")
     s.add_argument("--org")
     s.add_argument("--once", action="store_true", help="drain what is pending, then exit")

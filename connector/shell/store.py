@@ -322,11 +322,14 @@ def pending_migrations(engine: Engine) -> list[int]:
     return [m.version for m in db.migrations() if m.version not in done]
 
 
-def open_database(configs: Sequence[OrgConfig], migrate_now: bool | None = None) -> Engine:
+def open_database(
+    configs: Sequence[OrgConfig], migrate_now: bool | None = None, *, apply_config: bool = True
+) -> Engine:
     """Engine for the configured (or embedded) database, migrated and with teams applied.
 
     Commands migrate on start unless CONNECTOR_AUTO_MIGRATE=0; then pending migrations are
-    an error that tells the operator to run `connector migrate`.
+    an error that tells the operator to run `connector migrate`. ``apply_config=False`` (with
+    ``migrate_now=False``) opens the database without writing anything (`connector simulate`).
     """
     from connector.routing.teams import apply_teams
 
@@ -341,6 +344,7 @@ def open_database(configs: Sequence[OrgConfig], migrate_now: bool | None = None)
             raise ConfigError(
                 f"database schema is behind (pending migrations {pending}): run `connector migrate`"
             )
-    for cfg in configs:
-        apply_teams(engine, cfg)
+    if apply_config:
+        for cfg in configs:
+            apply_teams(engine, cfg)
     return engine
