@@ -10,9 +10,10 @@ import itertools
 import os
 import uuid
 
-from sqlalchemy import create_engine, text
+from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
+from connector.core.errors import create_engine
 from connector.shell.store import (
     make_embedded_tempdir,
     make_engine,

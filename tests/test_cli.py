@@ -328,6 +328,54 @@ def test_status_unknown_org(cfg_file: Path, capsys: pytest.CaptureFixture[str]) 
     assert err == "connector: org 'initech' is not configured (known: acme)\n"
 
 
+@pytest.mark.parametrize("argv", [["status"], ["migrate"], ["inbox", "list"]])
+def test_database_down_exit_code_and_one_line(
+    cfg_file: Path, capsys: pytest.CaptureFixture[str], argv: list[str]
+) -> None:
+    """cfg_file's DATABASE_URL points at a closed port."""
+    code, out, err = run(capsys, *argv)
+    assert (code, out) == (69, "")
+    assert err == (
+        "connector: database unavailable: connection failed: connection to server at "
+        '"127.0.0.1", port 9 failed: Connection refused\n'
+    )
+
+
+def test_database_error_exit_code(
+    cli_env: Path, engine: Engine, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A database that refuses a statement (not an outage) exits 1 with the SQLSTATE only."""
+    with engine.begin() as conn:
+        conn.execute(text("DROP TABLE intake_events CASCADE"))
+    code, out, err = run(capsys, "inbox", "list", "--org", "acme")
+    assert (code, out) == (1, "")
+    assert err == "connector: database error: UndefinedTable (SQLSTATE 42P01)\n"
+
+
+@pytest.mark.parametrize("argv", [["purge", "--days", "0"], ["ingest", "--batch-size", "-1", "x"]])
+def test_bad_numbers_are_usage_errors(
+    cfg_file: Path, capsys: pytest.CaptureFixture[str], argv: list[str]
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    assert "is less than 1" in capsys.readouterr().err
+
+
+def test_a_value_error_from_a_bug_is_not_a_usage_error(
+    cfg_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only UsageError and ConfigError exit 2; anything else keeps its traceback."""
+    import connector.shell.cli as cli
+
+    def broken(args: Any) -> int:
+        raise ValueError("team has no active member")
+
+    monkeypatch.setattr(cli, "cmd_check_config", broken)
+    with pytest.raises(ValueError, match="team has no active member"):
+        main(["check-config"])
+
+
 def test_auto_migrate_off_refuses_an_old_schema(
     databases: Any,
     tmp_path: Path,

@@ -22,9 +22,10 @@ from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import create_engine, text
+from sqlalchemy import text
 
 from connector.core.config import load_configs
+from connector.core.errors import create_engine
 from connector.shell.demo import ENV, hubspot_yaml, salesforce_yaml
 from connector.shell.store import make_engine, migrate, sqlalchemy_url
 from tests.fault_helpers import (

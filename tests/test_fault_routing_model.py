@@ -16,9 +16,9 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 from sqlalchemy import Engine, text
-from sqlalchemy.exc import DBAPIError
 
 from connector.core.config import OrgConfig, parse_config
+from connector.core.errors import DatabaseUnavailable
 from connector.routing.assign import Lead, Router
 from connector.routing.teams import apply_teams
 from crm_adapters.salesforce_ids import to_18
@@ -133,8 +133,9 @@ def make_machine(engine: Engine) -> type[RuleBasedStateMachine]:
                 with engine.connect() as killer:
                     killer.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
                     killer.commit()
-                with pytest.raises(DBAPIError):
+                with pytest.raises(DatabaseUnavailable) as lost:
                     trans.commit()
+                assert lost.value.connection_invalidated
 
         @invariant()
         def one_owner_each_and_only_committed_leads(self) -> None:

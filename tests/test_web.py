@@ -20,10 +20,12 @@ import pytest
 from sqlalchemy import Engine, text
 
 from connector.core.config import OrgConfig, SalesforceCrm, parse_config
+from connector.core.errors import Conflict, DatabaseError, DatabaseUnavailable
 from connector.core.metrics import Metrics
-from connector.intake.receivers import create_app
+from connector.intake.receivers import create_app, db_errors
 from connector.intake.signatures import sign_v3
 from connector.intake.soap import ack_response, build_outbound_message
+from connector.routing.assign import RoutingError
 from connector.routing.teams import apply_teams
 from connector.shell.adapters import adapter_for
 from connector.shell.admin import create_admin_app
@@ -480,6 +482,26 @@ def test_no_ack_unless_committed(client: httpx.Client, engine: Engine) -> None:
     assert resp.content == ack_response()
     assert post_hs(client, BATCH).json()["queued"] == 3  # HubSpot's retry
     assert counts(engine) == stored(intake_events=6)
+
+
+@pytest.mark.parametrize(
+    ("exc", "answer"),
+    [
+        (DatabaseUnavailable("database unavailable: x"), (503, "database_unavailable", 5)),
+        (DatabaseUnavailable("x", connection_invalidated=True), (503, "database_unavailable", 5)),
+        (Conflict("database conflict: x", sqlstate="40001"), (503, "database_unavailable", 5)),
+        (Conflict("database conflict: x", sqlstate="23505"), (503, "database_unavailable", 5)),
+        (DatabaseError("database error: x", sqlstate="42P01"), (500, "database_error", None)),
+        (RoutingError("team t is not applied"), (503, "routing_not_ready", 5)),
+        (ValueError("a bug"), None),
+    ],
+)
+def test_db_errors_answers(exc: Exception, answer: tuple[int, str, int | None] | None) -> None:
+    """A retry can succeed (outage, lost race): 503 + Retry-After; a refusal: 500."""
+    mapped = db_errors(exc)
+    got = None if mapped is None else (mapped.status, mapped.code, mapped.retry_after)
+    assert got == answer
+    assert mapped is None or "x" not in mapped.message  # the database's words stay in the log
 
 
 def test_database_down_gives_503_not_ack(configs: dict[str, OrgConfig]) -> None:

@@ -15,9 +15,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from sqlalchemy import Engine, TextClause, text
-from sqlalchemy.exc import SQLAlchemyError
 
 import db
+from connector.core.errors import DatabaseError
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ class QueueCollector(Collector):
                 conn.execute(text(f"SET LOCAL statement_timeout = {SCRAPE_TIMEOUT_MS}"))
                 outbox_rows = conn.execute(self.sql["outbox_gauges"]).all()
                 inbox_rows = conn.execute(self.sql["inbox_gauges"]).all()
-        except SQLAlchemyError as exc:
+        except DatabaseError as exc:
             log.warning("metrics: queue query failed: %s", type(exc).__name__)
             up.add_metric([], 0)
             yield up

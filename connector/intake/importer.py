@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, TextIO
 
+from connector.core.errors import UsageError
 from connector.intake.inbox import read_unrouted, record_skips
 from connector.intake.verify import Verdict
 from connector.routing.assign import Lead, LeadError, Outcome, Router, validate_lead
@@ -75,7 +76,7 @@ def detect_format(path: Path) -> Format:
         return "jsonl"
     if suffix == ".csv":
         return "csv"
-    raise ValueError(f"{path}: cannot tell the format from the name; pass --format jsonl|csv")
+    raise UsageError(f"{path}: cannot tell the format from the name; pass --format jsonl|csv")
 
 
 def parse_jsonl(
@@ -152,7 +153,7 @@ def read_file(
     try:
         body = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
-        raise ValueError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+        raise UsageError(f"{path}: not UTF-8 text (byte {exc.start})") from None
     if fmt == "jsonl":
         # not splitlines(): JSON strings may hold U+2028 or U+0085, which it splits on
         return parse_jsonl(io.StringIO(body, newline=None), id_field, salesforce_ids)

@@ -27,10 +27,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Connection, Engine, TextClause, text
-from sqlalchemy.exc import SQLAlchemyError
 
 import db
 from connector.core.config import OrgConfig
+from connector.core.errors import DatabaseError
 from connector.core.metrics import Metrics
 from connector.intake.verify import Verdict, judge_all, readable_ids
 from connector.routing.assign import Outcome, Router, RoutingError
@@ -248,7 +248,7 @@ class InboxWorker:
                         "delay": limited.retry_after if limited is not None else None,
                     },
                 )
-        except SQLAlchemyError as exc:
+        except DatabaseError as exc:
             log.warning("inbox: cannot reschedule (%s); the lease will", type(exc).__name__)
 
     def _process(self, cfg: OrgConfig, rows: list[InboxRow]) -> None:
@@ -292,7 +292,7 @@ class InboxWorker:
                         "worker": self.worker_id,
                     },
                 )
-        except (SQLAlchemyError, RoutingError) as exc:
+        except (DatabaseError, RoutingError) as exc:
             # Rolled back; back off (and dead-letter after max_attempts). If even that fails
             # (database down), the lease expires and another claim rescues the rows.
             log.warning("inbox: routing for org %s failed: %s", cfg.org, type(exc).__name__)

@@ -37,8 +37,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from typing import Any
 
 from sqlalchemy import Engine
-from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
-from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
@@ -47,6 +45,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from connector.core.config import HubSpotCrm, OrgConfig, SalesforceCrm
+from connector.core.errors import Conflict, DatabaseError, DatabaseUnavailable
 from connector.core.metrics import Metrics
 from connector.intake.http_server import DEFAULT_BODY_TIMEOUT, BodyError, read_body
 from connector.intake.hubspot_events import EventError, dedupe_latest, lead_events, parse_events
@@ -129,10 +128,11 @@ def signed_uri(request: Request, public_base_url: str | None) -> str:
 
 
 def db_errors(exc: Exception) -> ApiError | None:
-    """Translate a database or routing-state failure into the answer to give, if it is one."""
-    if isinstance(exc, OperationalError | PoolTimeoutError) or (
-        isinstance(exc, DBAPIError) and exc.connection_invalidated
-    ):
+    """Translate a database or routing-state failure into the answer to give, if it is one.
+
+    An outage and a lost race (the sender's retry will succeed) both ask for a retry.
+    """
+    if isinstance(exc, DatabaseUnavailable | Conflict):
         return ApiError(
             503, "database_unavailable", "the database is unavailable", RETRY_AFTER_SECONDS
         )
@@ -140,7 +140,7 @@ def db_errors(exc: Exception) -> ApiError | None:
         return ApiError(
             503, "routing_not_ready", "routing state is not applied", RETRY_AFTER_SECONDS
         )
-    if isinstance(exc, SQLAlchemyError):
+    if isinstance(exc, DatabaseError):
         return ApiError(500, "database_error", "the database refused the transaction")
     return None
 
@@ -198,7 +198,8 @@ class _App:
             mapped = db_errors(exc)
             if mapped is None:
                 raise
-            log.error("database failure: %s", type(exc).__name__)
+            # a DatabaseError's message holds SQLSTATE and names, never values
+            log.error("%s", exc if isinstance(exc, DatabaseError) else type(exc).__name__)
             raise mapped from None
 
     async def _answer(

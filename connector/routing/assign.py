@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from sqlalchemy import Connection, Engine, TextClause, text
-from sqlalchemy.exc import DBAPIError
 
 import db
 from connector.core.config import OrgConfig
+from connector.core.errors import DatabaseUnavailable
 from connector.routing.rotation import Seat, next_owners
 from connector.routing.rules import Match, compile_rules, match
 from crm_adapters.salesforce_ids import id_key
@@ -139,7 +139,7 @@ class Router:
             try:
                 with self.engine.begin() as conn:
                     return self.assign_in(conn, leads, source)
-            except DBAPIError as exc:
+            except DatabaseUnavailable as exc:
                 if not exc.connection_invalidated or attempt == RECONNECT_ATTEMPTS - 1:
                     raise
                 log.warning("database connection lost; retrying (attempt %d)", attempt + 2)

@@ -11,8 +11,6 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from sqlalchemy.exc import DBAPIError
-
 from connector import __version__
 from connector.core.config import (
     ConfigError,
@@ -22,12 +20,25 @@ from connector.core.config import (
     load_configs,
     pick_org,
 )
+from connector.core.errors import DatabaseError, DatabaseUnavailable, UsageError
 from connector.shell.store import open_database
 from crm_adapters.base import CrmError
 
 log = logging.getLogger("connector")
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_REJECTED = 0, 1, 2, 3
+EXIT_DB_UNAVAILABLE = 69  # sysexits EX_UNAVAILABLE: the database could not be reached
+
+
+def _positive_int(value: str) -> int:
+    """argparse type: a whole number of at least 1."""
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{value} is less than 1")
+    return n
 
 
 def _configs(args: argparse.Namespace) -> dict[str, OrgConfig]:
@@ -412,7 +423,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--org")
     s.add_argument("--format", choices=["jsonl", "csv"])
     s.add_argument("--id-field", help="column holding the CRM id (Salesforce Id, HubSpot id)")
-    s.add_argument("--batch-size", type=int, default=500)
+    s.add_argument("--batch-size", type=_positive_int, default=500)
     s.add_argument(
         "--no-verify",
         action="store_true",
@@ -484,7 +495,7 @@ def build_parser() -> argparse.ArgumentParser:
         "purge", help="delete received field values and finished rows past the retention"
     )
     s.add_argument("--org")
-    s.add_argument("--days", type=int, help="override the orgs' retention_days")
+    s.add_argument("--days", type=_positive_int, help="override the orgs' retention_days")
     s.set_defaults(func=cmd_purge)
     for name, func, text in (
         ("serve", cmd_serve, "the webhook receiver only"),
@@ -543,14 +554,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         code: int = args.func(args)
         return code
-    except ConfigError as exc:
+    except (ConfigError, UsageError) as exc:
         print(f"connector: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except ValueError as exc:
-        print(f"connector: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except DBAPIError as exc:
-        print(f"connector: database error: {exc.orig or exc}", file=sys.stderr)
+    except DatabaseUnavailable as exc:  # one line: it names the server, never a row value
+        print(f"connector: {exc.message}", file=sys.stderr)
+        return EXIT_DB_UNAVAILABLE
+    except DatabaseError as exc:
+        print(f"connector: {exc.message}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:
         return 130

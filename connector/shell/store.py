@@ -20,11 +20,12 @@ from pathlib import Path
 
 import platformdirs
 from filelock import FileLock
-from sqlalchemy import Engine, create_engine, text
+from sqlalchemy import Engine, text
 from sqlalchemy.engine import make_url
 
 import db
 from connector.core.config import ConfigError, OrgConfig
+from connector.core.errors import create_engine
 
 log = logging.getLogger(__name__)
 
@@ -269,6 +270,7 @@ def sqlalchemy_url(url: str) -> str:
 
 
 def make_engine(url: str, pool_size: int = 5) -> Engine:
+    """The engine for ``url``; its errors are ``connector.core.errors``' (see there)."""
     return create_engine(
         sqlalchemy_url(url),
         pool_size=pool_size,

@@ -1,0 +1,187 @@
+"""The connector's own errors, and the one boundary where database driver errors become them.
+
+Every engine the connector makes comes from ``create_engine`` here. It installs a SQLAlchemy
+``handle_error`` hook that turns each DBAPI (psycopg) error, at statement time and at connect
+time, into a ``DatabaseError`` by SQLSTATE, and a pool that turns a pool timeout into
+``DatabaseUnavailable``. The rest of the connector catches only the classes below.
+
+Layer rule (import-linter, "forbidden" contract): ``sqlalchemy.exc``, ``sqlalchemy.pool`` and
+``psycopg`` may be imported in ``connector`` by this module only, and only this module calls
+``sqlalchemy.create_engine`` (``tests/test_errors.py`` checks both).
+
+Messages carry the SQLSTATE, its condition name and the constraint name, never SQL parameters
+or row values (a unique violation's DETAIL names the key's value, which may be an email). The
+driver's exception stays reachable as ``__cause__``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+import sqlalchemy
+from sqlalchemy import Engine, event
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import URL, ExceptionContext
+from sqlalchemy.pool import PoolProxiedConnection, QueuePool
+
+
+class ConnectorError(Exception):
+    """Base of the errors the connector raises on purpose."""
+
+
+class UsageError(ConnectorError, ValueError):
+    """A command-line input mistake (a bad option value, an unreadable input file)."""
+
+
+class DatabaseError(ConnectorError):
+    """The database refused or failed an operation; retrying the same thing will not help."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        sqlstate: str | None = None,
+        connection_invalidated: bool = False,
+        constraint: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.sqlstate = sqlstate
+        self.connection_invalidated = connection_invalidated
+        self.constraint = constraint
+
+
+class DatabaseUnavailable(DatabaseError):
+    """The database cannot be reached or is going away; retry later.
+
+    ``connection_invalidated`` says the connection in use died (and was discarded): a
+    transaction whose outcome the caller can check may be retried at once on a fresh one.
+    """
+
+
+class Conflict(DatabaseError):
+    """A concurrent transaction won (unique key, serialization, deadlock, row lock): retry."""
+
+
+# SQLSTATEs (PostgreSQL Appendix A). Class 08 and 57P0x are matched by prefix.
+CONFLICT_SQLSTATES = frozenset({"23505", "40001", "40P01", "55P03"})
+UNAVAILABLE_PREFIXES = ("08", "57P0", "53")  # connection; shutdown/restart; resources (53300)
+
+
+def error_class(
+    sqlstate: str | None, *, connection_lost: bool = False, connecting: bool = False
+) -> type[DatabaseError]:
+    """Which connector error a driver error is.
+
+    ``connection_lost``: the driver's connection is closed or broken after the error.
+    ``connecting``: the error came while opening a connection (psycopg gives those no SQLSTATE:
+    refused, unknown host, timeout, or a FATAL such as "the database system is starting up").
+    """
+    if connection_lost:
+        return DatabaseUnavailable
+    if sqlstate is None:
+        return DatabaseUnavailable if connecting else DatabaseError
+    if sqlstate in CONFLICT_SQLSTATES:
+        return Conflict
+    if sqlstate.startswith(UNAVAILABLE_PREFIXES):
+        return DatabaseUnavailable
+    return DatabaseError
+
+
+_LABELS: dict[type[DatabaseError], str] = {
+    DatabaseUnavailable: "database unavailable",
+    Conflict: "database conflict",
+    DatabaseError: "database error",
+}
+
+
+def _first_line(text: str, limit: int = 300) -> str:
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def translate(
+    orig: BaseException, *, connection_lost: bool = False, connecting: bool = False
+) -> DatabaseError:
+    """The connector error for a driver exception (the caller raises it ``from orig``).
+
+    A connect-time message is kept (host, port, database and user names: what an operator
+    needs, and never a parameter); a statement error's text is not, since its DETAIL may quote
+    row values.
+    """
+    sqlstate = getattr(orig, "sqlstate", None)
+    sqlstate = sqlstate if isinstance(sqlstate, str) else None
+    cls = error_class(sqlstate, connection_lost=connection_lost, connecting=connecting)
+    diag = getattr(orig, "diag", None)
+    constraint = getattr(diag, "constraint_name", None) if diag is not None else None
+    constraint = constraint if isinstance(constraint, str) else None
+    if connecting:
+        what = _first_line(str(orig)) or type(orig).__name__
+    elif sqlstate is not None:
+        name = psycopg.errors.lookup(sqlstate).__name__ if _known(sqlstate) else "error"
+        what = f"{name} (SQLSTATE {sqlstate})"
+        if constraint:
+            what += f" on constraint {constraint}"
+    elif connection_lost:
+        what = "the connection was lost"
+    else:
+        what = type(orig).__name__
+    return cls(
+        f"{_LABELS[cls]}: {what}",
+        sqlstate=sqlstate,
+        connection_invalidated=connection_lost,
+        constraint=constraint,
+    )
+
+
+def _known(sqlstate: str) -> bool:
+    try:
+        psycopg.errors.lookup(sqlstate)
+    except KeyError:
+        return False
+    return True
+
+
+def _on_error(ctx: ExceptionContext) -> None:
+    """handle_error hook: raise the connector's error in place of SQLAlchemy's.
+
+    Raising here replaces the exception (SQLAlchemy re-raises it ``from`` the DBAPI error);
+    a disconnect still invalidates the connection and the pool afterwards. Pre-ping errors
+    are left alone: the pool treats them as "reconnect", not as failures.
+    """
+    if ctx.is_pre_ping or not isinstance(ctx.sqlalchemy_exception, sa_exc.DBAPIError):
+        return
+    raise translate(
+        ctx.original_exception,
+        connection_lost=ctx.is_disconnect,
+        connecting=ctx.connection is None,
+    ) from ctx.original_exception
+
+
+class BoundaryPool(QueuePool):
+    """A QueuePool whose checkout timeout is ``DatabaseUnavailable`` (not a DBAPI error, so
+    ``handle_error`` never sees it)."""
+
+    def connect(self) -> PoolProxiedConnection:
+        try:
+            return super().connect()
+        except sa_exc.TimeoutError as exc:
+            raise DatabaseUnavailable(
+                "database unavailable: no pooled connection became free in time"
+            ) from exc
+
+
+def create_engine(url: str | URL, **kwargs: Any) -> Engine:
+    """``sqlalchemy.create_engine`` whose failures are the connector's errors."""
+    kwargs.setdefault("poolclass", BoundaryPool)
+    engine = sqlalchemy.create_engine(url, **kwargs)
+    event.listen(engine, "handle_error", _on_error)
+    return engine
+
+
+def is_boundary_engine(engine: Engine) -> bool:
+    """Whether ``engine`` came from ``create_engine`` here."""
+    return isinstance(engine.pool, BoundaryPool) and event.contains(
+        engine, "handle_error", _on_error
+    )

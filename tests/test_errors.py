@@ -1,0 +1,345 @@
+"""The database error boundary (connector.core.errors): the SQLSTATE table, and each class of
+failure provoked on a real PostgreSQL and seen as the connector's own error."""
+
+from __future__ import annotations
+
+import ast
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from sqlalchemy import Connection, Engine, text
+from sqlalchemy.engine import make_url
+
+from connector.core.config import OrgConfig
+from connector.core.errors import (
+    Conflict,
+    DatabaseError,
+    DatabaseUnavailable,
+    create_engine,
+    error_class,
+    is_boundary_engine,
+)
+from connector.routing import assign
+from connector.routing.assign import Lead, Router
+from connector.routing.teams import apply_teams
+from connector.shell.store import make_engine, sqlalchemy_url
+from tests.pg import DatabaseFactory
+
+ROOT = Path(__file__).resolve().parent.parent
+EMAIL = "ada.lovelace@example.com"
+
+# --- the pure table ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("sqlstate", "lost", "connecting", "expected"),
+    [
+        ("23505", False, False, Conflict),  # unique_violation
+        ("40001", False, False, Conflict),  # serialization_failure
+        ("40P01", False, False, Conflict),  # deadlock_detected
+        ("55P03", False, False, Conflict),  # lock_not_available (NOWAIT, lock_timeout)
+        ("08000", False, False, DatabaseUnavailable),  # connection_exception
+        ("08006", False, False, DatabaseUnavailable),  # connection_failure
+        ("08P01", False, False, DatabaseUnavailable),  # protocol_violation
+        ("57P01", False, False, DatabaseUnavailable),  # admin_shutdown (terminated backend)
+        ("57P02", False, False, DatabaseUnavailable),  # crash_shutdown
+        ("57P03", False, False, DatabaseUnavailable),  # cannot_connect_now (starting up)
+        ("53300", False, False, DatabaseUnavailable),  # too_many_connections
+        ("53100", False, False, DatabaseUnavailable),  # disk_full
+        ("57014", False, False, DatabaseError),  # query_canceled (statement_timeout)
+        ("23503", False, False, DatabaseError),  # foreign_key_violation: a bug, not a race
+        ("22P02", False, False, DatabaseError),  # invalid_text_representation
+        ("42P01", False, False, DatabaseError),  # undefined_table
+        ("25P02", False, False, DatabaseError),  # in_failed_sql_transaction
+        (None, False, False, DatabaseError),  # a driver-side error (bad parameters)
+        (None, False, True, DatabaseUnavailable),  # refused, unknown host, FATAL at connect
+        (None, True, False, DatabaseUnavailable),  # the connection broke mid-statement
+        ("23505", True, False, DatabaseUnavailable),  # a lost connection outranks the code
+        ("42P01", True, False, DatabaseUnavailable),
+    ],
+)
+def test_error_class_table(
+    sqlstate: str | None, lost: bool, connecting: bool, expected: type[DatabaseError]
+) -> None:
+    assert error_class(sqlstate, connection_lost=lost, connecting=connecting) is expected
+
+
+def test_hierarchy() -> None:
+    assert issubclass(Conflict, DatabaseError) and issubclass(DatabaseUnavailable, DatabaseError)
+    assert not issubclass(Conflict, DatabaseUnavailable)
+    assert not issubclass(DatabaseUnavailable, Conflict)
+
+
+# --- the boundary is the only place -----------------------------------------------------------
+
+
+def _imports(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+            names.update(f"{node.module}.{a.name}" for a in node.names)
+    return names
+
+
+def test_driver_errors_are_imported_by_the_boundary_only() -> None:
+    forbidden = ("sqlalchemy.exc", "sqlalchemy.pool", "psycopg", "sqlalchemy.create_engine")
+    offenders = {
+        str(path.relative_to(ROOT)): sorted(
+            n for n in _imports(path) if n == "psycopg" or n.startswith(forbidden)
+        )
+        for path in (ROOT / "connector").rglob("*.py")
+        if path != ROOT / "connector" / "core" / "errors.py"
+    }
+    assert {k: v for k, v in offenders.items() if v} == {}
+
+
+def test_make_engine_goes_through_the_boundary(db_url: str) -> None:
+    engine = make_engine(db_url)
+    try:
+        assert is_boundary_engine(engine)
+        engine.dispose()  # a recreated pool keeps its class
+        assert is_boundary_engine(engine)
+    finally:
+        engine.dispose()
+
+
+# --- each class, provoked on the real server ---------------------------------------------------
+
+
+@pytest.fixture
+def boundary_engine(db_url: str) -> Iterator[Engine]:
+    eng = make_engine(db_url, pool_size=2)
+    yield eng
+    eng.dispose()
+
+
+def _scratch(conn: Connection) -> None:
+    conn.execute(text("CREATE TABLE IF NOT EXISTS scratch (email text PRIMARY KEY, n int)"))
+
+
+def test_unique_violation_is_a_conflict_without_the_value(boundary_engine: Engine) -> None:
+    with boundary_engine.begin() as conn:
+        _scratch(conn)
+        conn.execute(text("INSERT INTO scratch VALUES (:e, 1)"), {"e": EMAIL})
+    with pytest.raises(Conflict) as info, boundary_engine.begin() as conn:
+        conn.execute(text("INSERT INTO scratch VALUES (:e, 2)"), {"e": "other@example.com"})
+        conn.execute(text("INSERT INTO scratch VALUES (:e, 3)"), {"e": EMAIL})
+    err = info.value
+    assert str(err) == (
+        "database conflict: UniqueViolation (SQLSTATE 23505) on constraint scratch_pkey"
+    )
+    assert (err.sqlstate, err.constraint, err.connection_invalidated) == (
+        "23505",
+        "scratch_pkey",
+        False,
+    )
+    assert isinstance(err.__cause__, psycopg.errors.UniqueViolation)
+    assert EMAIL in str(err.__cause__)  # the driver's text has it; ours does not
+    assert "example.com" not in str(err)
+    with boundary_engine.connect() as conn:  # rolled back: nothing of it was stored
+        rows = conn.execute(text("SELECT email, n FROM scratch ORDER BY n")).all()
+    assert [tuple(r) for r in rows] == [(EMAIL, 1)]
+
+
+@pytest.mark.parametrize("how", ["nowait", "lock_timeout"])
+def test_a_row_lock_not_granted_is_a_conflict(boundary_engine: Engine, how: str) -> None:
+    with boundary_engine.begin() as conn:
+        _scratch(conn)
+        conn.execute(text("INSERT INTO scratch VALUES (:e, 1)"), {"e": EMAIL})
+    with boundary_engine.begin() as holder:
+        holder.execute(text("SELECT 1 FROM scratch FOR UPDATE")).all()
+        with pytest.raises(Conflict) as info, boundary_engine.begin() as waiter:
+            if how == "nowait":
+                waiter.execute(text("SELECT 1 FROM scratch FOR UPDATE NOWAIT")).all()
+            else:
+                waiter.execute(text("SET LOCAL lock_timeout = '20ms'"))
+                waiter.execute(text("UPDATE scratch SET n = 2"))
+    assert info.value.sqlstate == "55P03"
+    assert str(info.value) == "database conflict: LockNotAvailable (SQLSTATE 55P03)"
+    with boundary_engine.connect() as conn:
+        assert conn.execute(text("SELECT n FROM scratch")).scalar_one() == 1
+
+
+def test_a_serialization_failure_is_a_conflict(boundary_engine: Engine) -> None:
+    with boundary_engine.begin() as conn:
+        _scratch(conn)
+        conn.execute(text("INSERT INTO scratch VALUES (:e, 1)"), {"e": EMAIL})
+    first = boundary_engine.connect().execution_options(isolation_level="REPEATABLE READ")
+    with pytest.raises(Conflict) as info, first, first.begin():
+        first.execute(text("SELECT n FROM scratch")).all()  # the snapshot is taken
+        with boundary_engine.begin() as second:
+            second.execute(text("UPDATE scratch SET n = 2"))
+        first.execute(text("UPDATE scratch SET n = 3"))
+    assert info.value.sqlstate == "40001"
+    with boundary_engine.connect() as conn:
+        assert conn.execute(text("SELECT n FROM scratch")).scalar_one() == 2
+
+
+def test_other_errors_are_plain_database_errors(boundary_engine: Engine) -> None:
+    with pytest.raises(DatabaseError) as info, boundary_engine.connect() as conn:
+        conn.execute(text("SELECT * FROM no_such_table WHERE x = :x"), {"x": EMAIL})
+    assert type(info.value) is DatabaseError
+    assert str(info.value) == "database error: UndefinedTable (SQLSTATE 42P01)"
+    assert not info.value.connection_invalidated
+
+
+def _backend_pid(engine: Engine) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(text("SELECT pg_backend_pid()")).scalar_one())
+
+
+def _terminate(databases: DatabaseFactory, pid: int) -> None:
+    """Terminate a backend from another connection and wait until it is gone."""
+    with databases.admin.connect() as conn:
+        done = conn.execute(text("SELECT pg_terminate_backend(:pid, 10000)"), {"pid": pid})
+        assert done.scalar_one() is True
+
+
+def test_a_terminated_backend_is_unavailable_with_an_invalidated_connection(
+    databases: DatabaseFactory, db_url: str
+) -> None:
+    engine = make_engine(db_url, pool_size=1)
+    try:
+        pid = _backend_pid(engine)  # that connection now waits in the pool
+        _terminate(databases, pid)
+        with pytest.raises(DatabaseUnavailable) as info, engine.begin() as conn:
+            conn.execute(text("SELECT 1"))
+        assert info.value.connection_invalidated
+        assert isinstance(info.value.__cause__, psycopg.OperationalError)
+        assert str(info.value).startswith("database unavailable: ")
+        assert _backend_pid(engine) != pid  # the next checkout is a fresh connection
+    finally:
+        engine.dispose()
+
+
+def test_pre_ping_still_reconnects_quietly(databases: DatabaseFactory, db_url: str) -> None:
+    """The hook leaves pre-ping failures to the pool, which replaces the connection."""
+    engine = create_engine(sqlalchemy_url(db_url), pool_size=1, pool_pre_ping=True)
+    try:
+        pid = _backend_pid(engine)
+        _terminate(databases, pid)
+        assert _backend_pid(engine) != pid
+    finally:
+        engine.dispose()
+
+
+def test_a_refused_connection_is_unavailable() -> None:
+    engine = make_engine("postgresql://postgres@127.0.0.1:1/nowhere")
+    try:
+        with pytest.raises(DatabaseUnavailable) as info:
+            engine.connect()
+    finally:
+        engine.dispose()
+    err = info.value
+    assert not err.connection_invalidated and err.sqlstate is None
+    assert str(err).startswith("database unavailable: connection failed: ")
+    assert "port 1 failed: Connection refused" in str(err)
+    assert "\n" not in str(err)
+    assert isinstance(err.__cause__, psycopg.OperationalError)
+
+
+def test_a_pool_timeout_is_unavailable(db_url: str) -> None:
+    engine = create_engine(sqlalchemy_url(db_url), pool_size=1, max_overflow=0, pool_timeout=0.01)
+    try:
+        with engine.connect(), pytest.raises(DatabaseUnavailable) as info:
+            engine.connect()
+        assert str(info.value) == "database unavailable: no pooled connection became free in time"
+        assert not info.value.connection_invalidated
+        with engine.connect() as conn:  # freed: the pool works again
+            assert conn.execute(text("SELECT 1")).scalar_one() == 1
+    finally:
+        engine.dispose()
+
+
+# --- assign_many's retry on a fresh connection ------------------------------------------------
+
+
+def _owners(engine: Engine) -> list[tuple[str, int, int]]:
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT l.crm_id, "
+                "(SELECT count(*) FROM assignments a WHERE a.lead_id = l.id), "
+                "(SELECT count(*) FROM outbox o WHERE o.lead_id = l.id) FROM leads l"
+            )
+        ).all()
+    return [(r[0], int(r[1]), int(r[2])) for r in rows]
+
+
+def test_assign_many_retries_once_on_a_terminated_backend(
+    databases: DatabaseFactory,
+    db_url: str,
+    sample_cfg: OrgConfig,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    engine = make_engine(db_url, pool_size=1)
+    try:
+        apply_teams(engine, sample_cfg)
+        _terminate(databases, _backend_pid(engine))
+        with caplog.at_level(logging.WARNING, logger="connector.routing.assign"):
+            outcomes = Router(engine, sample_cfg).assign_many(
+                [Lead("00Q5g00000Retry1", {"Country": "US"})], "api"
+            )
+        retries = [r.getMessage() for r in caplog.records if "retrying" in r.getMessage()]
+        assert retries == ["database connection lost; retrying (attempt 2)"]
+        assert [(o.status, o.team) for o in outcomes] == [("assigned", "na_ae")]
+        assert outcomes[0].owner_id is not None
+        assert _owners(engine) == [(outcomes[0].crm_id, 1, 1)]  # exactly one owner
+    finally:
+        engine.dispose()
+
+
+def test_without_the_retry_the_same_scenario_fails(
+    databases: DatabaseFactory,
+    db_url: str,
+    sample_cfg: OrgConfig,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The scenario above really hits a dead connection: one attempt is not enough."""
+    monkeypatch.setattr(assign, "RECONNECT_ATTEMPTS", 1)
+    engine = make_engine(db_url, pool_size=1)
+    try:
+        apply_teams(engine, sample_cfg)
+        _terminate(databases, _backend_pid(engine))
+        with pytest.raises(DatabaseUnavailable):
+            Router(engine, sample_cfg).assign_many(
+                [Lead("00Q5g00000Retry1", {"Country": "US"})], "api"
+            )
+        assert _owners(engine) == []
+    finally:
+        engine.dispose()
+
+
+def test_a_conflict_is_not_retried_by_assign_many(
+    databases: DatabaseFactory,
+    db_url: str,
+    sample_cfg: OrgConfig,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Only a lost connection is retried: a team lock not granted surfaces at once."""
+    name = make_url(db_url).database
+    with databases.admin.connect() as conn:
+        conn.execute(text(f"ALTER DATABASE {name} SET lock_timeout = '20ms'"))
+    engine = make_engine(db_url, pool_size=2)
+    try:
+        apply_teams(engine, sample_cfg)
+        with engine.begin() as holder:
+            holder.execute(text("SELECT 1 FROM teams FOR UPDATE")).all()
+            with (
+                caplog.at_level(logging.WARNING, logger="connector.routing.assign"),
+                pytest.raises(Conflict) as info,
+            ):
+                Router(engine, sample_cfg).assign_many(
+                    [Lead("00Q5g00000Lockd1", {"Country": "US"})], "api"
+                )
+        assert info.value.sqlstate == "55P03"
+        assert not [r for r in caplog.records if "retrying" in r.getMessage()]
+        assert _owners(engine) == []
+    finally:
+        engine.dispose()
