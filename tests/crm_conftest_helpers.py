@@ -1,4 +1,5 @@
-"""Shared harness for crm_adapters tests: one interface over both sandboxes and adapters."""
+"""Shared harness for crm_adapters tests: one interface over both sandboxes and adapters, and
+over the in-memory CRM (crm_adapters.memory) in either dialect."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 
 from crm_adapters.base import CrmAdapter
 from crm_adapters.hubspot import HubSpotAdapter, HubSpotSettings
+from crm_adapters.memory import MemoryCrm
 from crm_adapters.salesforce import SalesforceAdapter, SalesforceSettings
 from crm_sandboxes import HubSpotSandbox, SalesforceSandbox
 
@@ -51,40 +53,66 @@ def hs_settings(sb: HubSpotSandbox, **kw: Any) -> HubSpotSettings:
 
 @dataclass
 class Harness:
-    """Drive either CRM the same way: seed, make adapters, inspect, inject faults."""
+    """Drive any CRM the same way: seed, make adapters, inspect, inject faults.
+
+    With a MemoryCrm the CRM and its adapter are one object; `kind` is its dialect."""
 
     kind: str
-    sandbox: SalesforceSandbox | HubSpotSandbox
+    sandbox: SalesforceSandbox | HubSpotSandbox | MemoryCrm
     parent: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def in_memory(self) -> bool:
+        return isinstance(self.sandbox, MemoryCrm)
+
     def adapter(self, **kw: Any) -> CrmAdapter:
+        if isinstance(self.sandbox, MemoryCrm):
+            return self.sandbox  # no wire: transport settings (timeouts) do not apply
         if isinstance(self.sandbox, SalesforceSandbox):
             return SalesforceAdapter(sf_settings(self.sandbox, **kw))
         return HubSpotAdapter(hs_settings(self.sandbox, **kw))
 
     def owner(self, active: bool = True) -> str:
+        if isinstance(self.sandbox, MemoryCrm):
+            return self.sandbox.add_user(active=active)
         if isinstance(self.sandbox, SalesforceSandbox):
             return self.sandbox.add_user(active=active)
         return self.sandbox.add_owner(archived=not active)
 
     def new_parent(self) -> str | None:
-        if isinstance(self.sandbox, SalesforceSandbox):
+        if isinstance(self.sandbox, MemoryCrm):
+            if self.kind == "salesforce":
+                self.parent = self.sandbox.add_parent()
+        elif isinstance(self.sandbox, SalesforceSandbox):
             self.parent = self.sandbox.add_account()
         return self.parent
 
     def record(self, owner: str | None = None) -> str:
+        if isinstance(self.sandbox, MemoryCrm):
+            return self.sandbox.add_record(owner, self.parent)
         if isinstance(self.sandbox, SalesforceSandbox):
             return self.sandbox.add_record("Contact", owner, self.parent)
         return self.sandbox.add_record("contacts", owner)
 
     def delete(self, record_id: str) -> None:
-        if isinstance(self.sandbox, SalesforceSandbox):
+        if isinstance(self.sandbox, MemoryCrm):
+            self.sandbox.delete(record_id)
+        elif isinstance(self.sandbox, SalesforceSandbox):
             self.sandbox.delete_record(record_id)
         else:
             self.sandbox.delete_record(record_id, "contacts")
 
+    def poison(self, record_ids: list[str]) -> None:
+        """Writes to these records always fail a validation rule."""
+        self.sandbox.poison(record_ids)
+
+    def clear_faults(self) -> None:
+        self.sandbox.clear_faults()
+
     def owner_of(self, record_id: str) -> str | None:
+        if isinstance(self.sandbox, MemoryCrm):
+            return self.sandbox.owner_of(record_id)
         if isinstance(self.sandbox, SalesforceSandbox):
             rec = self.sandbox.get_record(record_id)
             return None if rec is None else rec.get("OwnerId")
@@ -99,14 +127,22 @@ class Harness:
         return "003SB9999999999AAA" if self.kind == "salesforce" else "99999999"
 
     def inject_5xx(self, n: int = 1, status: int = 503) -> None:
-        if self.kind == "salesforce":
+        if isinstance(self.sandbox, MemoryCrm):
+            self.sandbox.fail_transient(n)
+        elif self.kind == "salesforce":
             self.sandbox.inject_failures(n, status)
         else:
             body = {"status": "error", "message": "Service unavailable", "category": "INTERNAL"}
             self.sandbox.inject_failures(n, status, body)
 
     def inject_429(self) -> None:
-        if self.kind == "salesforce":
+        """The CRM's answer to being over quota (Salesforce: the org's daily API limit)."""
+        if isinstance(self.sandbox, MemoryCrm):
+            if self.kind == "salesforce":
+                self.sandbox.fail_rate_limited(900.0, scope="org")
+            else:
+                self.sandbox.fail_rate_limited(1.0, scope="request")
+        elif self.kind == "salesforce":
             sf_body = [
                 {"message": "TotalRequests Limit exceeded.", "errorCode": "REQUEST_LIMIT_EXCEEDED"}
             ]

@@ -1,4 +1,11 @@
-"""Both adapters, same cases, against the in-process sandboxes with the real client libraries."""
+"""Every adapter, same cases: the two real adapters against the in-process sandboxes with the
+real client libraries, and the in-memory CRM in both dialects.
+
+The cases are about meaning (what write_owners returns or raises, what reads return), so the
+in-memory twin must pass them too: the dispatcher's tests rely on it behaving like the real
+adapters. Only what exists on a wire stays with the real adapters: dropped connections and
+timeouts (`wire` fixture) and the quota headers that usage() reports.
+"""
 
 from __future__ import annotations
 
@@ -16,21 +23,39 @@ from crm_adapters.base import (
     RetryableError,
 )
 from crm_adapters.batching import plan_batches
+from crm_adapters.memory import MemoryCrm
 from crm_sandboxes import HubSpotSandbox, SalesforceSandbox
 from tests.crm_conftest_helpers import Harness, hs_sandbox, sf_sandbox
 
 __all__ = ["hs_sandbox", "sf_sandbox"]
 
+REAL = ["salesforce", "hubspot"]
+ALL = [*REAL, "memory-salesforce", "memory-hubspot"]
 
-@pytest.fixture(params=["salesforce", "hubspot"])
-def h(
-    request: pytest.FixtureRequest, sf_sandbox: SalesforceSandbox, hs_sandbox: HubSpotSandbox
-) -> Iterator[Harness]:
-    sb = sf_sandbox if request.param == "salesforce" else hs_sandbox
-    harness = Harness(request.param, sb)
+
+def _harness(request: pytest.FixtureRequest, backend: str) -> Iterator[Harness]:
+    if backend.startswith("memory-"):
+        kind = backend.removeprefix("memory-")
+        harness = Harness(kind, MemoryCrm(kind))
+    else:
+        sb: SalesforceSandbox | HubSpotSandbox = request.getfixturevalue(
+            "sf_sandbox" if backend == "salesforce" else "hs_sandbox"
+        )
+        harness = Harness(backend, sb)
     harness.new_parent()
     yield harness
-    sb.clear_faults()
+    harness.clear_faults()
+
+
+@pytest.fixture(params=ALL)
+def h(request: pytest.FixtureRequest) -> Iterator[Harness]:
+    yield from _harness(request, request.param)
+
+
+@pytest.fixture(params=REAL)
+def wire(request: pytest.FixtureRequest) -> Iterator[Harness]:
+    """The real adapters only, for cases about the transport."""
+    yield from _harness(request, request.param)
 
 
 def test_adapter_satisfies_protocol(h: Harness) -> None:
@@ -62,7 +87,7 @@ def test_partial_failures_are_outcomes_in_order(h: Harness) -> None:
     good, inactive = h.owner(), h.owner(active=False)
     r_ok1, r_bad_owner, r_deleted, r_poison, r_ok2 = (h.record() for _ in range(5))
     h.delete(r_deleted)
-    h.sandbox.poison([r_poison])
+    h.poison([r_poison])
     writes = [
         OwnerWrite("a", r_ok1, good, h.parent),
         OwnerWrite("b", r_bad_owner, inactive, h.parent),
@@ -109,19 +134,20 @@ def test_rate_limit_raises_rate_limited(h: Harness) -> None:
     assert ei.value.scope == ("org" if h.kind == "salesforce" else "request")
 
 
-def test_dropped_connection_and_timeout_are_retryable(h: Harness) -> None:
-    a = h.adapter(timeout=0.3)
-    rid, owner = h.record(), h.owner()
+def test_dropped_connection_and_timeout_are_retryable(wire: Harness) -> None:
+    assert isinstance(wire.sandbox, SalesforceSandbox | HubSpotSandbox)
+    a = wire.adapter(timeout=0.3)
+    rid, owner = wire.record(), wire.owner()
     a.check_owners([owner])
-    h.sandbox.drop_connections(1)
+    wire.sandbox.drop_connections(1)
     with pytest.raises(RetryableError) as ei:
-        a.write_owners([OwnerWrite("k", rid, owner, h.parent)])
+        a.write_owners([OwnerWrite("k", rid, owner, wire.parent)])
     assert ei.value.code == "connection"
-    h.sandbox.set_latency(0.6)
+    wire.sandbox.set_latency(0.6)
     with pytest.raises(RetryableError) as ei:
-        a.write_owners([OwnerWrite("k", rid, owner, h.parent)])
+        a.write_owners([OwnerWrite("k", rid, owner, wire.parent)])
     assert ei.value.code in ("timeout", "connection")
-    h.sandbox.set_latency(0)
+    wire.sandbox.set_latency(0)
 
 
 def test_changed_since_pages_ascending(h: Harness) -> None:
@@ -176,7 +202,9 @@ def test_usage_reports_quota(h: Harness) -> None:
     a.check_owners([h.owner()])
     u = a.usage()
     assert u["kind"] == h.kind
-    if h.kind == "salesforce":
+    if h.in_memory:
+        assert isinstance(u["requests"], int) and u["requests"] >= 1  # no quota to report
+    elif h.kind == "salesforce":
         assert isinstance(u["api_usage"], dict) and u["api_usage"]["total"] > 0
     else:
         assert u["rate_limit_headers"]

@@ -168,9 +168,10 @@ def test_a_dead_dispatchers_claim_is_taken_over_after_its_lease(
     assert stats.sent == 30
     assert _states(engine, cfg.org) == {"sent": 30}
     # the stale worker wakes up and reports failure for everything: nothing changes
-    from connector.writeback.dispatch import DispatchStats, _Finish
+    from connector.writeback.decisions import Dead
+    from connector.writeback.dispatch import DispatchStats
 
-    late = _Finish(dead=[(c.id, "late") for c in claimed])
+    late = [Dead(c.id, "late") for c in claimed]
     s = DispatchStats()
     dying._record("dead-worker-token", late, s)
     assert s.stale == 30

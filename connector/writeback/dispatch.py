@@ -23,6 +23,7 @@ trip, typically well under a second) can still be overwritten.
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
 import uuid
@@ -33,18 +34,36 @@ from typing import Any
 from sqlalchemy import Engine, TextClause, text
 
 import db
-from connector.core.ownership import is_unrouted, owner_key
-from crm_adapters.base import (
-    AuthError,
-    CrmAdapter,
-    CrmError,
-    OwnerWrite,
-    PermanentError,
-    RateLimitedError,
-    RetryableError,
-    WriteOutcome,
+from connector.core.ownership import owner_key
+from connector.writeback.decisions import (
+    Claimed,
+    Dead,
+    Decision,
+    Pause,
+    Policy,
+    Retry,
+    Sent,
+    Superseded,
+    decide_guard,
+    decide_outcomes,
+    decide_request_failure,
+    finish_params,
+    guard_writes,
+    lease_valid,
+    outcome_error,
+    plan_round,
+    unexpected_error,
 )
-from crm_adapters.batching import backoff_delay, plan_batches
+from crm_adapters.base import AuthError, CrmAdapter, CrmError, OwnerWrite
+
+__all__ = [
+    "Claimed",
+    "DispatchStats",
+    "Dispatcher",
+    "finished_rows",
+    "guard_writes",
+    "retry_dead",
+]
 
 log = logging.getLogger(__name__)
 
@@ -79,57 +98,16 @@ class DispatchStats:
         for k, v in other.errors.items():
             self.errors[k] = self.errors.get(k, 0) + v
 
-
-@dataclass(frozen=True)
-class Claimed:
-    id: int
-    crm_id: str
-    owner_id: str
-    parent_id: str | None
-    attempts: int
-    age: float = 0.0  # seconds since the row was created (caps its retry delay)
-
-
-@dataclass
-class _Finish:
-    sent: list[int] = field(default_factory=list)
-    dead: list[tuple[int, str]] = field(default_factory=list)
-    retry: list[tuple[int, str, float]] = field(default_factory=list)
-    superseded: list[tuple[int, str]] = field(default_factory=list)
-
-
-def guard_writes(
-    batch: Sequence[OwnerWrite],
-    current: dict[str, str | None],
-    kind: str,
-    intake: frozenset[str],
-) -> tuple[list[OwnerWrite], list[str], list[tuple[str, str]], list[str]]:
-    """Sort one request's writes by the owners the CRM has now (pure).
-
-    ``current`` maps owner_key(record id) -> owner for the records the CRM returned.
-    Returns (to write, already ours: keys, superseded: (key, owner found), missing: keys).
-    """
-    write: list[OwnerWrite] = []
-    ours: list[str] = []
-    superseded: list[tuple[str, str]] = []
-    missing: list[str] = []
-    for w in batch:
-        rid = owner_key(kind, w.record_id)
-        if rid not in current:
-            missing.append(w.key)
-            continue
-        owner = current[rid]
-        if owner and owner_key(kind, owner) == owner_key(kind, w.owner_id):
-            ours.append(w.key)
-        elif is_unrouted(kind, owner, intake):
-            write.append(w)
-        else:
-            superseded.append((w.key, owner or ""))
-    return write, ours, superseded, missing
+    def count_error(self, code: str) -> None:
+        self.errors[code] = self.errors.get(code, 0) + 1
 
 
 class Dispatcher:
-    """Drains one org's outbox through one adapter."""
+    """Drains one org's outbox through one adapter.
+
+    The I/O of a round is claim SQL -> read owners -> write -> finish SQL; every decision in
+    between is a pure function of ``connector.writeback.decisions``.
+    """
 
     def __init__(
         self,
@@ -145,6 +123,7 @@ class Dispatcher:
         intake_owner_ids: Sequence[str],
         auth_pause_seconds: float = 60.0,
         linger_seconds: float = 0.5,
+        rng: Callable[[], float] = random.random,
     ) -> None:
         self.engine = engine
         self.org = org
@@ -157,6 +136,16 @@ class Dispatcher:
         self.backoff_cap = backoff_cap
         self.auth_pause_seconds = auth_pause_seconds
         self.linger_seconds = linger_seconds
+        self.rng = rng
+
+    @property
+    def policy(self) -> Policy:
+        return Policy(
+            max_attempts=self.max_attempts,
+            backoff_base=self.backoff_base,
+            backoff_cap=self.backoff_cap,
+            auth_pause_seconds=self.auth_pause_seconds,
+        )
 
     # -- claiming -------------------------------------------------------------------------
     def claim(self, token: str) -> list[Claimed]:
@@ -213,25 +202,15 @@ class Dispatcher:
         stats = DispatchStats(claimed=len(claimed))
         if not claimed:
             return stats
-        by_key = {str(c.id): c for c in claimed}
-        writes = [OwnerWrite(str(c.id), c.crm_id, c.owner_id, c.parent_id) for c in claimed]
-        batches = plan_batches(writes, self.adapter.max_batch)
-        if len(claimed) >= self.claim_limit and len(batches) > 1:
-            # More rows are probably waiting: a half-empty last request would cost a CRM call
-            # (quotas count calls); its rows go back and fill the next claim's requests.
-            tail = batches[-1]
-            if len(tail) < self.adapter.max_batch:
-                batches.pop()
-                with self.engine.begin() as conn:
-                    conn.execute(
-                        _SQL["release"], {"ids": [int(w.key) for w in tail], "token": token}
-                    )
-                stats.claimed -= len(tail)
+        rows = {str(c.id): c for c in claimed}
+        plan = plan_round(claimed, self.adapter.max_batch, self.claim_limit)
+        if plan.released:
+            with self.engine.begin() as conn:
+                conn.execute(_SQL["release"], {"ids": plan.released, "token": token})
+            stats.claimed -= len(plan.released)
+        batches = plan.batches
         for i, batch in enumerate(batches):
-            if stats.stale or time.monotonic() - claimed_at >= self.lease_seconds:
-                # The lease is gone (this process was paused, or the CRM was slow): another
-                # dispatcher may hold these rows now, and writing them too would put two of
-                # our requests on one record or Account. Leave them to the rescue.
+            if not lease_valid(time.monotonic() - claimed_at, self.lease_seconds, stats.stale):
                 left = sum(len(b) for b in batches[i:])
                 stats.stale += left
                 log.warning(
@@ -240,35 +219,51 @@ class Dispatcher:
                     left,
                 )
                 break
-            finish = _Finish()
+            decisions: list[Decision] = []
+            failure: CrmError | None = None
+            undecided: Sequence[OwnerWrite] = batch
             try:
-                to_write = self._guard(batch, by_key, finish, stats)
+                to_write = undecided = self._guard(batch, rows, decisions, stats)
                 if to_write:
                     stats.requests += 1
                     outcomes = self.adapter.write_owners(to_write)
-                    self._sort_outcomes(outcomes, by_key, finish, stats)
+                    for o in outcomes:
+                        err = outcome_error(o)
+                        if err is not None:
+                            stats.count_error(err.code)
+                    decisions += decide_outcomes(outcomes, rows, self.policy, self.rng)
             except CrmError as exc:
-                self._count(stats, exc.code)
-                rest = [w for b in batches[i:] for w in b]
-                self._whole_request_failed(exc, rest, by_key, finish, stats)
-                self._record(token, finish, stats)
-                break
+                stats.count_error(exc.code)
+                failure = exc
             except Exception as exc:  # an adapter bug or a transport error it did not classify
                 log.exception("org %s: unexpected error writing owners", self.org)
-                self._count(stats, type(exc).__name__)
-                rest = [w for b in batches[i:] for w in b]
-                err = RetryableError("UNEXPECTED", type(exc).__name__)
-                self._whole_request_failed(err, rest, by_key, finish, stats)
-                self._record(token, finish, stats)
+                stats.count_error(type(exc).__name__)
+                failure = unexpected_error(exc)
+            if failure is not None:
+                # The failure covers what this request left undecided and every later request
+                # of the claim; rows the owner read already settled keep that decision.
+                rest = [*undecided, *(w for b in batches[i + 1 :] for w in b)]
+                failed, pause = decide_request_failure(failure, rest, rows, self.policy, self.rng)
+                decisions += failed
+                if pause is not None:
+                    if isinstance(failure, AuthError):
+                        log.error(
+                            "org %s: CRM refused our credentials (%s); pausing writes for %.0f s",
+                            self.org,
+                            failure.code,
+                            pause.seconds,
+                        )
+                    self._pause(pause)
+                self._record(token, decisions, stats)
                 break
-            self._record(token, finish, stats)
+            self._record(token, decisions, stats)
         return stats
 
     def _guard(
         self,
         batch: Sequence[OwnerWrite],
-        by_key: dict[str, Claimed],
-        finish: _Finish,
+        rows: dict[str, Claimed],
+        decisions: list[Decision],
         stats: DispatchStats,
     ) -> list[OwnerWrite]:
         """Read the records' current owners (one CRM call) and keep only the safe writes."""
@@ -278,125 +273,29 @@ class Dispatcher:
         current = {
             owner_key(kind, r.crm_id): r.fields.get(self.adapter.owner_field) for r in records
         }
-        write, ours, superseded, missing = guard_writes(batch, current, kind, self.intake)
-        finish.sent.extend(by_key[k].id for k in ours)
-        for k, owner in superseded:
-            finish.superseded.append((by_key[k].id, owner))
-        for k in missing:
-            finish.dead.append((by_key[k].id, "NOT_FOUND: the record is not in the CRM"))
+        write, decided = decide_guard(batch, current, rows, kind, self.intake)
+        decisions += decided
+        superseded = sum(1 for d in decided if isinstance(d, Superseded))
         if superseded:
             log.warning(
                 "org %s: %d owner writes superseded: a person changed the owner in the CRM",
                 self.org,
-                len(superseded),
+                superseded,
             )
         return write
 
-    def _sort_outcomes(
-        self,
-        outcomes: Sequence[WriteOutcome],
-        by_key: dict[str, Claimed],
-        finish: _Finish,
-        stats: DispatchStats,
-    ) -> None:
-        for o in outcomes:
-            row = by_key[o.key]
-            if o.ok:
-                finish.sent.append(row.id)
-                continue
-            err = o.error or PermanentError("UNKNOWN", "no error given")
-            self._count(stats, err.code)
-            if isinstance(err, RetryableError) and row.attempts < self.max_attempts:
-                finish.retry.append((row.id, _describe(err), self._delay(row, err)))
-            else:
-                finish.dead.append((row.id, _describe(err)))
-
-    def _whole_request_failed(
-        self,
-        exc: CrmError,
-        writes: Sequence[OwnerWrite],
-        by_key: dict[str, Claimed],
-        finish: _Finish,
-        stats: DispatchStats,
-    ) -> None:
-        """A raise covers every write not yet attempted in this claim."""
-        if isinstance(exc, RateLimitedError) and exc.scope == "org":
-            seconds = exc.retry_after if exc.retry_after is not None else 3600.0
-            self._pause(seconds, _describe(exc))
-        if isinstance(exc, AuthError):
-            log.error(
-                "org %s: CRM refused our credentials (%s); pausing writes for %.0f s",
-                self.org,
-                exc.code,
-                self.auth_pause_seconds,
-            )
-            self._pause(self.auth_pause_seconds, _describe(exc))
-        for w in writes:
-            row = by_key[w.key]
-            if isinstance(exc, PermanentError):
-                finish.dead.append((row.id, _describe(exc)))
-            elif (
-                isinstance(exc, RateLimitedError | AuthError)
-                or (isinstance(exc, RetryableError) and exc.code != "UNEXPECTED")
-                or row.attempts < self.max_attempts
-            ):
-                # Quota and credential trouble, and a CRM that is down (5xx, timeouts, resets
-                # for the whole request), are not the record's fault: never dead-letter it, or
-                # an outage of a minute would lose every owner write in flight.
-                delay = self._delay(row, exc)
-                finish.retry.append((row.id, _describe(exc), delay))
-            else:
-                finish.dead.append((row.id, _describe(exc)))
-
-    def _delay(self, row: Claimed, err: CrmError) -> float:
-        retry_after = err.retry_after if isinstance(err, RetryableError) else None
-        delay = backoff_delay(
-            max(row.attempts - 1, 0),
-            base=self.backoff_base,
-            cap=self.backoff_cap,
-            retry_after=retry_after,
-        )
-        if retry_after is None:
-            # Never wait longer than the row has existed: after an outage of T every row is
-            # retried within about T of the CRM's recovery (the backlog drains within twice
-            # the outage), while a long outage still backs off exponentially up to the cap.
-            delay = min(delay, max(row.age, self.backoff_base))
-        return delay
-
-    def _record(self, token: str, finish: _Finish, stats: DispatchStats) -> None:
-        rows: list[tuple[int, str, str | None, float, str | None]] = [
-            *((i, "sent", None, 0.0, None) for i in finish.sent),
-            *((i, "dead", err, 0.0, None) for i, err in finish.dead),
-            *((i, "pending", err, delay, None) for i, err, delay in finish.retry),
-            *(
-                (
-                    i,
-                    "superseded",
-                    f"the CRM showed another owner just before the write: {o}",
-                    0.0,
-                    o,
-                )
-                for i, o in finish.superseded
-            ),
-        ]
+    def _record(self, token: str, decisions: Sequence[Decision], stats: DispatchStats) -> None:
+        """Store a request's decisions (one statement); rows no longer ours are not touched."""
         applied = 0
-        if rows:
+        if decisions:
             with self.engine.begin() as conn:
-                ids, states, errors, delays, owners = (list(c) for c in zip(*rows, strict=True))
-                params = {
-                    "ids": ids,
-                    "states": states,
-                    "errors": errors,
-                    "delays": delays,
-                    "owners": owners,
-                    "token": token,
-                }
+                params = {**finish_params(decisions), "token": token}
                 applied = len(conn.execute(_SQL["finish"], params).all())
-        total = len(rows)
-        stats.superseded += len(finish.superseded)
-        stats.sent += len(finish.sent)
-        stats.dead += len(finish.dead)
-        stats.retried += len(finish.retry)
+        total = len(decisions)
+        stats.superseded += sum(1 for d in decisions if isinstance(d, Superseded))
+        stats.sent += sum(1 for d in decisions if isinstance(d, Sent))
+        stats.dead += sum(1 for d in decisions if isinstance(d, Dead))
+        stats.retried += sum(1 for d in decisions if isinstance(d, Retry))
         stats.stale += total - applied
         if total != applied:
             log.warning(
@@ -404,17 +303,19 @@ class Dispatcher:
                 self.org,
                 total - applied,
             )
-        for row_id, reason in finish.dead:
-            log.warning("org %s: outbox row %d is dead: %s", self.org, row_id, reason)
+        for d in decisions:
+            if isinstance(d, Dead):
+                log.warning("org %s: outbox row %d is dead: %s", self.org, d.row_id, d.reason)
 
-    def _pause(self, seconds: float, reason: str) -> None:
-        log.error("org %s: pausing CRM writes for %.0f s (%s)", self.org, seconds, reason)
+    def _pause(self, pause: Pause) -> None:
+        log.error(
+            "org %s: pausing CRM writes for %.0f s (%s)", self.org, pause.seconds, pause.reason
+        )
         with self.engine.begin() as conn:
-            conn.execute(_SQL["pause_org"], {"org": self.org, "seconds": seconds, "reason": reason})
-
-    @staticmethod
-    def _count(stats: DispatchStats, code: str) -> None:
-        stats.errors[code] = stats.errors.get(code, 0) + 1
+            conn.execute(
+                _SQL["pause_org"],
+                {"org": self.org, "seconds": pause.seconds, "reason": pause.reason},
+            )
 
     # -- loops ----------------------------------------------------------------------------
     def open_rows(self) -> tuple[int, float | None]:
@@ -470,11 +371,6 @@ class Dispatcher:
                 # this turns many tiny requests into few full ones (CRM quotas count
                 # requests), for at most linger_seconds of added latency.
                 stop.wait(self.linger_seconds)
-
-
-def _describe(err: CrmError) -> str:
-    msg = err.message[:300] if err.message else ""
-    return f"{err.code}: {msg}" if msg else err.code
 
 
 def finished_rows(

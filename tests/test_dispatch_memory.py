@@ -1,0 +1,453 @@
+"""The dispatcher's outcome matrix: real Postgres, the in-memory CRM (no HTTP).
+
+Each case scripts the CRM (crm_adapters.memory) and checks what the outbox rows became, what
+the CRM holds, and which requests went out. The wire (real clients, real HTTP against the
+sandboxes) is covered by test_dispatch.py and test_crm_conformance.py.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, text
+
+from connector.core.config import OrgConfig, parse_config
+from connector.routing.assign import Lead, Router
+from connector.routing.teams import apply_teams
+from connector.writeback.dispatch import Claimed, Dispatcher
+from crm_adapters.base import PermanentError, RetryableError
+from crm_adapters.memory import MemoryCrm, ServedRequest
+
+ORG = "mem"
+
+
+def _config(crm: MemoryCrm, reps: list[str], intake: list[str]) -> OrgConfig:
+    members = "\n".join(
+        f'      - {{crm_user_id: "{r}", name: "Rep {i}"}}' for i, r in enumerate(reps)
+    )
+    if crm.kind == "salesforce":
+        crm_yaml = """  kind: salesforce
+  instance_url: https://mem.my.salesforce.com
+  auth: {method: client_credentials, client_id: "${ID}", client_secret: "${SECRET}"}
+  object: Contact
+  outbound_secrets: ["${OM}"]"""
+    else:
+        crm_yaml = """  kind: hubspot
+  base_url: https://api.hubapi.com
+  auth: {access_token: "${SECRET}"}
+  object: contacts
+  webhook_secrets: ["${OM}"]
+  portal_id: 1"""
+    text_ = f"""
+org: {ORG}
+crm:
+{crm_yaml}
+intake_owner_ids: {intake}
+teams:
+  - name: ae
+    members:
+{members}
+rules:
+  - {{team: ae}}
+"""
+    env = {"ID": "id", "SECRET": "secret-value", "OM": "om-secret-0123456789abcdef"}
+    return parse_config(text_, f"{ORG}.yaml", env)
+
+
+@dataclass
+class Org:
+    """An org routed in Postgres whose CRM is a MemoryCrm."""
+
+    engine: Engine
+    crm: MemoryCrm
+    cfg: OrgConfig
+    reps: list[str]
+    intake: str
+
+    def route(self, n: int, parents: list[str | None] | None = None) -> list[str]:
+        """n new records owned by the intake user, assigned; parents cycle over `parents`."""
+        cycle = parents or [None]
+        ids = [self.crm.add_record(self.intake, cycle[i % len(cycle)]) for i in range(n)]
+        leads = []
+        for rid, i in zip(ids, range(n), strict=True):
+            parent = cycle[i % len(cycle)]
+            leads.append(Lead(rid, {"AccountId": parent} if parent else {}))
+        Router(self.engine, self.cfg).assign_many(leads, "import")
+        return ids
+
+    def dispatcher(self, **kw: Any) -> Dispatcher:
+        kw.setdefault("rng", lambda: 0.0)  # no jitter: retries are due at once
+        return Dispatcher(
+            self.engine, ORG, self.crm, intake_owner_ids=self.cfg.intake_owner_ids, **kw
+        )
+
+    def rows(self) -> dict[str, dict[str, Any]]:
+        """crm_id -> the outbox row's state, attempts, last_error, found_owner, due_in_s."""
+        with self.engine.connect() as conn:
+            return {
+                r.crm_id: dict(r._mapping)
+                for r in conn.execute(
+                    text(
+                        "SELECT crm_id, state, attempts, last_error, found_owner, owner_id, "
+                        "extract(epoch FROM available_at - now()) AS due_in_s "
+                        "FROM outbox WHERE org = :o"
+                    ),
+                    {"o": ORG},
+                )
+            }
+
+    def states(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for r in self.rows().values():
+            out[r["state"]] = out.get(r["state"], 0) + 1
+        return out
+
+    def paused_for(self) -> float | None:
+        with self.engine.connect() as conn:
+            v = conn.execute(
+                text("SELECT extract(epoch FROM until - now()) FROM org_pauses WHERE org = :o"),
+                {"o": ORG},
+            ).scalar()
+        return None if v is None else float(v)
+
+
+def _org(engine: Engine, kind: str = "salesforce", max_batch: int | None = None) -> Org:
+    crm = MemoryCrm(kind, max_batch=max_batch)
+    reps = [crm.add_user() for _ in range(3)]
+    intake = crm.add_user()
+    cfg = _config(crm, reps, [intake])
+    apply_teams(engine, cfg)
+    return Org(engine, crm, cfg, reps, intake)
+
+
+def _ops(crm: MemoryCrm) -> list[str]:
+    return [r.op for r in sorted(crm.requests, key=lambda r: r.seq)]
+
+
+@pytest.fixture
+def org(engine: Engine) -> Org:
+    return _org(engine)
+
+
+# -- the happy paths -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["salesforce", "hubspot"])
+def test_every_owner_reaches_the_crm_in_full_requests(engine: Engine, kind: str) -> None:
+    o = _org(engine, kind)
+    parents = [o.crm.add_parent() for _ in range(7)] if kind == "salesforce" else [None]
+    ids = o.route(450, parents)
+    stats = o.dispatcher().drain(timeout=30)
+    rows = o.rows()
+    assert o.states() == {"sent": 450}
+    assert all(o.crm.owner_of(rid) == rows[rid]["owner_id"] for rid in ids)
+    assert {rows[rid]["owner_id"] for rid in ids} == set(o.reps)
+    writes = o.crm.write_requests()
+    assert len(writes) == stats.requests == math.ceil(450 / o.crm.max_batch)
+    assert sorted(o.crm.written_ids()) == sorted(ids)
+    # one owner read just before each write
+    assert _ops(o.crm) == ["fetch_records", "write_owners"] * len(writes)
+    assert o.crm.overlaps == []
+
+
+def test_a_record_that_already_has_our_owner_is_sent_without_a_write(org: Org) -> None:
+    (rid,) = org.route(1)
+    org.crm.person_edit(rid, org.rows()[rid]["owner_id"])
+    stats = org.dispatcher().run_once()
+    assert (stats.sent, stats.requests, stats.reads) == (1, 0, 1)
+    assert org.states() == {"sent": 1}
+    assert org.crm.write_requests() == []
+
+
+def test_a_person_owner_supersedes_ours_and_is_never_written(org: Org) -> None:
+    keep, mine = org.route(2)
+    person = org.crm.add_user()
+    org.crm.person_edit(keep, person)
+    stats = org.dispatcher().run_once()
+    rows = org.rows()
+    assert (rows[keep]["state"], rows[keep]["found_owner"]) == ("superseded", person)
+    assert rows[keep]["last_error"].endswith(person)
+    assert rows[mine]["state"] == "sent"
+    assert org.crm.owner_of(keep) == person
+    assert org.crm.written_ids() == [mine]
+    assert (stats.superseded, stats.sent) == (1, 1)
+
+
+def test_an_intake_owned_record_is_written(org: Org) -> None:
+    (rid,) = org.route(1)
+    assert org.crm.owner_of(rid) == org.intake
+    org.dispatcher().run_once()
+    assert org.crm.owner_of(rid) == org.rows()[rid]["owner_id"] != org.intake
+
+
+# -- per-record failures ---------------------------------------------------------------------
+
+
+def test_a_deleted_record_is_dead_as_not_found_without_a_write(org: Org) -> None:
+    gone, ok = org.route(2)
+    org.crm.delete(gone)
+    org.dispatcher().run_once()
+    rows = org.rows()
+    assert rows[gone]["state"] == "dead" and rows[gone]["last_error"].startswith("NOT_FOUND")
+    assert org.crm.written_ids() == [ok]
+
+
+def test_a_locked_parent_retries_its_children_then_sends_them(org: Org) -> None:
+    busy, free = org.crm.add_parent(), org.crm.add_parent()
+    ids = org.route(6, [busy, free])
+    org.crm.lock_parent(busy, times=1)
+    first = org.dispatcher().run_once()
+    rows = org.rows()
+    locked = [rid for rid in ids if org.crm.record(rid).parent_id == busy]  # type: ignore[union-attr]
+    assert first.retried == 3 and first.sent == 3 and first.errors == {"UNABLE_TO_LOCK_ROW": 3}
+    for rid in locked:
+        assert (rows[rid]["state"], rows[rid]["attempts"]) == ("pending", 1)
+        assert rows[rid]["last_error"].startswith("UNABLE_TO_LOCK_ROW")
+    org.dispatcher().drain(timeout=30)
+    rows = org.rows()
+    assert org.states() == {"sent": 6}
+    assert [rows[rid]["attempts"] for rid in locked] == [2, 2, 2]
+
+
+def test_an_inactive_owner_is_dead_with_the_crms_reason(org: Org) -> None:
+    ids = org.route(3)
+    owners = org.rows()
+    gone_rep = owners[ids[0]]["owner_id"]
+    org.crm.set_user_active(gone_rep, False)
+    org.dispatcher().drain(timeout=30)
+    rows = org.rows()
+    for rid in ids:
+        if rows[rid]["owner_id"] == gone_rep:
+            assert rows[rid]["state"] == "dead"
+            assert rows[rid]["last_error"].startswith("INACTIVE_OWNER_OR_USER")
+            assert org.crm.owner_of(rid) == org.intake
+        else:
+            assert rows[rid]["state"] == "sent"
+
+
+def test_a_record_error_that_keeps_recurring_dies_when_attempts_run_out(org: Org) -> None:
+    stuck, ok = org.route(2)
+    org.crm.fail_records([stuck], RetryableError("UNABLE_TO_LOCK_ROW", "busy"))
+    org.dispatcher(max_attempts=3).drain(timeout=30)
+    rows = org.rows()
+    assert (rows[stuck]["state"], rows[stuck]["attempts"]) == ("dead", 3)
+    assert rows[stuck]["last_error"] == "UNABLE_TO_LOCK_ROW: busy"
+    assert rows[ok]["state"] == "sent"
+    assert org.crm.written_ids().count(stuck) == 3
+
+
+def test_a_poisoned_record_is_dead_and_its_batch_mates_are_sent(org: Org) -> None:
+    bad, *good = org.route(4)
+    org.crm.poison([bad])
+    org.dispatcher().run_once()
+    rows = org.rows()
+    assert rows[bad]["state"] == "dead"
+    assert rows[bad]["last_error"].startswith("FIELD_CUSTOM_VALIDATION_EXCEPTION")
+    assert all(rows[g]["state"] == "sent" for g in good)
+
+
+# -- whole-request failures ------------------------------------------------------------------
+
+
+def test_an_outage_longer_than_the_attempts_dead_letters_nothing(org: Org) -> None:
+    ids = org.route(5)
+    org.crm.fail_transient(times=4)
+    stats = org.dispatcher(max_attempts=2).drain(timeout=30)
+    rows = org.rows()
+    assert org.states() == {"sent": 5}
+    assert all(rows[r]["attempts"] == 5 for r in ids)  # past max_attempts, never dead
+    assert stats.errors == {"503": 4} and stats.dead == 0
+    assert len(org.crm.write_requests()) == 5
+
+
+def test_a_rate_limit_waits_its_retry_after_without_pausing_the_org(org: Org) -> None:
+    ids = org.route(3)
+    org.crm.fail_rate_limited(3600.0, scope="request")
+    stats = org.dispatcher().run_once()
+    rows = org.rows()
+    assert stats.retried == 3
+    assert all(rows[r]["state"] == "pending" for r in ids)
+    assert all(rows[r]["due_in_s"] > 3000 for r in ids)  # the Retry-After, not the age cap
+    assert org.paused_for() is None
+    assert org.dispatcher().run_once().claimed == 0  # not due yet
+
+
+def test_an_org_rate_limit_pauses_every_write_of_the_org(org: Org) -> None:
+    ids = org.route(3)
+    org.crm.fail_rate_limited(900.0, scope="org")
+    org.dispatcher().run_once()
+    paused = org.paused_for()
+    assert paused is not None and 800 < paused <= 900
+    assert all(org.rows()[r]["last_error"].startswith("REQUEST_LIMIT_EXCEEDED") for r in ids)
+    more = org.route(2)
+    assert org.dispatcher().run_once().claimed == 0
+    assert org.rows()[more[0]]["state"] == "pending"
+
+
+def test_refused_credentials_pause_the_org_and_keep_the_rows(org: Org) -> None:
+    ids = org.route(3)
+    org.crm.fail_auth()
+    stats = org.dispatcher(auth_pause_seconds=120, max_attempts=1).run_once()
+    paused = org.paused_for()
+    assert paused is not None and 60 < paused <= 120
+    assert stats.retried == 3 and stats.dead == 0
+    assert {org.rows()[r]["state"] for r in ids} == {"pending"}
+
+
+def test_a_request_refused_as_permanent_kills_its_rows(org: Org) -> None:
+    ids = org.route(3)
+    org.crm.fail_requests(PermanentError("400", "malformed request"))
+    org.dispatcher().run_once()
+    rows = org.rows()
+    assert all(rows[r]["state"] == "dead" for r in ids)
+    assert all(rows[r]["last_error"] == "400: malformed request" for r in ids)
+
+
+def test_an_adapter_bug_is_retried_until_the_attempts_run_out(org: Org) -> None:
+    (rid,) = org.route(1)
+    org.crm.fail_requests(RuntimeError("adapter bug"), times=None)
+    stats = org.dispatcher(max_attempts=2).drain(timeout=30)
+    row = org.rows()[rid]
+    assert (row["state"], row["attempts"]) == ("dead", 2)
+    assert row["last_error"] == "UNEXPECTED: RuntimeError"
+    assert stats.errors == {"RuntimeError": 2}
+
+
+def test_a_failed_owner_read_is_a_whole_request_failure_and_nothing_is_written(
+    org: Org,
+) -> None:
+    ids = org.route(3)
+    org.crm.fail_transient(op="fetch_records")
+    stats = org.dispatcher().run_once()
+    assert stats.reads == 1 and stats.requests == 0 and stats.retried == 3
+    assert org.crm.write_requests() == []
+    assert {org.rows()[r]["state"] for r in ids} == {"pending"}
+
+
+def test_a_failure_mid_claim_retries_the_rest_and_keeps_what_was_sent(engine: Engine) -> None:
+    o = _org(engine, max_batch=10)
+    ids = o.route(25)
+    o.crm.fail_transient(after=1)  # the second write request of the claim fails
+    stats = o.dispatcher(claim_limit=100).run_once()
+    rows = o.rows()
+    sent = {r for r in ids if rows[r]["state"] == "sent"}
+    assert len(sent) == 10 and set(o.crm.written_ids()) == sent
+    assert stats.retried == 15 and stats.stale == 0
+    assert len(o.crm.write_requests()) == 2  # the third request never went out
+    assert _ops(o.crm) == ["fetch_records", "write_owners", "fetch_records", "write_owners"]
+
+
+def test_rows_the_owner_read_settled_keep_their_state_when_the_write_fails(org: Org) -> None:
+    """Superseded, already-ours and missing rows of a request are final even if the write
+    of the request's other rows then fails: the failure covers only what it left undecided."""
+    person_owned, ours, gone, pending = org.route(4)
+    owners = org.rows()
+    person = org.crm.add_user()
+    org.crm.person_edit(person_owned, person)
+    org.crm.person_edit(ours, owners[ours]["owner_id"])
+    org.crm.delete(gone)
+    org.crm.fail_transient()
+    stats = org.dispatcher().run_once()
+    rows = org.rows()
+    assert rows[person_owned]["state"] == "superseded"
+    assert rows[ours]["state"] == "sent"
+    assert rows[gone]["state"] == "dead"
+    assert rows[pending]["state"] == "pending"
+    assert (stats.superseded, stats.sent, stats.dead, stats.retried, stats.stale) == (1, 1, 1, 1, 0)
+
+
+# -- leases and concurrency ------------------------------------------------------------------
+
+
+def test_an_expired_lease_sends_nothing_and_leaves_the_rows_to_the_rescue(org: Org) -> None:
+    ids = org.route(4)
+    stats = org.dispatcher(lease_seconds=0).run_once()
+    assert stats.claimed == 4 and stats.stale == 4
+    assert org.crm.requests == []  # not even the owner read
+    assert org.states() == {"claimed": 4}
+    org.dispatcher().drain(timeout=30)  # the rescue (lease_until < now) makes them claimable
+    assert org.states() == {"sent": 4}
+    assert sorted(org.crm.written_ids()) == sorted(ids)
+
+
+class NaiveDispatcher(Dispatcher):
+    """Claims the next pending rows whatever their parent (row locks only): what the real
+    claim's "no other claim in flight for this parent" test prevents."""
+
+    def _claim(self, token: str) -> list[Claimed]:
+        with self.engine.begin() as conn:
+            rows = conn.execute(
+                text(
+                    "WITH ready AS (SELECT id FROM outbox WHERE org = :org AND state = 'pending' "
+                    "ORDER BY id LIMIT :limit FOR UPDATE SKIP LOCKED) "
+                    "UPDATE outbox o SET state = 'claimed', claimed_by = :token, "
+                    "attempts = o.attempts + 1, lease_until = now() + interval '60 seconds' "
+                    "FROM ready WHERE o.id = ready.id "
+                    "RETURNING o.id, o.crm_id, o.owner_id, o.parent_id, o.attempts"
+                ),
+                {"org": self.org, "token": token, "limit": self.claim_limit},
+            ).all()
+        return [Claimed(r.id, r.crm_id, r.owner_id, r.parent_id, r.attempts) for r in rows]
+
+
+@pytest.mark.parametrize("naive", [False, True], ids=["dispatcher", "naive-claim"])
+def test_no_parent_is_in_two_write_requests_at_once(engine: Engine, naive: bool) -> None:
+    """While dispatcher A's first write is in flight, dispatcher B runs a whole round.
+
+    Parents are interleaved, so A's claim holds every parent: the real claim gives B nothing
+    to send, the naive one sends B's rows of the same Accounts at the same time (the overlap
+    Salesforce answers with UNABLE_TO_LOCK_ROW)."""
+    o = _org(engine, max_batch=5)
+    parents = [o.crm.add_parent() for _ in range(3)]
+    o.route(30, parents)
+    a = o.dispatcher(claim_limit=6)
+    b = (NaiveDispatcher if naive else Dispatcher)(
+        engine, ORG, o.crm, intake_owner_ids=o.cfg.intake_owner_ids, claim_limit=6
+    )
+    during: list[int] = []
+    started: list[int] = []
+
+    def b_runs_now(req: ServedRequest) -> None:
+        if not started:  # once, during A's first write (not again for B's own writes)
+            started.append(req.seq)
+            during.append(b.run_once().requests)
+
+    o.crm.on_write = b_runs_now
+    a.run_once()
+    o.crm.on_write = None
+    if naive:
+        assert during[0] >= 1
+        assert {ov.locked_id for ov in o.crm.overlaps} & set(parents)
+    else:
+        assert during == [0]
+        assert o.crm.overlaps == []
+    Dispatcher(engine, ORG, o.crm, intake_owner_ids=o.cfg.intake_owner_ids).drain(timeout=30)
+    assert o.states() == {"sent": 30}
+
+
+def test_dispatchers_write_other_parents_concurrently(engine: Engine) -> None:
+    """With Accounts in blocks, B does send while A's write is in flight, and still no
+    Account is in both."""
+    o = _org(engine, max_batch=5)
+    p1, p2, p3, p4 = (o.crm.add_parent() for _ in range(4))
+    o.route(5, [p1])
+    o.route(5, [p2])
+    o.route(10, [p3, p4])
+    a = o.dispatcher(claim_limit=10)  # p1 and p2
+    b = o.dispatcher(claim_limit=10)
+    during: list[int] = []
+    started: list[int] = []
+
+    def b_runs_now(req: ServedRequest) -> None:
+        if not started:  # once, during A's first write (not again for B's own writes)
+            started.append(req.seq)
+            during.append(b.run_once().requests)
+
+    o.crm.on_write = b_runs_now
+    a.run_once()
+    assert during == [2]  # B wrote p3 and p4 while A's first request was in flight
+    assert o.crm.overlaps == []
+    assert o.states() == {"sent": 20}
