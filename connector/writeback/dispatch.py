@@ -26,7 +26,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,6 +88,9 @@ class Claimed:
     parent_id: str | None
     attempts: int
     age: float = 0.0  # seconds since the row was created (caps its retry delay)
+    # Owners our own earlier writes of this lead may have left in the CRM (a reassignment):
+    # this write may replace them; any other owner is a person's.
+    replaces: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -103,10 +106,14 @@ def guard_writes(
     current: dict[str, str | None],
     kind: str,
     intake: frozenset[str],
+    replaces: Mapping[str, frozenset[str]] | None = None,
 ) -> tuple[list[OwnerWrite], list[str], list[tuple[str, str]], list[str]]:
     """Sort one request's writes by the owners the CRM has now (pure).
 
     ``current`` maps owner_key(record id) -> owner for the records the CRM returned.
+    ``replaces`` maps a write's key -> the owners (owner_key form) our own earlier writes of
+    that record may have left (a reassignment); the write may replace exactly those, an empty
+    owner or an intake owner, never anyone else.
     Returns (to write, already ours: keys, superseded: (key, owner found), missing: keys).
     """
     write: list[OwnerWrite] = []
@@ -121,7 +128,9 @@ def guard_writes(
         owner = current[rid]
         if owner and owner_key(kind, owner) == owner_key(kind, w.owner_id):
             ours.append(w.key)
-        elif is_unrouted(kind, owner, intake):
+        elif is_unrouted(kind, owner, intake) or (
+            owner and owner_key(kind, owner) in (replaces or {}).get(w.key, frozenset())
+        ):
             write.append(w)
         else:
             superseded.append((w.key, owner or ""))
@@ -200,8 +209,18 @@ class Dispatcher:
                 ).scalar_one()
             ):
                 raise _Deferred  # rolls the claim back
+        kind = self.adapter.kind
         return [
-            Claimed(r.id, r.crm_id, r.owner_id, r.parent_id, r.attempts, float(r.age)) for r in rows
+            Claimed(
+                r.id,
+                r.crm_id,
+                r.owner_id,
+                r.parent_id,
+                r.attempts,
+                float(r.age),
+                frozenset(owner_key(kind, o) for o in r.replaces_owners),
+            )
+            for r in rows
         ]
 
     # -- one round --------------------------------------------------------------------------
@@ -278,7 +297,8 @@ class Dispatcher:
         current = {
             owner_key(kind, r.crm_id): r.fields.get(self.adapter.owner_field) for r in records
         }
-        write, ours, superseded, missing = guard_writes(batch, current, kind, self.intake)
+        replaces = {w.key: by_key[w.key].replaces for w in batch if by_key[w.key].replaces}
+        write, ours, superseded, missing = guard_writes(batch, current, kind, self.intake, replaces)
         finish.sent.extend(by_key[k].id for k in ours)
         for k, owner in superseded:
             finish.superseded.append((by_key[k].id, owner))
