@@ -4,6 +4,7 @@ over real HTTP, the real dispatcher; the CLI in-process."""
 
 from __future__ import annotations
 
+import json
 import multiprocessing as mp
 from pathlib import Path
 from typing import Any
@@ -263,6 +264,7 @@ BAD_REASON = "connector: --reason must be printable text of at most 500 characte
         (["--to", "Edsger"], "connector: rep 'Edsger' is inactive in org 'acme'\n"),
         (["--to", "Ada", "--reason", "x" * 501], BAD_REASON),
         (["--to", "Ada", "--reason", "a\x00b"], BAD_REASON),
+        (["--rotate", "00Q\x01"], "connector: '00Q\\x01' is not a CRM id\n"),
     ],
 )
 def test_reassign_cli_refuses_bad_input_and_stores_nothing(
@@ -314,6 +316,21 @@ def test_reassign_cli_reports_each_lead(
     code = main(["explain", "--org", "acme", us])
     out = capsys.readouterr().out
     assert code == 0 and f'reassigned (--to) from Ada ({org.user["Ada"]}), note "vip"' in out
+    assert main(["explain", "--org", "acme", "--json", us]) == 0
+    e = json.loads(capsys.readouterr().out)
+    assert [(d["kind"], d.get("reason")) for d in e["decisions"]] == [
+        ("route", None),
+        ("reassign", "reassigned"),
+    ]
+    assert (e["owner"]["name"], e["owner"]["note"], e["history"][0]["name"]) == (
+        "Grace",
+        "vip",
+        "Ada",
+    )
+    assert main(["explain", "--org", "acme", unknown]) == 1
+    assert (
+        capsys.readouterr().err == f"connector: lead {to_18(unknown)} is not known to org 'acme'\n"
+    )
 
 
 # --- concurrency -----------------------------------------------------------------------------
