@@ -265,6 +265,13 @@ class SalesforceSandbox(SandboxServer):
             rec.fields["OwnerId"] = _key(owner_id) if owner_id else None
             rec.modstamp = self._tick()
 
+    def person_set(self, record_id: str, field: str, value: Any) -> None:
+        """A person changes one field of the record in the UI (e.g. works the lead: Status)."""
+        with self._lock:
+            rec = self._records[_key(record_id)]
+            rec.fields[field] = _key(value) if _is_id_field(field) else value
+            rec.modstamp = self._tick()
+
     def delete_record(self, record_id: str) -> None:
         """Soft-delete (recycle bin): later writes fail with ENTITY_IS_DELETED."""
         with self._lock:

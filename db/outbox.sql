@@ -34,7 +34,7 @@ SET state = 'claimed', claimed_by = :token, attempts = o.attempts + 1,
 FROM ready
 WHERE o.id = ready.id
 RETURNING o.id, o.crm_id, o.owner_id, o.parent_id, o.attempts,
-          extract(epoch FROM now() - o.created_at) AS age
+          extract(epoch FROM now() - o.created_at) AS age, o.replaces_owners
 
 -- name: finish
 -- One statement records a round's results: sent, dead (with the CRM's reason), superseded

@@ -40,3 +40,13 @@ WHERE (org, crm_object, crm_id) IN (
     WHERE org = :org AND last_seen_at < now() - make_interval(days => :days)
     LIMIT :batch)
 RETURNING crm_id
+
+-- name: clear_decision_values
+-- A recorded decision quotes the field values its rules looked at; they go with the fields.
+UPDATE routing_decisions SET detail = detail - 'values'
+WHERE id IN (
+    SELECT id FROM routing_decisions
+    WHERE org = :org AND made_at < now() - make_interval(days => :days)
+      AND detail -> 'values' IS NOT NULL
+    LIMIT :batch)
+RETURNING id

@@ -104,7 +104,12 @@ def _check_storage(engine: Engine, r: httpx.Response) -> None:
         return
     FIGURES["accepted_as_valid"] += 1
     with engine.begin() as conn:
-        conn.execute(text("TRUNCATE outbox, assignments, leads, intake_events, skipped_records"))
+        conn.execute(
+            text(
+                "TRUNCATE outbox, routing_decisions, assignment_history, assignments, leads, "
+                "intake_events, skipped_records"
+            )
+        )
         conn.execute(text("UPDATE members SET assigned_in_epoch = 0"))
 
 

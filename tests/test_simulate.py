@@ -375,3 +375,25 @@ def test_replayed_rotation_keeps_the_weighted_fairness_bound() -> None:
         assert o.owner is not None
         tally[o.owner] += 1
         assert max_lag([3, 2, 1], list(tally.values())) < 1
+
+
+def test_reassigned_leads_count_as_routing_picked_them(engine: Engine) -> None:
+    """`before` is routing's pick: a later `reassign` changes the owner, not the history."""
+    from connector.routing.reassign import reassign_lead
+
+    c = cfg()
+    apply_teams(engine, c)
+    route_concurrently(engine, c, 0, 48, threads=3)
+    truth = recorded(engine)
+    moved = next(cid for cid, owner in sorted(truth.items()) if owner == "a1")
+    reassign_lead(engine, c, moved, to="a3", reason="reassigned")
+    assert recorded(engine)[moved] == "a3"
+
+    since = T0 - timedelta(days=3650)
+    history = load_history(engine, c, since)
+    result = simulate(c, history)
+    rep = report(c, history, result, since)
+    assert {o.lead.crm_id: o.owner for o in result.outcomes} == truth  # routing's picks
+    assert rep["changed_rep"] == 0
+    assert rep["reassigned_in_window"] == ["na"]
+    assert "team na had leads of the window reassigned" in format_report(rep)

@@ -53,9 +53,26 @@ class Member(_Model):
     active: bool = True
 
 
+class Sla(_Model):
+    """A lead still in one of the ``initial`` values of ``status_field`` this many minutes
+    after its assignment (read from the CRM by the poll) is re-routed once."""
+
+    minutes: Annotated[int, Field(ge=1, le=525_600)]
+    status_field: str
+    initial: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)]
+
+    @field_validator("status_field")
+    @classmethod
+    def _field_name(cls, value: str) -> str:
+        if not FIELD_NAME.match(value):
+            raise ValueError("not a CRM field name (letters, digits and _ only)")
+        return value
+
+
 class Team(_Model):
     name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")]
     members: Annotated[list[Member], Field(min_length=1)]
+    sla: Sla | None = None
 
     @field_validator("members")
     @classmethod
@@ -78,6 +95,8 @@ class Rule(_Model):
     team: str
     when: dict[str, FieldValues] | None = None
     name: str | None = None
+    # Overrides the team's `sla` for leads this rule routes.
+    sla: Sla | None = None
 
     @field_validator("when")
     @classmethod
@@ -299,6 +318,16 @@ class OrgConfig(_Model):
         elif not self.crm.webhook_secrets:
             out.append("crm.webhook_secrets is empty: HubSpot webhooks are refused")
         return out
+
+    def sla_for(self, rule_index: int, team: str) -> Sla | None:
+        """The SLA of a lead routed by this rule to this team: the rule's, else the team's."""
+        rule = self.rules[rule_index] if 0 <= rule_index < len(self.rules) else None
+        if rule is not None and rule.sla is not None:
+            return rule.sla
+        try:
+            return self.team(team).sla
+        except KeyError:
+            return None
 
     def team(self, name: str) -> Team:
         for t in self.teams:

@@ -7,10 +7,15 @@ lock's connection is idle during CRM calls (no transaction is open), so it block
 else. Each page is assigned and the watermark advanced in the same transaction, so the
 watermark never passes a record that was not committed. Every poll starts
 ``overlap_seconds`` before the watermark; the unique lead key makes the re-reads no-ops.
+
+Under the same lock, each round then checks the leads whose SLA time has come
+(``check_sla``): it reads them back from the CRM (batched, no transaction open) and re-routes
+once those still with the owner we assigned and still in their initial status.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,14 +25,18 @@ from sqlalchemy import Engine, TextClause, text
 
 import db
 from connector.core.config import OrgConfig
-from connector.core.ownership import intake_keys, is_unrouted
+from connector.core.ownership import intake_keys, is_unrouted, owner_key
 from connector.intake.verify import routing_fields
 from connector.routing.assign import Lead, LeadError, Router, validate_lead
+from connector.routing.reassign import ReassignError, reassign_lead
+from connector.routing.sla import sla_verdict
 from crm_adapters.base import CrmAdapter, CrmRecord
 
 log = logging.getLogger(__name__)
 
 _SQL: dict[str, TextClause] = {k: text(v) for k, v in db.queries("poll").items()}
+_REASSIGN: dict[str, TextClause] = {k: text(v) for k, v in db.queries("reassign").items()}
+SLA_BATCH = 200
 
 
 @dataclass
@@ -40,6 +49,8 @@ class PollResult:
     new: int = 0
     duplicate: int = 0
     watermark: datetime | None = None
+    sla_rerouted: int = 0
+    sla_closed: int = 0  # checks that ended without a re-route (met, moved, gone)
 
 
 def routable(cfg: OrgConfig, record: CrmRecord, owner_field: str, intake: frozenset[str]) -> bool:
@@ -83,7 +94,9 @@ class Poller:
                 log.info("org %s: another process is polling; skipping this round", org)
                 return PollResult(ran=False)
             try:
-                return self._poll()
+                result = self._poll()
+                result.sla_rerouted, result.sla_closed = self.check_sla()
+                return result
             finally:
                 lock_conn.execute(_SQL["unlock"], {"org": org})
                 lock_conn.commit()
@@ -137,3 +150,80 @@ class Poller:
             result.skipped_owned,
         )
         return result
+
+    def check_sla(self, now: datetime | None = None) -> tuple[int, int]:
+        """Decide the leads whose SLA time has come: (re-routed, closed without re-route).
+
+        Called under the poll lock. Each lead is re-routed in its own transaction, and only
+        if it still has the owner the CRM was checked against (a concurrent reassignment
+        wins). A lead waiting for our owner write keeps its check for the next round.
+        """
+        if not any(t.sla for t in self.cfg.teams) and not any(r.sla for r in self.cfg.rules):
+            return 0, 0
+        org, kind = self.cfg.org, self.cfg.crm.kind
+        with self.engine.connect() as conn:
+            due = conn.execute(
+                _REASSIGN["sla_due"],
+                {"org": org, "now": now or self.clock(), "limit": SLA_BATCH},
+            ).all()
+        slas = {r.id: self.cfg.sla_for(r.rule_index, r.team) for r in due}
+        fields = sorted({s.status_field for s in slas.values() if s})
+        wanted = [r.crm_id for r in due if slas[r.id]]
+        records = self.adapter.fetch_records(wanted, fields) if wanted else []
+        by_id = {owner_key(kind, r.crm_id): r for r in records}
+        rerouted = 0
+        closed: list[tuple[int, str, dict[str, object]]] = []
+        for r in due:
+            sla = slas[r.id]
+            if sla is None:  # the config no longer has an SLA for it
+                closed.append((r.id, r.crm_user_id, {"outcome": "no_sla"}))
+                continue
+            record = by_id.get(owner_key(kind, r.crm_id))
+            verdict = sla_verdict(
+                record,
+                self.adapter.owner_field,
+                r.crm_user_id,
+                sla,
+                kind,
+                self.intake,
+                r.write_open,
+            )
+            detail: dict[str, object] = {
+                "outcome": verdict,
+                "minutes": sla.minutes,
+                "status_field": sla.status_field,
+                "owner": r.crm_user_id,
+                "values": {sla.status_field: record.fields.get(sla.status_field)} if record else {},
+            }
+            if verdict == "wait":
+                continue
+            if verdict == "expired":
+                try:
+                    reassign_lead(
+                        self.engine,
+                        self.cfg,
+                        r.crm_id,
+                        reason="sla_expired",
+                        expect_owner=r.crm_user_id,
+                    )
+                    rerouted += 1
+                    continue
+                except ReassignError as exc:
+                    detail = {**detail, "outcome": "not_rerouted", "why": str(exc)}
+            if verdict == "owner_changed" and record is not None:
+                detail["found_owner"] = record.fields.get(self.adapter.owner_field)
+            closed.append((r.id, r.crm_user_id, detail))
+        if closed:
+            with self.engine.begin() as conn:
+                conn.execute(
+                    _REASSIGN["sla_done"],
+                    {
+                        "org": org,
+                        "ids": [c[0] for c in closed],
+                        "owners": [c[1] for c in closed],
+                        "details": [json.dumps(c[2]) for c in closed],
+                    },
+                )
+        if rerouted or closed:
+            log.info("org %s: SLA checks: %d re-routed, %d closed", org, rerouted, len(closed))
+        return rerouted, len(closed)

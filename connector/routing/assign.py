@@ -27,6 +27,7 @@ from sqlalchemy import Connection, Engine, TextClause, text
 import db
 from connector.core.config import OrgConfig
 from connector.core.errors import DatabaseUnavailable
+from connector.routing.decisions import DecisionRecorder
 from connector.routing.rotation import Seat, next_owners
 from connector.routing.rules import Match, compile_rules, match
 from crm_adapters.salesforce_ids import id_key
@@ -103,6 +104,11 @@ def validate_lead(crm_id: object, fields: object) -> Lead:
     return Lead(crm_id, dict(fields))
 
 
+def skip_reason(seat: Any) -> str | None:
+    """Why a team member cannot take a lead now (a named reason), or None when eligible."""
+    return None if seat.active else "inactive"
+
+
 class RoutingError(RuntimeError):
     """The routing state does not match the config (e.g. a team was never applied)."""
 
@@ -168,6 +174,7 @@ class Router:
         ).all()
         new_ids = {r.crm_id: r.id for r in rows}
         results: dict[str, Outcome] = {}
+        recorder = DecisionRecorder(self.cfg, self.rules)  # written with the assignments
 
         old = [cid for cid in first if cid not in new_ids]
         if old:
@@ -189,8 +196,10 @@ class Router:
             if cid not in new_ids:
                 continue
             lead_id = new_ids[cid]
+            recorder.started(lead_id, source, first[cid].fields)
             m = match(self.rules, first[cid].fields)
             if m is None:
+                recorder.unassigned(lead_id, "no_rule_matched")
                 unassigned["no_rule_matched"].append(lead_id)
                 results[cid] = Outcome(cid, "unassigned", reason="no_rule_matched")
             else:
@@ -204,9 +213,13 @@ class Router:
                     f"team {team_name!r} of org {org!r} is not in the database: "
                     "run `connector migrate` with this config"
                 )
-            seats = conn.execute(_SQL["active_seats"], {"team_id": team.id}).all()
+            members = conn.execute(_SQL["team_seats"], {"team_id": team.id}).all()
+            candidates = [(s.id, skip_reason(s)) for s in members]
+            eligible = {mid for mid, reason in candidates if reason is None}
+            seats = [s for s in members if s.id in eligible]
             if not seats:
                 for lead_id, cid, _ in group:
+                    recorder.unassigned(lead_id, "no_active_member", team_name, members, candidates)
                     unassigned["no_active_member"].append(lead_id)
                     results[cid] = Outcome(cid, "unassigned", team_name, reason="no_active_member")
                 continue
@@ -216,6 +229,15 @@ class Router:
                 len(group),
             )
             seat_by_id = {s.id: s for s in seats}
+            recorder.team_pick(
+                team_name,
+                team.epoch,
+                members,
+                candidates,
+                [g[0] for g in group],
+                picks,
+                [g[2].rule_index for g in group],
+            )
             conn.execute(
                 _SQL["record_assignments"],
                 {
@@ -235,6 +257,7 @@ class Router:
 
         for reason, ids in unassigned.items():
             conn.execute(_SQL["mark_unassigned"], {"reason": reason, "lead_ids": ids})
+        recorder.flush(conn)
 
         out: list[Outcome] = []
         seen: set[str] = set()

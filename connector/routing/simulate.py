@@ -57,6 +57,10 @@ class HistoryLead:
     reason: str | None = None
     assignment_id: int | None = None
     epoch: int | None = None
+    # reassigned since it was routed: ``team``/``owner`` are routing's pick, ``current_team``
+    # the team of its owner now
+    reassigned: bool = False
+    current_team: str | None = None
 
 
 @dataclass(frozen=True)
@@ -92,6 +96,9 @@ class Simulation:
     rotations: dict[str, str] = field(default_factory=dict)
     # teams whose epoch changed inside the window: their recorded order cannot be reproduced
     restarted_in_window: list[str] = field(default_factory=list)
+    # teams that gave or got a reassigned lead of the window: reassignments move rotation counts
+    # that the replay (routing only) does not repeat
+    reassigned_in_window: list[str] = field(default_factory=list)
 
 
 def replay_order(leads: Sequence[HistoryLead]) -> list[HistoryLead]:
@@ -145,6 +152,9 @@ def simulate(cfg: OrgConfig, history: History) -> Simulation:
             counts[team.name] = [0] * len(active)
             result.rotations[team.name] = "restarted"
 
+    result.reassigned_in_window = sorted(
+        {t for x in history.leads if x.reassigned for t in (x.team, x.current_team) if t}
+    )
     upcoming: dict[str, list[int]] = {name: [] for name in seats}
     for lead in replay_order(history.leads):
         m = match(rules, lead.fields)
@@ -186,6 +196,8 @@ def load_history(engine: Engine, cfg: OrgConfig, since: datetime) -> History:
             r.unassigned_reason if r.assignment_id is None else None,
             r.assignment_id,
             r.epoch,
+            bool(r.reassigned),
+            r.current_team,
         )
         for r in rows
     ]
@@ -258,6 +270,7 @@ def report(new: OrgConfig, history: History, sim: Simulation, since: datetime) -
         },
         "rotations": dict(sorted(sim.rotations.items())),
         "restarted_in_window": sorted(sim.restarted_in_window),
+        "reassigned_in_window": sim.reassigned_in_window,
     }
 
 
@@ -284,6 +297,11 @@ def format_report(rep: Mapping[str, Any], max_leads: int = 20) -> str:
         lines.append(f"  {item['crm_id']}: {item['reason']}")
     if len(un["leads"]) > max_leads:
         lines.append(f"  ... and {len(un['leads']) - max_leads} more (--json lists them all)")
+    for team in rep.get("reassigned_in_window", []):
+        lines.append(
+            f"note: team {team} had leads of the window reassigned; recorded counts are "
+            "routing's picks, and the replay does not repeat the reassignments' count changes"
+        )
     for team in rep["restarted_in_window"]:
         lines.append(
             f"note: team {team}'s rotation changed inside the window; its replay starts from "

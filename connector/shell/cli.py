@@ -10,6 +10,7 @@ import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 from connector import __version__
 from connector.core.config import (
@@ -64,6 +65,77 @@ def cmd_migrate(args: argparse.Namespace) -> int:
             f"org {cfg.org}: {len(cfg.teams)} teams applied"
             + (f"; new rotation epoch for {', '.join(restarted)}" if restarted else "")
         )
+        if args.reroute:
+            from connector.routing.reassign import reroute_inactive
+
+            moved, left = reroute_inactive(engine, cfg)
+            _print_moves(cfg.org, moved, left)
+    return EXIT_OK
+
+
+def _print_moves(org: str, moved: Sequence[Any], left: Sequence[tuple[str, str]]) -> None:
+    for m in moved:
+        print(f"org {org}: lead {m.crm_id}: {m.old_owner} -> {m.new_owner} ({m.reason})")
+    for crm_id, why in left:
+        print(f"org {org}: lead {crm_id} not re-routed: {why}", file=sys.stderr)
+    print(f"org {org}: {len(moved)} leads re-routed, {len(left)} left")
+
+
+def cmd_reassign(args: argparse.Namespace) -> int:
+    from connector.routing.reassign import ReassignError, check_reassign_args, reassign_lead
+
+    cfg = pick_org(_configs(args), args.org)
+    engine = open_database([cfg])
+    check_reassign_args(engine, cfg, args.crm_ids, args.to, args.reason)
+    refused = 0
+    for crm_id in args.crm_ids:
+        try:
+            m = reassign_lead(
+                engine,
+                cfg,
+                crm_id,
+                to=args.to,
+                reason="reassigned" if args.to else "rotated",
+                note=args.reason,
+            )
+        except ReassignError as exc:
+            refused += 1
+            print(f"connector: {exc}", file=sys.stderr)
+            continue
+        replaced = f", {m.superseded} unsent write superseded" if m.superseded else ""
+        print(
+            f"lead {m.crm_id}: {m.old_owner} -> {m.new_owner} ({m.new_name}, team {m.team})"
+            f"{replaced}"
+        )
+    return EXIT_REJECTED if refused else EXIT_OK
+
+
+def cmd_rep(args: argparse.Namespace) -> int:
+    from connector.routing.reassign import deactivate_rep
+
+    cfg = pick_org(_configs(args), args.org)
+    engine = open_database([cfg])
+    d = deactivate_rep(engine, cfg, args.rep, args.reroute)
+    print(
+        f"org {cfg.org}: rep {d.rep} inactive in {', '.join(d.teams) or 'no team'} "
+        "(until a config that lists the rep as active is applied: set `active: false` in "
+        "the YAML too)"
+    )
+    if args.reroute:
+        _print_moves(cfg.org, d.moved, d.left)
+    return EXIT_OK
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    from connector.shell.explain import NotFound, format_explanation, load_explanation
+
+    cfg = pick_org(_configs(args), args.org)
+    try:
+        e = load_explanation(open_database([cfg]), cfg, args.crm_id)
+    except NotFound as exc:
+        print(f"connector: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    print(json.dumps(e, indent=2) if args.json else format_explanation(e))
     return EXIT_OK
 
 
@@ -411,7 +483,33 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("migrate", help="apply schema migrations and the configured teams")
+    s.add_argument(
+        "--reroute",
+        action="store_true",
+        help="re-route leads of inactive reps whose owner write was not sent yet",
+    )
     s.set_defaults(func=cmd_migrate)
+    s = sub.add_parser("reassign", help="give routed leads to another rep")
+    s.add_argument("--org")
+    how = s.add_mutually_exclusive_group(required=True)
+    how.add_argument(
+        "--rotate", action="store_true", help="the next rep of the lead's team by the rotation"
+    )
+    how.add_argument("--to", metavar="REP", help="this rep (crm_user_id or name)")
+    s.add_argument("--reason", metavar="TEXT", help="why (kept in the history)")
+    s.add_argument("crm_ids", nargs="+", metavar="CRM_ID")
+    s.set_defaults(func=cmd_reassign)
+    s = sub.add_parser("rep", help="change a rep's state (deactivate)")
+    s.add_argument("action", choices=["deactivate"])
+    s.add_argument("--org")
+    s.add_argument("--reroute", action="store_true", help="re-route their unsent leads")
+    s.add_argument("rep", metavar="REP", help="crm_user_id or name")
+    s.set_defaults(func=cmd_rep)
+    s = sub.add_parser("explain", help="how a lead was routed, from what was recorded then")
+    s.add_argument("--org")
+    s.add_argument("--json", action="store_true")
+    s.add_argument("crm_id", metavar="CRM_ID")
+    s.set_defaults(func=cmd_explain)
     s = sub.add_parser("check-config", help="validate the org configs")
     s.add_argument(
         "--online",

@@ -2,10 +2,12 @@
 
 After an org's ``retention_days`` (default 30) the fields a lead arrived with (emails, names)
 are cleared, and finished inbox events, written or superseded outbox rows and skip records
-are deleted. Leads, assignments and the members' counts stay, so `connector status` and the
-fairness figures keep working; `status`'s outbox "sent" count then covers the retention
-window only. Dead rows stay until an operator retries them. Work is done in batches of short
-transactions; one process per org at a time (an advisory lock), whichever process it is.
+are deleted; recorded routing decisions lose the field values they quoted (`explain` then
+says the value was purged). Leads, assignments and the members' counts stay, so
+`connector status` and the fairness figures keep working; `status`'s outbox "sent" count
+then covers the retention window only. Dead rows stay until an operator retries them. Work
+is done in batches of short transactions; one process per org at a time (an advisory lock),
+whichever process it is.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ class Purged:
     events_deleted: int = 0
     outbox_deleted: int = 0
     skips_deleted: int = 0
+    decision_values_cleared: int = 0
     ran: bool = True
 
 
@@ -53,9 +56,17 @@ def purge(engine: Engine, org: str, days: int, batch: int = BATCH) -> Purged:
         events_deleted=_drain(engine, "delete_events", org, days, batch),
         outbox_deleted=_drain(engine, "delete_outbox", org, days, batch),
         skips_deleted=_drain(engine, "delete_skips", org, days, batch),
+        decision_values_cleared=_drain(engine, "clear_decision_values", org, days, batch),
     )
     out.ran = (
-        min(out.fields_cleared, out.events_deleted, out.outbox_deleted, out.skips_deleted) >= 0
+        min(
+            out.fields_cleared,
+            out.events_deleted,
+            out.outbox_deleted,
+            out.skips_deleted,
+            out.decision_values_cleared,
+        )
+        >= 0
     )
     log.info("org %s: retention %d days applied: %s", org, days, out)
     return out

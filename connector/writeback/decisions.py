@@ -84,6 +84,9 @@ class Claimed:
     parent_id: str | None
     attempts: int
     age: float = 0.0  # seconds since the row was created (caps its retry delay)
+    # Owners our own earlier writes of this lead may have left in the CRM (a reassignment):
+    # this write may replace them; any other owner is a person's.
+    replaces: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -182,10 +185,14 @@ def guard_writes(
     current: dict[str, str | None],
     kind: str,
     intake: frozenset[str],
+    replaces: Mapping[str, frozenset[str]] | None = None,
 ) -> tuple[list[OwnerWrite], list[str], list[tuple[str, str]], list[str]]:
     """Sort one request's writes by the owners the CRM has now.
 
     ``current`` maps owner_key(record id) -> owner for the records the CRM returned.
+    ``replaces`` maps a write's key -> the owners (owner_key form) our own earlier writes of
+    that record may have left (a reassignment); the write may replace exactly those, an empty
+    owner or an intake owner, never anyone else.
     Returns (to write, already ours: keys, superseded: (key, owner found), missing: keys).
     """
     write: list[OwnerWrite] = []
@@ -200,7 +207,9 @@ def guard_writes(
         owner = current[rid]
         if owner and owner_key(kind, owner) == owner_key(kind, w.owner_id):
             ours.append(w.key)
-        elif is_unrouted(kind, owner, intake):
+        elif is_unrouted(kind, owner, intake) or (
+            owner and owner_key(kind, owner) in (replaces or {}).get(w.key, frozenset())
+        ):
             write.append(w)
         else:
             superseded.append((w.key, owner or ""))
@@ -216,7 +225,8 @@ def decide_guard(
 ) -> tuple[list[OwnerWrite], list[Decision]]:
     """(the writes still safe to send, the decisions for the others): already ours is sent,
     a person's owner supersedes us, a record the CRM no longer has is dead."""
-    write, ours, superseded, missing = guard_writes(batch, current, kind, intake)
+    replaces = {k: r.replaces for k, r in rows.items() if r.replaces}
+    write, ours, superseded, missing = guard_writes(batch, current, kind, intake, replaces)
     decisions: list[Decision] = [Sent(rows[k].id) for k in ours]
     decisions += [Superseded(rows[k].id, owner) for k, owner in superseded]
     decisions += [Dead(rows[k].id, NOT_FOUND) for k in missing]

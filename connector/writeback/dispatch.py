@@ -12,9 +12,11 @@ ignored because finishing checks the claim token.
 
 The CRM is the system of record: just before each write request the dispatcher reads the
 current owners of its records (one read per request, same batching) and writes only those
-still unowned or owned by an intake owner. A record a person moved meanwhile becomes
-`superseded`, with the owner found, and is never written; one that already has the owner we
-would write is `sent` without a write; one the CRM no longer has is `dead`. Neither CRM offers
+still unowned, owned by an intake owner, or (a reassigned lead) owned by one of the row's
+``replaces_owners``: the owner we last wrote, or a write in flight when it was replaced. A
+record a person moved meanwhile becomes `superseded`, with the owner found, and is never
+written; one that already has the owner we would write is `sent` without a write; one the
+CRM no longer has is `dead`. Neither CRM offers
 a conditional batch update (Salesforce's If-Unmodified-Since works on single sObject Rows
 only), so a person's change that lands between that read and the write (one request round
 trip, typically well under a second) can still be overwritten.
@@ -189,8 +191,18 @@ class Dispatcher:
                 ).scalar_one()
             ):
                 raise _Deferred  # rolls the claim back
+        kind = self.adapter.kind
         return [
-            Claimed(r.id, r.crm_id, r.owner_id, r.parent_id, r.attempts, float(r.age)) for r in rows
+            Claimed(
+                r.id,
+                r.crm_id,
+                r.owner_id,
+                r.parent_id,
+                r.attempts,
+                float(r.age),
+                frozenset(owner_key(kind, o) for o in r.replaces_owners),
+            )
+            for r in rows
         ]
 
     # -- one round --------------------------------------------------------------------------

@@ -1,0 +1,336 @@
+"""Reassignment: give a routed lead to another rep, keeping one current owner and the history.
+
+Every path that moves a lead (``connector reassign --rotate`` / ``--to``, rep deactivation,
+the SLA re-route) goes through ``reassign_lead``, one short transaction per lead: it locks
+the lead's current assignment row (a second reassignment of the same lead waits here and then
+sees the first one's result), locks the lead's unsent outbox rows, locks the team row of the
+rep who gets the lead (the lock new leads' rotation takes), and in one statement moves the
+old owner to ``assignment_history``, updates the current row, counts the lead for the new rep,
+supersedes the unsent writes and queues the new write. ``assignments`` keeps UNIQUE (lead_id),
+so the database itself refuses two current owners.
+
+How a reassignment counts in the rotation: the lead counts as one more lead for the rep who
+gets it (exactly like a new lead); the rep who loses it keeps their count (it does not go
+down: a lead taken away is not owed back). ``--rotate`` picks, with the team's rotation, the
+next rep among the team's eligible reps other than the current owner; with equal weights that
+is the rep with the fewest leads in the epoch (ties in config order), so among the reps who
+lost no lead the counts still differ by at most one.
+
+The new write stays owner-safe: it carries ``replaces_owners`` (the owner we last wrote, and
+writes that were in flight), and the dispatcher writes only over those or an intake owner. A
+lead a person moved in the CRM (its last write was superseded with the owner found) is not
+reassigned.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from sqlalchemy import Connection, Engine, TextClause, text
+
+import db
+from connector.core.config import OrgConfig
+from connector.core.errors import UsageError
+from connector.routing.assign import skip_reason
+from connector.routing.decisions import DecisionRecorder
+from connector.routing.rotation import Seat, next_owners
+from connector.routing.rules import compile_rules
+from crm_adapters.salesforce_ids import id_key, is_id
+
+log = logging.getLogger(__name__)
+
+_SQL: dict[str, TextClause] = {k: text(v) for k, v in db.queries("reassign").items()}
+_TEAMS: dict[str, TextClause] = {k: text(v) for k, v in db.queries("teams").items()}
+_TEAM_SEATS = text(db.queries("routing")["team_seats"])
+
+Reason = Literal["rotated", "reassigned", "rep_deactivated", "sla_expired"]
+REASONS: tuple[str, ...] = ("rotated", "reassigned", "rep_deactivated", "sla_expired")
+
+
+class ReassignError(UsageError):
+    """A reassignment refused; the message says why, and nothing was stored."""
+
+
+@dataclass(frozen=True)
+class Rep:
+    """A configured, active member of the org that a lead can be given to."""
+
+    member_id: int
+    team_id: int
+    team: str
+    crm_user_id: str
+    name: str
+
+
+@dataclass(frozen=True)
+class Moved:
+    crm_id: str
+    old_owner: str
+    new_owner: str
+    new_name: str
+    team: str
+    reason: str
+    outbox_id: int
+    superseded: int
+    replaces_owners: tuple[str, ...]
+
+
+def pick_other(seats: Sequence[Seat], current_member_id: int) -> int:
+    """The rotation's next rep among ``seats`` other than the current owner (pure).
+
+    Raises ValueError when no other seat is eligible."""
+    others = [s for s in seats if s.member_id != current_member_id]
+    if not others:
+        raise ValueError("no other eligible rep")
+    return next_owners(others, sum(s.assigned for s in others), 1)[0]
+
+
+def choose_rep(rows: Sequence[Any], rep: str, org: str, prefer_team_id: int | None) -> Rep:
+    """Decide which member ``rep`` names (pure over the rows ``rep_candidates`` returned)."""
+    if not rows:
+        raise ReassignError(f"rep {rep!r} is not a member of org {org!r}")
+    active = [r for r in rows if r.active]
+    if not active:
+        raise ReassignError(f"rep {rep!r} is inactive in org {org!r}")
+    users = sorted({r.crm_user_id for r in active})
+    if len(users) > 1:
+        raise ReassignError(
+            f"rep {rep!r} names several reps of org {org!r} ({', '.join(users)}): "
+            "give the crm_user_id"
+        )
+    chosen = next((r for r in active if r.team_id == prefer_team_id), active[0])
+    return Rep(chosen.id, chosen.team_id, chosen.team, chosen.crm_user_id, chosen.name)
+
+
+def _rep_key(cfg: OrgConfig, rep: str) -> str | None:
+    return id_key(rep) if cfg.crm.kind == "salesforce" and is_id(rep) else None
+
+
+def resolve_rep(conn: Connection, cfg: OrgConfig, rep: str, prefer_team_id: int | None) -> Rep:
+    rows = conn.execute(
+        _SQL["rep_candidates"], {"org": cfg.org, "rep": rep, "rep_key": _rep_key(cfg, rep)}
+    ).all()
+    return choose_rep(rows, rep, cfg.org, prefer_team_id)
+
+
+def check_rep(engine: Engine, cfg: OrgConfig, rep: str) -> Rep:
+    """Validate ``--to REP`` before any lead is touched."""
+    with engine.connect() as conn:
+        return resolve_rep(conn, cfg, rep, None)
+
+
+def stored_id(cfg: OrgConfig, crm_id: str) -> str:
+    crm_id = crm_id.strip()
+    return id_key(crm_id) if cfg.crm.kind == "salesforce" else crm_id
+
+
+def reassign_lead(
+    engine: Engine,
+    cfg: OrgConfig,
+    crm_id: str,
+    *,
+    to: str | None = None,
+    reason: Reason = "rotated",
+    note: str | None = None,
+    expect_owner: str | None = None,
+) -> Moved:
+    """Move one lead (its own transaction): to rep ``to``, or by rotation when None.
+
+    ``expect_owner``: refuse unless the lead's current owner is still this one (another
+    reassignment of the same lead that committed first wins; this one changes nothing).
+    """
+    if reason not in REASONS:
+        raise ValueError(f"unknown reason {reason!r}")
+    with engine.begin() as conn:
+        return _reassign_in(conn, cfg, stored_id(cfg, crm_id), to, reason, note, expect_owner)
+
+
+def _reassign_in(
+    conn: Connection,
+    cfg: OrgConfig,
+    crm_id: str,
+    to: str | None,
+    reason: Reason,
+    note: str | None,
+    expect_owner: str | None,
+) -> Moved:
+    key = {"org": cfg.org, "crm_object": cfg.crm_object, "crm_id": crm_id}
+    locked = conn.execute(_SQL["lock_current"], key).one_or_none()
+    if locked is None:
+        lead = conn.execute(_SQL["lead_state"], key).one_or_none()
+        if lead is None:
+            raise ReassignError(f"lead {crm_id} is not known to org {cfg.org!r}")
+        raise ReassignError(
+            f"lead {crm_id} has no owner ({lead.unassigned_reason or 'unassigned'}): "
+            "nothing to reassign"
+        )
+    cur = conn.execute(_SQL["current_of"], {"assignment_id": locked.id}).one()
+    if expect_owner is not None and cur.crm_user_id != expect_owner:
+        raise ReassignError(
+            f"lead {crm_id} was reassigned meanwhile (now {cur.crm_user_id}); nothing changed"
+        )
+    conn.execute(_SQL["lock_unsent"], {"lead_id": cur.lead_id}).all()
+    last = conn.execute(_SQL["last_write"], {"lead_id": cur.lead_id}).one_or_none()
+    if last is not None and last.state == "superseded" and last.found_owner:
+        raise ReassignError(
+            f"lead {crm_id}: a person set owner {last.found_owner} in the CRM; not ours to reassign"
+        )
+    if to is not None:
+        rep = resolve_rep(conn, cfg, to, cur.team_id)
+        if rep.crm_user_id == cur.crm_user_id:
+            raise ReassignError(f"lead {crm_id} is already owned by {rep.crm_user_id}")
+        team_id = rep.team_id
+    else:
+        team_id = cur.team_id
+    team = conn.execute(_SQL["lock_team_by_id"], {"team_id": team_id}).one()
+    members = conn.execute(_TEAM_SEATS, {"team_id": team_id}).all()
+    candidates = [
+        (m.id, "current_owner" if m.id == cur.member_id else skip_reason(m)) for m in members
+    ]
+    if to is None:
+        eligible = {mid for mid, r in candidates if r is None}
+        seats = [
+            Seat(m.id, m.weight, m.assigned_in_epoch, m.position)
+            for m in members
+            if m.id in eligible
+        ]
+        if not seats:
+            raise ReassignError(
+                f"lead {crm_id}: no other active rep in team {team.name!r}; nothing changed"
+            )
+        member_id = pick_other(seats, cur.member_id)
+    else:
+        member_id = rep.member_id
+        # the named rep is given the lead whatever the rotation says: record it eligible
+        candidates = [(mid, None if mid == member_id else r) for mid, r in candidates]
+    row = conn.execute(
+        _SQL["move_assignment"],
+        {
+            "assignment_id": cur.id,
+            "lead_id": cur.lead_id,
+            "team_id": team_id,
+            "member_id": member_id,
+            "epoch": team.epoch,
+            "reason": reason,
+            "note": note,
+            "old_owner": cur.crm_user_id,
+        },
+    ).one()
+    chosen = next(m for m in members if m.id == member_id)
+    recorder = DecisionRecorder(cfg, compile_rules(cfg.rules), kind="reassign")
+    recorder.team_pick(team.name, team.epoch, members, candidates, [cur.lead_id], [member_id])
+    recorder.detail(cur.lead_id).update(
+        {
+            "reason": reason,
+            "note": note,
+            "mode": "to" if to is not None else "rotate",
+            "from": {
+                "member_id": cur.member_id,
+                "crm_user_id": cur.crm_user_id,
+                "name": cur.owner_name,
+                "team": cur.team,
+            },
+            "superseded_writes": int(row.superseded),
+            "outbox_id": int(row.id),
+            "replaces_owners": list(row.replaces_owners),
+        }
+    )
+    recorder.flush(conn)
+    log.info(
+        "org %s: lead %s reassigned (%s) from member %d to member %d",
+        cfg.org,
+        crm_id,
+        reason,
+        cur.member_id,
+        member_id,
+    )
+    return Moved(
+        crm_id,
+        cur.crm_user_id,
+        chosen.crm_user_id,
+        chosen.name,
+        team.name,
+        reason,
+        int(row.id),
+        int(row.superseded),
+        tuple(row.replaces_owners),
+    )
+
+
+@dataclass
+class Deactivation:
+    rep: str
+    teams: list[str]
+    moved: list[Moved]
+    left: list[tuple[str, str]]  # (crm_id, why it was not re-routed)
+
+
+def deactivate_rep(engine: Engine, cfg: OrgConfig, rep: str, reroute: bool) -> Deactivation:
+    """Make ``rep`` inactive in every team of the org (a new epoch for each, as a config edit
+    would); with ``reroute``, re-route their leads whose owner write was not sent yet."""
+    with engine.begin() as conn:
+        conn.execute(_TEAMS["lock_org"], {"org": cfg.org})
+        rows = conn.execute(
+            _SQL["rep_candidates"], {"org": cfg.org, "rep": rep, "rep_key": _rep_key(cfg, rep)}
+        ).all()
+        if not rows:
+            raise ReassignError(f"rep {rep!r} is not a member of org {cfg.org!r}")
+        users = sorted({r.crm_user_id for r in rows})
+        if len(users) > 1:
+            raise ReassignError(
+                f"rep {rep!r} names several reps of org {cfg.org!r} ({', '.join(users)}): "
+                "give the crm_user_id"
+            )
+        changed = conn.execute(
+            _SQL["deactivate_member"], {"org": cfg.org, "crm_user_id": users[0]}
+        ).all()
+        was_active = {r.team_id for r in rows if r.active}
+        for r in changed:
+            if r.team_id in was_active:
+                conn.execute(_SQL["restart_epoch_edited"], {"team_id": r.team_id})
+    result = Deactivation(users[0], sorted({r.team for r in changed}), [], [])
+    if reroute:
+        moved, left = reroute_inactive(engine, cfg, users[0])
+        result.moved, result.left = moved, left
+    return result
+
+
+def reroute_inactive(
+    engine: Engine, cfg: OrgConfig, crm_user_id: str | None = None
+) -> tuple[list[Moved], list[tuple[str, str]]]:
+    """Re-route leads owned by inactive reps (or one of them) whose write was not sent."""
+    with engine.connect() as conn:
+        rows = conn.execute(
+            _SQL["unsent_of_inactive"], {"org": cfg.org, "crm_user_id": crm_user_id}
+        ).all()
+    moved: list[Moved] = []
+    left: list[tuple[str, str]] = []
+    for r in rows:
+        try:
+            moved.append(
+                reassign_lead(
+                    engine, cfg, r.crm_id, reason="rep_deactivated", expect_owner=r.crm_user_id
+                )
+            )
+        except ReassignError as exc:
+            left.append((r.crm_id, str(exc)))
+    return moved, left
+
+
+MAX_NOTE = 500
+
+
+def check_reassign_args(
+    engine: Engine, cfg: OrgConfig, crm_ids: Sequence[str], to: str | None, note: str | None
+) -> None:
+    """Refuse bad input before any lead is touched (ReassignError says why)."""
+    if note is not None and (len(note) > MAX_NOTE or not note.isprintable()):
+        raise ReassignError(f"--reason must be printable text of at most {MAX_NOTE} characters")
+    for crm_id in crm_ids:
+        if not crm_id.strip() or len(crm_id) > 64 or not crm_id.isprintable():
+            raise ReassignError(f"{crm_id!r} is not a CRM id")
+    if to is not None:
+        check_rep(engine, cfg, to)

@@ -1,0 +1,19 @@
+-- Named SQL for recorded routing decisions (see migrations/0009_assignment_history.sql).
+
+-- name: record_decisions
+-- One row per lead, in the transaction that made the decision; a lead whose rule or team has
+-- an SLA gets its check time on the assignment written earlier in the same transaction.
+WITH d AS (
+    SELECT *
+    FROM unnest(CAST(:lead_ids AS bigint[]), CAST(:details AS text[]),
+                CAST(:sla_minutes AS integer[]))
+         AS d (lead_id, detail, sla_minutes)
+), sla AS (
+    UPDATE assignments a
+    SET sla_due_at = a.assigned_at + make_interval(mins => d.sla_minutes)
+    FROM d
+    WHERE a.lead_id = d.lead_id AND d.sla_minutes IS NOT NULL
+    RETURNING a.id
+)
+INSERT INTO routing_decisions (org, lead_id, kind, detail)
+SELECT :org, d.lead_id, :kind, d.detail::jsonb FROM d ORDER BY d.lead_id
