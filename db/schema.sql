@@ -14,7 +14,8 @@ INSERT INTO schema_migrations (version, name) VALUES
     (4, 'poll_watermarks'),
     (5, 'trust'),
     (6, 'canonical_salesforce_ids'),
-    (9, 'assignment_history');
+    (9, 'assignment_history'),
+    (11, 'queue_indexes');
 
 -- 0001_routing.sql
 -- Routing state: teams, members, leads, assignments and the write-back outbox.
@@ -300,3 +301,11 @@ CREATE INDEX routing_decisions_made ON routing_decisions (made_at);
 -- writes over these and over intake owners, never over anyone else.
 ALTER TABLE outbox ADD COLUMN replaces_owners text[] NOT NULL DEFAULT '{}';
 CREATE INDEX outbox_lead ON outbox (lead_id, id);
+
+
+-- 0011_queue_indexes.sql
+-- Queue lookups that stay cheap when VACUUM cannot keep up (a long transaction holds its
+-- snapshot): the claim's "is this parent in another claim in flight?" test looks rows up by
+-- parent, so it reads only that parent's row versions instead of every version that was ever
+-- 'claimed' (all of them are, once) through outbox_org_state.
+CREATE INDEX outbox_claimed_parent ON outbox (org, parent_id) WHERE state = 'claimed';
