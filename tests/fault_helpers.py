@@ -20,7 +20,7 @@ import tempfile
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -94,7 +94,7 @@ class _WriteLog:
             self.received += 1
             self.lock.notify_all()
 
-    def wait_for(self, what: str, check: Any, timeout: float = 30) -> None:
+    def wait_for(self, what: str, check: Callable[[_WriteLog], bool], timeout: float = 30) -> None:
         """Block until ``check(self)`` holds (checked whenever a write arrives or is
         answered); fail naming ``what`` after ``timeout`` seconds."""
         with self.lock:
@@ -281,7 +281,7 @@ class Proc:
             return False
 
     def wait_healthy(self, timeout: float = 60) -> None:
-        wait_until(self.healthy, timeout, f"{self.name} to be healthy: {self.tail()}")
+        wait_until(self.healthy, timeout, lambda: f"{self.name} to be healthy: {self.tail()}", 0.1)
 
     def handles(self, sig: int) -> bool:
         """Whether the process has installed a handler for ``sig`` (Linux: SigCgt in
@@ -305,7 +305,8 @@ class Proc:
         wait_until(
             lambda: needle in self.logs[-1].read_bytes(),
             timeout,
-            f"{self.name} to log {needle!r}: {self.tail()}",
+            lambda: f"{self.name} to log {needle!r}: {self.tail()}",
+            0.1,
         )
 
     def tail(self, n: int = 3000) -> str:

@@ -15,17 +15,21 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
-def wait_until(check: Callable[[], T], timeout: float, what: str, interval: float = 0.02) -> T:
+def wait_until(
+    check: Callable[[], T], timeout: float, what: str | Callable[[], str], interval: float = 0.02
+) -> T:
     """Call ``check`` until it returns something truthy and return that; fail after
-    ``timeout`` seconds with ``what`` (and the last value) in the message."""
+    ``timeout`` seconds with ``what`` (a text, or a function giving it then) and the last
+    value in the message."""
     deadline = time.monotonic() + timeout
     while True:
         value = check()
         if value:
             return value
         if time.monotonic() >= deadline:
+            said = what() if callable(what) else what
             raise AssertionError(
-                f"timed out after {timeout} s waiting for {what} (last: {value!r})"
+                f"timed out after {timeout} s waiting for {said} (last: {value!r})"
             )
         time.sleep(interval)
 
