@@ -37,6 +37,7 @@ rules:
   - {team: na_ae, when: {Country: [US, CA]}}
   - {team: row_ae}
 """
+SLOW_TIMEOUT_S = 900  # pytest-timeout for tests marked slow (pyproject: 300 for the others)
 SAMPLE_ENV = {
     "ACME_SF_ID": "id-123",
     "ACME_SF_SECRET": "s3cret-value",
@@ -104,6 +105,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "databases" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.db)
+        if item.get_closest_marker("slow") and not item.get_closest_marker("timeout"):
+            # multi-process tests: a minute on a quiet machine, several on a crowded one
+            item.add_marker(pytest.mark.timeout(SLOW_TIMEOUT_S))
     if os.environ.get("PYTEST_XDIST_WORKER"):
         # Under xdist the slow tests go first (a stable sort: every worker collects the same
         # order), so the many short tests fill in around them instead of one long test

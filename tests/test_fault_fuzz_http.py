@@ -35,8 +35,7 @@ from tests.fault_helpers import (
 )
 from tests.pg import DatabaseFactory
 
-# one worker runs the whole module, so its module fixture runs once
-pytestmark = [pytest.mark.fault, pytest.mark.slow, pytest.mark.xdist_group("fuzz_http")]
+pytestmark = [pytest.mark.fault, pytest.mark.slow]
 
 EXAMPLES = 250
 FIGURES: Counter[str] = Counter()

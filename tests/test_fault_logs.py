@@ -44,8 +44,7 @@ from tests.fault_helpers import (
 )
 from tests.pg import DatabaseFactory
 
-# one worker runs the whole module, so its module fixture runs once
-pytestmark = [pytest.mark.fault, pytest.mark.slow, pytest.mark.xdist_group("fault_logs")]
+pytestmark = [pytest.mark.fault, pytest.mark.slow]
 
 LEADS = 20
 
