@@ -24,11 +24,11 @@ from tests.fault_helpers import (
     RecordingHubSpot,
     RecordingSalesforce,
     TwoOrgs,
-    assert_clean_logs,
     check_invariants,
     connector_env,
     lead_email,
     record_figures,
+    scan_logs,
 )
 
 pytestmark = [
@@ -187,7 +187,8 @@ def test_crm_outage_429_storm_latency_and_resets(
     assert figures["outage_backlog_drained_after_s"] is not None, figures
     assert float(figures["outage_backlog_drained_after_s"]) <= 2 * OUTAGE_S, figures  # type: ignore[arg-type]
     assert code == 0
-    assert_clean_logs(proc.logs)
+    # a dispatcher whose writes all end well may log nothing at INFO: only the scan applies
+    assert scan_logs(proc.logs) == []
 
 
 def test_a_long_outage_dead_letters_no_owner_write(engine: Engine, two_orgs: TwoOrgs) -> None:

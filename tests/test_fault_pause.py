@@ -75,7 +75,7 @@ def test_paused_dispatcher_is_overtaken_and_its_late_result_ignored(
         env,
         tmp_path,
     ).start()
-    claimed = wait_until(lambda: _claimed(engine), 30, "dispatcher A's claim")
+    claimed = wait_until(lambda: _claimed(engine), 60, "dispatcher A's claim")
     assert claimed[0] == LEADS, (claimed, a.tail())
     token_a, lease_a = claimed[1], claimed[2]
     # A's first write request is at the CRM (held there by the latency)
