@@ -2,7 +2,8 @@
 """Bootstrap and run: needs only Python 3.11+; creates .venv and installs the project.
 
 python3 dev.py demo        the main job: a burst of leads routed on an embedded Postgres
-python3 dev.py test [ARGS] the whole test suite (ARGS go to pytest)
+python3 dev.py test [ARGS] the whole test suite (ARGS go to pytest), on every core (pytest-xdist
+                           `-n auto`) unless ARGS choose (`-n 0`, `-p no:xdist`) or use --pdb
 python3 dev.py lint        ruff (lint + format check) and mypy
 """
 
@@ -39,6 +40,17 @@ def ensure_venv() -> None:
     STAMP.write_text(_fingerprint())
 
 
+def xdist_args(args: list[str]) -> list[str]:
+    """``-n auto`` unless the caller picked the worker count, turned xdist off, or debugs."""
+    chosen = any(
+        a.startswith(("-n", "--numprocesses", "--dist", "--pdb", "--trace")) or "no:xdist" in a
+        for a in args
+    )
+    # --dist load: a worker that dies is replaced and the run goes on (loadscope/loadgroup
+    # stop with an INTERNALERROR when a replaced worker gets work: pytest-xdist 3.8)
+    return [] if chosen else ["-n", "auto", "--dist", "load"]
+
+
 def run(cmd: list[str]) -> int:
     return subprocess.run(cmd, cwd=ROOT).returncode
 
@@ -63,7 +75,7 @@ def main(argv: list[str]) -> int:
             if code:
                 return code
         return 0
-    code = run([str(BIN / "python"), "-m", "pytest", *rest])
+    code = run([str(BIN / "python"), "-m", "pytest", *xdist_args(rest), *rest])
     if code == 5:  # pytest collected no tests: that is a failure, not a pass
         print("dev.py: pytest ran no tests", file=sys.stderr)
         return 1

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine
@@ -9,6 +11,7 @@ from connector.core.config import OrgConfig, parse_config
 from connector.routing.teams import apply_teams
 from connector.shell.store import make_engine
 from crm_sandboxes import HubSpotSandbox, SalesforceSandbox
+from tests.fault_helpers import TwoOrgs, open_two_orgs
 from tests.pg import DatabaseFactory, server_url
 
 SAMPLE_YAML = """
@@ -34,6 +37,7 @@ rules:
   - {team: na_ae, when: {Country: [US, CA]}}
   - {team: row_ae}
 """
+SLOW_TIMEOUT_S = 900  # pytest-timeout for tests marked slow (pyproject: 300 for the others)
 SAMPLE_ENV = {
     "ACME_SF_ID": "id-123",
     "ACME_SF_SECRET": "s3cret-value",
@@ -88,7 +92,24 @@ def hs() -> Iterator[HubSpotSandbox]:
     box.stop()
 
 
+@pytest.fixture
+def two_orgs(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[TwoOrgs]:
+    """The fault suite's two demo orgs on recording sandboxes (see ``open_two_orgs``); a test
+    passes options with ``@pytest.mark.two_orgs(sf={...}, hs={...}, poll=False, ...)``."""
+    marker = request.node.get_closest_marker("two_orgs")
+    with open_two_orgs(tmp_path, **(marker.kwargs if marker else {})) as orgs:
+        yield orgs
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "databases" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.db)
+        if item.get_closest_marker("slow") and not item.get_closest_marker("timeout"):
+            # multi-process tests: a minute on a quiet machine, several on a crowded one
+            item.add_marker(pytest.mark.timeout(SLOW_TIMEOUT_S))
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # Under xdist the slow tests go first (a stable sort: every worker collects the same
+        # order), so the many short tests fill in around them instead of one long test
+        # starting last and running alone at the end.
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)

@@ -2,8 +2,9 @@
 
 Real `connector` subprocesses (with their logs captured at INFO for the secret/email scan),
 CRM sandboxes that also remember every owner write they applied and every write attempt they
-answered, senders that retry a delivery until it is acknowledged (as Salesforce and HubSpot
-do), and the invariants checked in SQL and in the sandboxes afterwards.
+answered, the two demo orgs on them (the ``two_orgs`` fixture in tests/conftest.py), senders
+that retry a delivery until it is acknowledged (as Salesforce and HubSpot do), and the
+invariants checked in SQL and in the sandboxes afterwards.
 """
 
 from __future__ import annotations
@@ -13,14 +14,14 @@ import os
 import random
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,11 +29,14 @@ from typing import Any
 import httpx
 from sqlalchemy import Engine, text
 
+from connector.core.config import OrgConfig, load_configs
 from connector.intake.signatures import sign_v3
 from connector.intake.soap import build_outbound_message
-from connector.shell.demo import ENV, HS_PORTAL, SF_ORG_ID
+from connector.shell.demo import ENV, HS_PORTAL, SF_ORG_ID, hubspot_yaml, salesforce_yaml
 from crm_sandboxes import HubSpotSandbox, SalesforceSandbox
 from crm_sandboxes._server import Reply, Request
+from tests.ports import free_port
+from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 # Every secret the test configs and sandboxes use: none may ever appear in a log.
@@ -42,14 +46,11 @@ SECRETS = (
     "sandbox-password",
     "SANDBOXTOKEN",
 )
+# One client for every readiness probe: building an httpx client loads the CA bundle for TLS,
+# which costs more CPU than the probe itself (0.04-0.6 s here); the client is thread-safe.
+PROBE = httpx.Client(timeout=2)
+SIGTERM = signal.SIGTERM  # (Proc.signal hides the module inside the class)
 EMAIL_RE = re.compile(rb"[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}")
-SCANNED_LOGS: list[Path] = []  # every subprocess log of the session, for test_fault_logs
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def lead_email(crm_id: str) -> str:
@@ -64,7 +65,7 @@ class _WriteLog:
     """Per record: the owner writes applied; per write request: time, ids and status."""
 
     def __init__(self) -> None:
-        self.lock = threading.Lock()
+        self.lock = threading.Condition()  # notified whenever a write arrives or is answered
         self.applied: dict[str, list[tuple[int, str]]] = defaultdict(list)
         self.attempts: list[tuple[float, int, list[str], int, dict[str, str]]] = []
         self.seq = 0
@@ -86,6 +87,19 @@ class _WriteLog:
     def attempt(self, ids: list[str], status: int, headers: dict[str, str]) -> None:
         with self.lock:
             self.attempts.append((time.monotonic(), 0, ids, status, headers))
+            self.lock.notify_all()
+
+    def arrived(self) -> None:
+        with self.lock:
+            self.received += 1
+            self.lock.notify_all()
+
+    def wait_for(self, what: str, check: Callable[[_WriteLog], bool], timeout: float = 30) -> None:
+        """Block until ``check(self)`` holds (checked whenever a write arrives or is
+        answered); fail naming ``what`` after ``timeout`` seconds."""
+        with self.lock:
+            if not self.lock.wait_for(lambda: check(self), timeout):
+                raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
     def duplicates(self) -> tuple[int, int]:
         """(records written more than once, write requests that repeated an applied write)."""
@@ -134,8 +148,7 @@ class _Recording:
         ids = _write_ids(req)
         if ids is None:
             return handle(req)  # type: ignore[no-any-return]
-        with self.writes.lock:
-            self.writes.received += 1
+        self.writes.arrived()
         outage = self.writes.in_outage()
         if outage is not None:
             self.writes.attempt(ids, outage.status, outage.headers)
@@ -208,7 +221,6 @@ class Proc:
     admin_port: int | None = None
     proc: subprocess.Popen[bytes] | None = None
     starts: int = 0
-    started_at: float = 0.0
     logs: list[Path] = field(default_factory=list)
 
     @property
@@ -222,10 +234,8 @@ class Proc:
 
     def start(self) -> Proc:
         self.starts += 1
-        self.started_at = time.monotonic()
         log = self.log_dir / f"{self.name}.{self.starts}.log"
         self.logs.append(log)
-        SCANNED_LOGS.append(log)
         with open(log, "wb") as f:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "connector", "--log-level", "INFO", *self.args],
@@ -261,22 +271,43 @@ class Proc:
                 return -9
         return self.proc.returncode
 
-    def wait_healthy(self, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if not self.alive():
-                raise AssertionError(f"{self.name} exited: {self.tail()}")
-            try:
-                if httpx.get(f"{self.admin_url}/healthz", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise AssertionError(f"{self.name} never became healthy: {self.tail()}")
+    def healthy(self) -> bool:
+        """One readiness probe: /healthz answers 200 (fails at once if the process exited)."""
+        if not self.alive():
+            raise AssertionError(f"{self.name} exited: {self.tail()}")
+        try:
+            return PROBE.get(f"{self.admin_url}/healthz").status_code == 200
+        except httpx.HTTPError:
+            return False
 
-    def wait_started(self, seconds: float = 3.0) -> None:
-        """Give a process without a health endpoint time to install its signal handlers."""
-        time.sleep(max(0.0, self.started_at + seconds - time.monotonic()))
+    def wait_healthy(self, timeout: float = 60) -> None:
+        wait_until(self.healthy, timeout, lambda: f"{self.name} to be healthy: {self.tail()}", 0.1)
+
+    def handles(self, sig: int) -> bool:
+        """Whether the process has installed a handler for ``sig`` (Linux: SigCgt in
+        /proc/PID/status), so a process without a health endpoint can be probed too."""
+        if not self.alive():
+            raise AssertionError(f"{self.name} exited: {self.tail()}")
+        assert self.proc is not None
+        try:
+            status = Path(f"/proc/{self.proc.pid}/status").read_text()
+        except FileNotFoundError:  # exited between the two checks
+            return False
+        caught = next(line for line in status.splitlines() if line.startswith("SigCgt:"))
+        return bool(int(caught.split()[1], 16) & (1 << (sig - 1)))
+
+    def wait_handles(self, sig: int = SIGTERM, timeout: float = 60) -> None:
+        """Wait until a stop signal would be handled, not kill the process unannounced."""
+        wait_until(lambda: self.handles(sig), timeout, f"{self.name} to handle signal {sig}")
+
+    def wait_logged(self, needle: bytes, timeout: float = 30) -> None:
+        """Wait until the current log holds ``needle``."""
+        wait_until(
+            lambda: needle in self.logs[-1].read_bytes(),
+            timeout,
+            lambda: f"{self.name} to log {needle!r}: {self.tail()}",
+            0.1,
+        )
 
     def tail(self, n: int = 3000) -> str:
         return self.logs[-1].read_bytes()[-n:].decode(errors="replace") if self.logs else ""
@@ -309,6 +340,57 @@ def service(
         *extra,
     ]
     return Proc(name, args, env, log_dir, port=port, admin_port=admin)
+
+
+# --- the two demo orgs on recording sandboxes ---------------------------------------------
+
+
+@dataclass
+class TwoOrgs:
+    """The demo's Salesforce org (6 reps, an intake user) and HubSpot portal (4 owners) on
+    recording sandboxes, with a config folder naming them."""
+
+    sf: RecordingSalesforce
+    hs: RecordingHubSpot
+    reps: list[str]
+    intake: str
+    owners: list[str]
+    config_dir: Path
+
+    @property
+    def configs(self) -> dict[str, OrgConfig]:
+        return load_configs(self.config_dir, env=ENV)
+
+
+@contextmanager
+def open_two_orgs(
+    folder: Path,
+    *,
+    sf: dict[str, Any] | None = None,
+    hs: dict[str, Any] | None = None,
+    poll: bool = True,
+    hubspot: bool = True,
+) -> Iterator[TwoOrgs]:
+    """Start both sandboxes (``sf``/``hs``: their options) and write ``folder/config``;
+    ``poll=False`` turns the Salesforce poll off (only pushes create leads), ``hubspot=False``
+    leaves the HubSpot org out of the config. Both sandboxes stop on exit."""
+    with ExitStack() as stack:
+        sfb = RecordingSalesforce(**(sf or {})).start()
+        stack.callback(sfb.stop)
+        hsb = RecordingHubSpot(**(hs or {})).start()
+        stack.callback(hsb.stop)
+        reps = [sfb.add_user(f"Rep {i}") for i in range(6)]
+        intake = sfb.add_user("Intake")
+        owners = [hsb.add_owner(f"Owner{i}") for i in range(4)]
+        config_dir = folder / "config"
+        config_dir.mkdir(parents=True)
+        sf_yaml = salesforce_yaml(sfb, reps, intake)
+        if not poll:
+            sf_yaml = sf_yaml.replace("poll:\n", "poll:\n  enabled: false\n")
+        (config_dir / "sf.yaml").write_text(sf_yaml)
+        if hubspot:
+            (config_dir / "hs.yaml").write_text(hubspot_yaml(hsb, owners))
+        yield TwoOrgs(sfb, hsb, reps, intake, owners, config_dir)
 
 
 # --- senders --------------------------------------------------------------------------------
@@ -416,6 +498,7 @@ def deliver_until_acked(
             return True
         with log.lock:
             log.retries += 1
+        # not synchronisation: the CRM's own retry schedule, part of the scenario
         time.sleep(delay * (0.5 + rng.random()))
         delay = min(delay * 2, 1.0)
     with log.lock:
@@ -516,8 +599,23 @@ def wait_drained(
             and not inbox
         ):
             return time.monotonic() - t0
-        time.sleep(0.2)
+        time.sleep(0.2)  # polling the database for that state, up to the deadline
     return None
+
+
+def assert_clean_logs(paths: Iterable[Path], expect: Iterable[str] = ()) -> int:
+    """Fail on any email address or secret in the logs, and on a scan that proves nothing:
+    no log, only empty logs, or an expected id (what the logs must mention) missing.
+    Returns the bytes scanned."""
+    logs = list(paths)
+    assert logs, "no log to scan"
+    data = b"".join(p.read_bytes() for p in logs)
+    assert data, f"every log is empty: {[p.name for p in logs]}"
+    missing = [i for i in expect if i.encode() not in data]
+    assert missing == [], f"ids the logs should mention: {missing[:10]}"
+    found = scan_logs(logs)
+    assert found == [], found[:10]
+    return len(data)
 
 
 def scan_logs(paths: Iterable[Path]) -> list[str]:

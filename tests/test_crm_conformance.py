@@ -9,9 +9,7 @@ timeouts (`wire` fixture) and the quota headers that usage() reports.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -26,6 +24,7 @@ from crm_adapters.batching import plan_batches
 from crm_adapters.memory import MemoryCrm
 from crm_sandboxes import HubSpotSandbox, SalesforceSandbox
 from tests.crm_conftest_helpers import Harness, hs_sandbox, sf_sandbox
+from tests.waiting import between_stamps
 
 __all__ = ["hs_sandbox", "sf_sandbox"]
 
@@ -152,8 +151,7 @@ def test_dropped_connection_and_timeout_are_retryable(wire: Harness) -> None:
 
 def test_changed_since_pages_ascending(h: Harness) -> None:
     owner = h.owner()
-    time.sleep(0.01)
-    since = datetime.now(UTC) - timedelta(milliseconds=2)
+    since = between_stamps()  # after whatever the harness stamped, before every new record
     ids = [h.record(owner) for _ in range(450)]
     pages = list(h.adapter().changed_since(since, page_size=200))
     assert len(pages) >= 3
@@ -166,13 +164,9 @@ def test_changed_since_pages_ascending(h: Harness) -> None:
 
 def test_changed_since_until_bound(h: Harness) -> None:
     owner = h.owner()
-    time.sleep(0.01)
-    since = datetime.now(UTC)
-    time.sleep(0.005)  # stamps have ms resolution: keep the first record strictly after since
+    since = between_stamps()  # stamps have ms resolution: these fall strictly between them
     first = [h.record(owner) for _ in range(3)]
-    time.sleep(0.05)
-    until = datetime.now(UTC)
-    time.sleep(0.05)
+    until = between_stamps()
     h.record(owner)
     got = [r.crm_id for p in h.adapter().changed_since(since, until) for r in p]
     assert got == first

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,8 @@ from crm_adapters.salesforce import SalesforceAdapter, SalesforceSettings
 from crm_adapters.salesforce_ids import to_18
 from crm_sandboxes import HubSpotSandbox, SalesforceSandbox, make_sandbox
 from tests.crm_conftest_helpers import hs_settings, sf_settings
+from tests.ports import free_port
+from tests.waiting import between_stamps, wait_until
 
 
 @pytest.fixture
@@ -74,21 +75,19 @@ def test_http_control_surface(kind: str) -> None:
 
 
 def test_serve_standalone() -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     code = f"from crm_sandboxes import serve; serve('hubspot', '127.0.0.1', {port})"
     proc = subprocess.Popen([sys.executable, "-c", code])
+
+    def counters() -> requests.Response | None:  # a readiness probe
+        assert proc.poll() is None, f"the sandbox exited with {proc.returncode}"
+        try:
+            return requests.get(f"http://127.0.0.1:{port}/_sandbox/counters", timeout=1)
+        except requests.ConnectionError:
+            return None
+
     try:
-        deadline = time.monotonic() + 15
-        while True:
-            try:
-                r = requests.get(f"http://127.0.0.1:{port}/_sandbox/counters", timeout=1)
-                break
-            except requests.ConnectionError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
+        r = wait_until(counters, 15, "the standalone sandbox to answer", interval=0.05)
         assert r.json()["total_calls"] == 0
     finally:
         proc.terminate()
@@ -254,8 +253,7 @@ def test_hs_client_budget_blocks_instead_of_429(hs: HubSpotSandbox) -> None:
     hs.configure(search_per_s=2)
     a = HubSpotAdapter(hs_settings(hs, search_per_s=2.0))
     owner = hs.add_owner()
-    since = datetime.now(UTC)
-    time.sleep(0.002)
+    since = between_stamps()
     for _ in range(5):
         hs.add_record(owner_id=owner)
     t0 = time.monotonic()
@@ -316,8 +314,7 @@ def test_hs_changed_since_moves_window_past_cap(hs: HubSpotSandbox) -> None:
 
 def test_hs_leads_object_uses_hs_lastmodifieddate(hs: HubSpotSandbox) -> None:
     owner = hs.add_owner()
-    since = datetime.now(UTC)
-    time.sleep(0.002)
+    since = between_stamps()
     lid = hs.add_record("leads", owner)
     a = HubSpotAdapter(hs_settings(hs, object="leads"))
     (page,) = list(a.changed_since(since))

@@ -11,20 +11,19 @@ Retry-After it was given, and the backlog of the outage drained within twice the
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine, text
 
-from connector.core.config import OrgConfig, load_configs
+from connector.core.config import OrgConfig
 from connector.routing.assign import Lead, Router
 from connector.routing.teams import apply_teams
-from connector.shell.demo import ENV, hubspot_yaml, salesforce_yaml
 from tests.fault_helpers import (
     Proc,
     RecordingHubSpot,
     RecordingSalesforce,
+    TwoOrgs,
     check_invariants,
     connector_env,
     lead_email,
@@ -32,21 +31,16 @@ from tests.fault_helpers import (
     scan_logs,
 )
 
-pytestmark = [pytest.mark.fault, pytest.mark.slow]
+pytestmark = [
+    pytest.mark.fault,
+    pytest.mark.slow,
+    pytest.mark.two_orgs(sf={"record_work_ms": 0.0}, hs={"limit_per_10s": 1000}),
+]
 
 WAVE = 150  # leads per org per phase
 OUTAGE_S = 5.0
 RETRY_AFTER_S = 2
 TOLERANCE_S = 0.05
-
-
-@pytest.fixture
-def sandboxes() -> Iterator[tuple[RecordingSalesforce, RecordingHubSpot]]:
-    sf = RecordingSalesforce(record_work_ms=0.0).start()
-    hs = RecordingHubSpot(limit_per_10s=1000).start()
-    yield sf, hs
-    sf.stop()
-    hs.stop()
 
 
 def _open(engine: Engine) -> int:
@@ -59,6 +53,7 @@ def _open(engine: Engine) -> int:
 
 
 def _wait_open_zero(engine: Engine, timeout: float) -> float | None:
+    """Seconds until no outbox row is open (polling the database), None at the deadline."""
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
         if _open(engine) == 0:
@@ -84,23 +79,12 @@ def _retry_after_violations(sb: RecordingSalesforce | RecordingHubSpot) -> list[
     return bad
 
 
+@pytest.mark.two_orgs(sf={"record_work_ms": 0.0}, hs={"limit_per_10s": 1000}, poll=False)
 def test_crm_outage_429_storm_latency_and_resets(
-    engine: Engine,
-    db_url: str,
-    tmp_path: Path,
-    sandboxes: tuple[RecordingSalesforce, RecordingHubSpot],
+    engine: Engine, db_url: str, tmp_path: Path, two_orgs: TwoOrgs
 ) -> None:
-    sf, hs = sandboxes
-    reps = [sf.add_user(f"Rep {i}") for i in range(6)]
-    intake = sf.add_user("Intake")
-    owners = [hs.add_owner(f"Owner{i}") for i in range(4)]
-    config_dir = tmp_path / "config"
-    config_dir.mkdir()
-    (config_dir / "sf.yaml").write_text(
-        salesforce_yaml(sf, reps, intake).replace("poll:\n", "poll:\n  enabled: false\n")
-    )
-    (config_dir / "hs.yaml").write_text(hubspot_yaml(hs, owners))
-    configs = load_configs(config_dir, env=ENV)
+    sf, hs, intake, config_dir = two_orgs.sf, two_orgs.hs, two_orgs.intake, two_orgs.config_dir
+    configs = two_orgs.configs
     for cfg in configs.values():
         apply_teams(engine, cfg)
 
@@ -130,6 +114,8 @@ def test_crm_outage_429_storm_latency_and_resets(
         hs.writes.outage(OUTAGE_S)
         outage_started = time.monotonic()
         both_waves()
+        # not synchronisation: the CRM is down for OUTAGE_S (the scenario); the drain time
+        # is measured from the end of the outage
         time.sleep(max(0.0, outage_started + OUTAGE_S - time.monotonic()))
         drain = _wait_open_zero(engine, timeout=4 * OUTAGE_S)
         figures["outage_s"] = OUTAGE_S
@@ -201,12 +187,11 @@ def test_crm_outage_429_storm_latency_and_resets(
     assert figures["outage_backlog_drained_after_s"] is not None, figures
     assert float(figures["outage_backlog_drained_after_s"]) <= 2 * OUTAGE_S, figures  # type: ignore[arg-type]
     assert code == 0
+    # a dispatcher whose writes all end well may log nothing at INFO: only the scan applies
     assert scan_logs(proc.logs) == []
 
 
-def test_a_long_outage_dead_letters_no_owner_write(
-    engine: Engine, tmp_path: Path, sandboxes: tuple[RecordingSalesforce, RecordingHubSpot]
-) -> None:
+def test_a_long_outage_dead_letters_no_owner_write(engine: Engine, two_orgs: TwoOrgs) -> None:
     """A CRM down for "long" (here 3 s with the backoff scaled down 50x: like 150 s with the
     defaults) is not the records' fault: every write waits it out, none is dead-lettered."""
     import threading
@@ -214,15 +199,7 @@ def test_a_long_outage_dead_letters_no_owner_write(
     from connector.shell.adapters import adapter_for
     from connector.writeback.dispatch import Dispatcher
 
-    sf, hs = sandboxes
-    reps = [sf.add_user(f"Rep {i}") for i in range(6)]
-    intake = sf.add_user("Intake")
-    owners = [hs.add_owner(f"Owner{i}") for i in range(4)]
-    config_dir = tmp_path / "config"
-    config_dir.mkdir()
-    (config_dir / "sf.yaml").write_text(salesforce_yaml(sf, reps, intake))
-    (config_dir / "hs.yaml").write_text(hubspot_yaml(hs, owners))
-    configs = load_configs(config_dir, env=ENV)
+    sf, hs, intake, configs = two_orgs.sf, two_orgs.hs, two_orgs.intake, two_orgs.configs
     sf_ids = [sf.add_record("Lead", owner_id=intake, fields={"Country": "x"}) for _ in range(200)]
     hs_ids = [hs.add_record("contacts") for _ in range(200)]
     for cfg, ids, field in (
@@ -254,7 +231,7 @@ def test_a_long_outage_dead_letters_no_owner_write(
     for t in threads:
         t.start()
     try:
-        time.sleep(outage)
+        time.sleep(outage)  # not synchronisation: the CRM is down this long (the scenario)
         drain = _wait_open_zero(engine, timeout=30)
     finally:
         stop.set()

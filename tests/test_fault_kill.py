@@ -15,7 +15,6 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -23,15 +22,13 @@ import httpx
 import pytest
 from sqlalchemy import Engine
 
-from connector.core.config import load_configs
-from connector.shell.demo import ENV, hubspot_yaml, salesforce_yaml
 from tests.fault_helpers import (
     SF_PATH,
     Delivery,
     Proc,
-    RecordingHubSpot,
-    RecordingSalesforce,
     SendLog,
+    TwoOrgs,
+    assert_clean_logs,
     check_invariants,
     connector_env,
     deliver_until_acked,
@@ -39,13 +36,18 @@ from tests.fault_helpers import (
     hubspot_events,
     lead_email,
     record_figures,
-    scan_logs,
     service,
     soap_body,
     wait_drained,
 )
 
-pytestmark = [pytest.mark.fault, pytest.mark.slow]
+pytestmark = [
+    pytest.mark.fault,
+    pytest.mark.slow,
+    pytest.mark.two_orgs(
+        sf={"lock_wait_s": 10.0, "record_work_ms": 0.2}, hs={"limit_per_10s": 1000}
+    ),
+]
 
 SF_PUSHED, SF_POLL_ONLY, HS_LEADS = 5_000, 1_000, 4_000  # the 10,000 leads
 BURST_S = 30.0  # the deliveries are spread over this, so the kills land throughout
@@ -56,31 +58,12 @@ LEASE_S = 2
 SOAP_BATCH, HS_BATCH = 10, 16
 
 
-@pytest.fixture
-def sandboxes() -> Iterator[tuple[RecordingSalesforce, RecordingHubSpot]]:
-    sf = RecordingSalesforce(lock_wait_s=10.0, record_work_ms=0.2).start()
-    hs = RecordingHubSpot(limit_per_10s=1000).start()
-    yield sf, hs
-    sf.stop()
-    hs.stop()
-
-
 def test_kill9_every_200ms_loses_nothing(
-    engine: Engine,
-    db_url: str,
-    tmp_path: Path,
-    sandboxes: tuple[RecordingSalesforce, RecordingHubSpot],
+    engine: Engine, db_url: str, tmp_path: Path, two_orgs: TwoOrgs
 ) -> None:
-    sf, hs = sandboxes
+    sf, hs, intake, config_dir = two_orgs.sf, two_orgs.hs, two_orgs.intake, two_orgs.config_dir
+    configs = two_orgs.configs
     rng = random.Random(1)
-    reps = [sf.add_user(f"Rep {i}") for i in range(6)]
-    intake = sf.add_user("Intake")
-    owners = [hs.add_owner(f"Owner{i}") for i in range(4)]
-    config_dir = tmp_path / "config"
-    config_dir.mkdir()
-    (config_dir / "sf.yaml").write_text(salesforce_yaml(sf, reps, intake))
-    (config_dir / "hs.yaml").write_text(hubspot_yaml(hs, owners))
-    configs = load_configs(config_dir, env=ENV)
 
     countries = ["US", "DE", "CA", "FR", "GB"]
     sf_ids = []
@@ -144,6 +127,7 @@ def test_kill9_every_200ms_loses_nothing(
                 senders_done.is_set() and elapsed >= MIN_KILL_PHASE_S
             ):
                 return
+            # not synchronisation: the kill rhythm is the scenario
             time.sleep(KILL_EVERY_S * (0.75 + krng.random() / 2))
             victim = krng.choice(procs)
             if victim.alive():
@@ -153,7 +137,7 @@ def test_kill9_every_200ms_loses_nothing(
 
     t0 = time.monotonic()
 
-    def paced(k: int) -> bool:
+    def paced(k: int) -> bool:  # the deliveries spread over BURST_S: the scenario's pace
         time.sleep(max(0.0, t0 + k * BURST_S / len(deliveries) - time.monotonic()))
         return True
 
@@ -183,7 +167,7 @@ def test_kill9_every_200ms_loses_nothing(
         drain_s = wait_drained(engine, len(sf_ids) + len(hs_ids), timeout=120)
         for r in replicas:  # a SIGTERM before startup finished would be an unhandled one
             r.wait_healthy()
-        dispatcher.wait_started()
+        dispatcher.wait_handles()
     finally:
         codes = {p.name: p.stop() for p in procs}
 
@@ -218,4 +202,4 @@ def test_kill9_every_200ms_loses_nothing(
     assert kills >= 20, figures
     assert repeat_requests + hs_repeat_requests <= kills * in_flight_per_process, figures
     assert set(codes.values()) == {0}, codes
-    assert scan_logs(log for p in procs for log in p.logs) == []
+    assert_clean_logs([log for p in procs for log in p.logs])

@@ -17,20 +17,21 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, text
 
-from connector.shell.demo import hubspot_yaml, salesforce_yaml
 from tests.fault_helpers import (
     ROOT,
-    SCANNED_LOGS,
-    RecordingHubSpot,
-    RecordingSalesforce,
+    TwoOrgs,
+    assert_clean_logs,
     check_invariants,
     connector_env,
     lead_email,
     record_figures,
-    scan_logs,
 )
 
-pytestmark = [pytest.mark.fault, pytest.mark.slow]
+pytestmark = [
+    pytest.mark.fault,
+    pytest.mark.slow,
+    pytest.mark.two_orgs(sf={"record_work_ms": 0.0}, hs={"limit_per_10s": 1000}),
+]
 
 SF_LEADS, HS_LEADS, POISON_SHARE = 1_000, 600, 0.01
 
@@ -38,7 +39,6 @@ SF_LEADS, HS_LEADS, POISON_SHARE = 1_000, 600, 0.01
 def _connector(
     args: list[str], env: dict[str, str], log: Path, timeout: float = 120
 ) -> subprocess.CompletedProcess[bytes]:
-    SCANNED_LOGS.append(log)
     with open(log, "wb") as f:
         return subprocess.run(
             [sys.executable, "-m", "connector", "--log-level", "INFO", *args],
@@ -51,87 +51,75 @@ def _connector(
         )
 
 
-def test_exactly_the_poison_records_end_dead(engine: Engine, db_url: str, tmp_path: Path) -> None:
+def test_exactly_the_poison_records_end_dead(
+    engine: Engine, db_url: str, tmp_path: Path, two_orgs: TwoOrgs
+) -> None:
     rng = random.Random(6)
-    sf = RecordingSalesforce(record_work_ms=0.0).start()
-    hs = RecordingHubSpot(limit_per_10s=1000).start()
-    try:
-        reps = [sf.add_user(f"Rep {i}") for i in range(6)]
-        intake = sf.add_user("Intake")
-        owners = [hs.add_owner(f"Owner{i}") for i in range(4)]
-        config_dir = tmp_path / "config"
-        config_dir.mkdir()
-        (config_dir / "sf.yaml").write_text(salesforce_yaml(sf, reps, intake))
-        (config_dir / "hs.yaml").write_text(hubspot_yaml(hs, owners))
-        sf_ids = [sf.add_record("Lead", owner_id=intake) for _ in range(SF_LEADS)]
-        hs_ids = [hs.add_record("contacts") for _ in range(HS_LEADS)]
-        poison = set(rng.sample(sf_ids, int(SF_LEADS * POISON_SHARE)))
-        poison |= set(rng.sample(hs_ids, int(HS_LEADS * POISON_SHARE)))
-        sf.poison([i for i in poison if i in set(sf_ids)])
-        hs.poison([i for i in poison if i in set(hs_ids)])
-        (tmp_path / "sf.jsonl").write_text(
-            "".join(
-                json.dumps({"Id": i, "Country": rng.choice(["US", "FR"]), "Email": lead_email(i)})
-                + "\n"
-                for i in sf_ids
-            )
+    sf, hs, intake, config_dir = two_orgs.sf, two_orgs.hs, two_orgs.intake, two_orgs.config_dir
+    sf_ids = [sf.add_record("Lead", owner_id=intake) for _ in range(SF_LEADS)]
+    hs_ids = [hs.add_record("contacts") for _ in range(HS_LEADS)]
+    poison = set(rng.sample(sf_ids, int(SF_LEADS * POISON_SHARE)))
+    poison |= set(rng.sample(hs_ids, int(HS_LEADS * POISON_SHARE)))
+    sf.poison([i for i in poison if i in set(sf_ids)])
+    hs.poison([i for i in poison if i in set(hs_ids)])
+    (tmp_path / "sf.jsonl").write_text(
+        "".join(
+            json.dumps({"Id": i, "Country": rng.choice(["US", "FR"]), "Email": lead_email(i)})
+            + "\n"
+            for i in sf_ids
         )
-        (tmp_path / "hs.jsonl").write_text(
-            "".join(json.dumps({"id": i, "country": "Japan"}) + "\n" for i in hs_ids)
-        )
-        env = connector_env(db_url)
-        cfg = ["--config", str(config_dir)]
-        for org, f in (("demo-sf", "sf.jsonl"), ("demo-hs", "hs.jsonl")):
-            r = _connector(
-                [*cfg, "ingest", "--no-verify", "--org", org, str(tmp_path / f)],
-                env,
-                tmp_path / f"ingest-{org}.log",
-            )
-            assert r.returncode == 0, r
+    )
+    (tmp_path / "hs.jsonl").write_text(
+        "".join(json.dumps({"id": i, "country": "Japan"}) + "\n" for i in hs_ids)
+    )
+    env = connector_env(db_url)
+    cfg = ["--config", str(config_dir)]
+    for org, f in (("demo-sf", "sf.jsonl"), ("demo-hs", "hs.jsonl")):
         r = _connector(
-            [*cfg, "dispatch", "--once", "--timeout", "60"], env, tmp_path / "dispatch.log"
+            [*cfg, "ingest", "--no-verify", "--org", org, str(tmp_path / f)],
+            env,
+            tmp_path / f"ingest-{org}.log",
         )
-        dispatch_out = r.stdout.decode()
-        assert r.returncode == 0, (dispatch_out, (tmp_path / "dispatch.log").read_text()[-2000:])
-        listing = _connector(
-            [*cfg, "outbox", "list", "--org", "demo-sf"], env, tmp_path / "list.log"
-        ).stdout.decode()
+        assert r.returncode == 0, r
+    r = _connector([*cfg, "dispatch", "--once", "--timeout", "60"], env, tmp_path / "dispatch.log")
+    dispatch_out = r.stdout.decode()
+    assert r.returncode == 0, (dispatch_out, (tmp_path / "dispatch.log").read_text()[-2000:])
+    listing = _connector(
+        [*cfg, "outbox", "list", "--org", "demo-sf"], env, tmp_path / "list.log"
+    ).stdout.decode()
 
-        with engine.connect() as conn:
-            dead: dict[str, str] = {
-                r.crm_id: r.last_error
-                for r in conn.execute(
-                    text("SELECT crm_id, last_error FROM outbox WHERE state = 'dead'")
-                )
-            }
-            sent = conn.execute(text("SELECT count(*) FROM outbox WHERE state = 'sent'")).scalar()
-        inv = check_invariants(engine, sf, hs, skip_crm=poison)
-        healthy_wrong = [i for i in inv.crm_mismatches if i not in poison]
-        figures = {
-            "leads": SF_LEADS + HS_LEADS,
-            "poison": len(poison),
-            "dead": len(dead),
-            "sent": sent,
-            "dead_reasons": sorted({v.split(":")[0] for v in dead.values()}),
-            "healthy_crm_mismatches": len(healthy_wrong),
-            "repeated_crm_record_writes": sf.writes.duplicates()[0] + hs.writes.duplicates()[0],
+    with engine.connect() as conn:
+        dead: dict[str, str] = {
+            r.crm_id: r.last_error
+            for r in conn.execute(
+                text("SELECT crm_id, last_error FROM outbox WHERE state = 'dead'")
+            )
         }
-        record_figures("poison", figures)
-        assert set(dead) == poison, figures
-        assert all(v for v in dead.values())
-        assert {v.split(":")[0] for v in dead.values()} == {
-            "FIELD_CUSTOM_VALIDATION_EXCEPTION",  # Salesforce's statusCode
-            "VALIDATION_ERROR",  # HubSpot's category
-        }
-        assert all("poison" in v for v in dead.values())  # the CRM's own message is kept
-        assert sent == SF_LEADS + HS_LEADS - len(poison)
-        assert healthy_wrong == [] and inv.double_owners == 0 and inv.open_outbox == 0
-        for p in poison:  # the CRM still has the intake owner (or none) on the poison records
-            rec = sf.get_record(p)
-            assert (rec or {}).get("OwnerId") in (None, intake)
-        for i in (i for i in poison if i in set(sf_ids)):
-            assert i in listing
-        assert scan_logs(tmp_path.glob("*.log")) == []
-    finally:
-        sf.stop()
-        hs.stop()
+        sent = conn.execute(text("SELECT count(*) FROM outbox WHERE state = 'sent'")).scalar()
+    inv = check_invariants(engine, sf, hs, skip_crm=poison)
+    healthy_wrong = [i for i in inv.crm_mismatches if i not in poison]
+    figures = {
+        "leads": SF_LEADS + HS_LEADS,
+        "poison": len(poison),
+        "dead": len(dead),
+        "sent": sent,
+        "dead_reasons": sorted({v.split(":")[0] for v in dead.values()}),
+        "healthy_crm_mismatches": len(healthy_wrong),
+        "repeated_crm_record_writes": sf.writes.duplicates()[0] + hs.writes.duplicates()[0],
+    }
+    record_figures("poison", figures)
+    assert set(dead) == poison, figures
+    assert all(v for v in dead.values())
+    assert {v.split(":")[0] for v in dead.values()} == {
+        "FIELD_CUSTOM_VALIDATION_EXCEPTION",  # Salesforce's statusCode
+        "VALIDATION_ERROR",  # HubSpot's category
+    }
+    assert all("poison" in v for v in dead.values())  # the CRM's own message is kept
+    assert sent == SF_LEADS + HS_LEADS - len(poison)
+    assert healthy_wrong == [] and inv.double_owners == 0 and inv.open_outbox == 0
+    for p in poison:  # the CRM still has the intake owner (or none) on the poison records
+        rec = sf.get_record(p)
+        assert (rec or {}).get("OwnerId") in (None, intake)
+    for i in (i for i in poison if i in set(sf_ids)):
+        assert i in listing
+    assert_clean_logs(sorted(tmp_path.glob("*.log")))

@@ -24,16 +24,15 @@ import httpx
 import pytest
 from sqlalchemy import text
 
-from connector.core.config import load_configs
 from connector.core.errors import create_engine
-from connector.shell.demo import ENV, hubspot_yaml, salesforce_yaml
 from connector.shell.store import make_engine, migrate, sqlalchemy_url
 from tests.fault_helpers import (
+    PROBE,
     SF_PATH,
     Delivery,
-    RecordingHubSpot,
-    RecordingSalesforce,
     SendLog,
+    TwoOrgs,
+    assert_clean_logs,
     check_invariants,
     connector_env,
     deliver_until_acked,
@@ -41,14 +40,17 @@ from tests.fault_helpers import (
     hubspot_events,
     lead_email,
     record_figures,
-    scan_logs,
     service,
     soap_body,
     wait_drained,
 )
 from tests.pg import with_database
 
-pytestmark = [pytest.mark.fault, pytest.mark.slow]
+pytestmark = [
+    pytest.mark.fault,
+    pytest.mark.slow,
+    pytest.mark.two_orgs(sf={"record_work_ms": 0.2}, hs={"limit_per_10s": 1000}),
+]
 
 SF_PUSHED, SF_POLL_ONLY, HS_LEADS = 600, 100, 400
 RUN_S = 12.0  # the burst is paced over this; Postgres is stopped at 1/3 and at 1/2 of it
@@ -92,7 +94,7 @@ def dedicated_pg() -> Iterator[DedicatedPostgres]:
 
 
 def test_postgres_crash_at_one_third_and_one_half(
-    dedicated_pg: DedicatedPostgres, tmp_path: Path
+    dedicated_pg: DedicatedPostgres, tmp_path: Path, two_orgs: TwoOrgs
 ) -> None:
     admin = create_engine(sqlalchemy_url(dedicated_pg.url), isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
@@ -106,19 +108,11 @@ def test_postgres_crash_at_one_third_and_one_half(
     # ping: they must cope on their own)
     engine = create_engine(sqlalchemy_url(db_url), pool_pre_ping=True)
 
-    sf = RecordingSalesforce(record_work_ms=0.2).start()
-    hs = RecordingHubSpot(limit_per_10s=1000).start()
+    sf, hs, intake, config_dir = two_orgs.sf, two_orgs.hs, two_orgs.intake, two_orgs.config_dir
+    configs = two_orgs.configs
     procs = []
     try:
         rng = random.Random(2)
-        reps = [sf.add_user(f"Rep {i}") for i in range(6)]
-        intake = sf.add_user("Intake")
-        owners = [hs.add_owner(f"Owner{i}") for i in range(4)]
-        config_dir = tmp_path / "config"
-        config_dir.mkdir()
-        (config_dir / "sf.yaml").write_text(salesforce_yaml(sf, reps, intake))
-        (config_dir / "hs.yaml").write_text(hubspot_yaml(hs, owners))
-        configs = load_configs(config_dir, env=ENV)
         sf_ids = [
             sf.add_record("Lead", owner_id=intake, fields={"Country": rng.choice(["US", "FR"])})
             for _ in range(SF_PUSHED + SF_POLL_ONLY)
@@ -167,6 +161,8 @@ def test_postgres_crash_at_one_third_and_one_half(
         t0 = time.monotonic()
 
         def crash_at(fraction: float) -> None:
+            # not synchronisation: when the crash lands and how long Postgres stays down
+            # are the scenario
             time.sleep(max(0.0, t0 + RUN_S * fraction - time.monotonic()))
             dedicated_pg.stop_immediate()
             stopped = time.monotonic()
@@ -178,11 +174,11 @@ def test_postgres_crash_at_one_third_and_one_half(
                 deadline = started + RECONNECT_LIMIT_S
                 while time.monotonic() < deadline:
                     try:
-                        if httpx.get(f"{p.admin_url}/healthz", timeout=2).status_code == 200:
+                        if PROBE.get(f"{p.admin_url}/healthz").status_code == 200:
                             break
                     except httpx.HTTPError:
                         pass
-                    time.sleep(0.05)
+                    time.sleep(0.05)  # a readiness probe, polled up to the deadline
                 healthy.append(time.monotonic() - started)
             crashes.append(
                 {
@@ -196,7 +192,7 @@ def test_postgres_crash_at_one_third_and_one_half(
             crash_at(1 / 3)
             crash_at(1 / 2)
 
-        def paced(k: int) -> bool:
+        def paced(k: int) -> bool:  # the burst spread over RUN_S: the scenario's pace
             time.sleep(max(0.0, t0 + k * RUN_S / len(deliveries) - time.monotonic()))
             return True
 
@@ -238,10 +234,8 @@ def test_postgres_crash_at_one_third_and_one_half(
         assert inv.leads == inv.assigned == len(sf_ids) + len(hs_ids), figures
         assert inv.dead == 0 and inv.crm_mismatches == [], figures
         assert fairness_violations(engine, configs) == []
-        assert scan_logs(log for p in procs for log in p.logs) == []
+        assert_clean_logs([log for p in procs for log in p.logs])
     finally:
         for p in procs:
             p.stop()
         engine.dispose()
-        sf.stop()
-        hs.stop()

@@ -18,17 +18,16 @@ import httpx
 import pytest
 from sqlalchemy import Engine, text
 
-from connector.shell.demo import hubspot_yaml, salesforce_yaml
-from crm_sandboxes import HubSpotSandbox, SalesforceSandbox
 from tests.fault_helpers import (
     SF_PATH,
+    TwoOrgs,
+    assert_clean_logs,
     connector_env,
     hubspot_events,
     lead_email,
     post_hubspot,
     post_soap,
     record_figures,
-    scan_logs,
     service,
     soap_body,
     wait_drained,
@@ -39,97 +38,84 @@ pytestmark = [pytest.mark.fault, pytest.mark.slow]
 EVENTS, COPIES, CONNECTIONS, LATE = 1_000, 5, 50, 200
 
 
+# poll=False: only the pushes may create leads here
+@pytest.mark.two_orgs(sf={"record_work_ms": 0.0}, hs={"limit_per_10s": 1000}, poll=False)
 def test_every_event_five_times_gives_exactly_one_lead_each(
-    engine: Engine, db_url: str, tmp_path: Path
+    engine: Engine, db_url: str, tmp_path: Path, two_orgs: TwoOrgs
 ) -> None:
     rng = random.Random(3)
-    sf = SalesforceSandbox(record_work_ms=0.0).start()
-    hs = HubSpotSandbox(limit_per_10s=1000).start()
+    sf, hs, intake, config_dir = two_orgs.sf, two_orgs.hs, two_orgs.intake, two_orgs.config_dir
+    sf_ids = [
+        sf.add_record("Lead", owner_id=intake, fields={"Country": rng.choice(["US", "DE"])})
+        for _ in range(EVENTS // 2)
+    ]
+    hs_ids = [
+        hs.add_record("contacts", properties={"country": rng.choice(["Canada", "Japan"])})
+        for _ in range(EVENTS - len(sf_ids))
+    ]
+    events: list[tuple[str, str, bytes]] = []
+    for n, rid in enumerate(sf_ids):
+        fields = {"Country": str(sf.get_record(rid)["Country"]), "Email": lead_email(rid)}  # type: ignore[index]
+        events.append(("sf", SF_PATH, soap_body([(rid, fields)], n)))
+    for n, rid in enumerate(hs_ids):
+        events.append(("hs", "/webhooks/hubspot/demo-hs", hubspot_events([rid], 50_000 + n)))
+
+    env = connector_env(db_url)
+    replicas = [service(f"serve{i}", "serve", config_dir, env, tmp_path) for i in range(2)]
+    for p in replicas:
+        p.start()
+    for p in replicas:
+        p.wait_healthy()
+    urls = [p.url for p in replicas]
+    statuses: Counter[int] = Counter()
+
+    def send(item: tuple[str, str, bytes]) -> int:
+        kind, path, body = item
+        url = rng.choice(urls) + path
+        return post_soap(client, url, body) if kind == "sf" else post_hubspot(client, url, body)
+
+    jobs = events * COPIES
+    rng.shuffle(jobs)
+    # Idle connections expire on our side before the receiver's 5-s keep-alive closes them,
+    # so a request never races the server's close on a reused connection.
+    limits = httpx.Limits(
+        max_connections=CONNECTIONS, max_keepalive_connections=CONNECTIONS, keepalive_expiry=2.0
+    )
     try:
-        reps = [sf.add_user(f"Rep {i}") for i in range(6)]
-        intake = sf.add_user("Intake")
-        owners = [hs.add_owner(f"Owner{i}") for i in range(4)]
-        config_dir = tmp_path / "config"
-        config_dir.mkdir()
-        sf_yaml = salesforce_yaml(sf, reps, intake).replace(
-            "poll:\n", "poll:\n  enabled: false\n"
-        )  # only the pushes may create leads here
-        (config_dir / "sf.yaml").write_text(sf_yaml)
-        (config_dir / "hs.yaml").write_text(hubspot_yaml(hs, owners))
-        sf_ids = [
-            sf.add_record("Lead", owner_id=intake, fields={"Country": rng.choice(["US", "DE"])})
-            for _ in range(EVENTS // 2)
-        ]
-        hs_ids = [
-            hs.add_record("contacts", properties={"country": rng.choice(["Canada", "Japan"])})
-            for _ in range(EVENTS - len(sf_ids))
-        ]
-        events: list[tuple[str, str, bytes]] = []
-        for n, rid in enumerate(sf_ids):
-            fields = {"Country": str(sf.get_record(rid)["Country"]), "Email": lead_email(rid)}  # type: ignore[index]
-            events.append(("sf", SF_PATH, soap_body([(rid, fields)], n)))
-        for n, rid in enumerate(hs_ids):
-            events.append(("hs", "/webhooks/hubspot/demo-hs", hubspot_events([rid], 50_000 + n)))
-
-        env = connector_env(db_url)
-        replicas = [service(f"serve{i}", "serve", config_dir, env, tmp_path) for i in range(2)]
-        for p in replicas:
-            p.start()
-        for p in replicas:
-            p.wait_healthy()
-        urls = [p.url for p in replicas]
-        statuses: Counter[int] = Counter()
-
-        def send(item: tuple[str, str, bytes]) -> int:
-            kind, path, body = item
-            url = rng.choice(urls) + path
-            return post_soap(client, url, body) if kind == "sf" else post_hubspot(client, url, body)
-
-        jobs = events * COPIES
-        rng.shuffle(jobs)
-        # Idle connections expire on our side before the receiver's 5-s keep-alive closes them,
-        # so a request never races the server's close on a reused connection.
-        limits = httpx.Limits(
-            max_connections=CONNECTIONS, max_keepalive_connections=CONNECTIONS, keepalive_expiry=2.0
-        )
-        try:
-            with (
-                httpx.Client(timeout=30, limits=limits) as client,
-                ThreadPoolExecutor(CONNECTIONS) as pool,
-            ):
-                statuses.update(pool.map(send, jobs))
-                drain_s = wait_drained(engine, EVENTS, timeout=60, outbox=False)
-                late = rng.sample(events, LATE)  # Salesforce retries for 24 h; HubSpot too
-                statuses.update(pool.map(send, late))
-                wait_drained(engine, EVENTS, timeout=30, outbox=False)
-        finally:
-            codes = [p.stop() for p in replicas]
-        with engine.connect() as conn:
-            leads, assignments, outbox, inbox = conn.execute(
-                text(
-                    "SELECT (SELECT count(*) FROM leads), (SELECT count(*) FROM assignments), "
-                    "(SELECT count(*) FROM outbox), (SELECT count(*) FROM intake_events)"
-                )
-            ).one()
-        figures = {
-            "events": EVENTS,
-            "deliveries": len(jobs) + LATE,
-            "connections": CONNECTIONS,
-            "statuses": dict(statuses),
-            "leads": leads,
-            "assignments": assignments,
-            "outbox_rows": outbox,
-            "inbox_rows": inbox,
-            "drain_s": None if drain_s is None else round(drain_s, 1),
-        }
-        record_figures("redelivery", figures)
-        assert set(statuses) == {200}, figures
-        assert drain_s is not None, figures
-        assert leads == assignments == outbox == EVENTS, figures
-        # One row per distinct event: (portal, event, object) or (notification, record).
-        assert inbox == EVENTS, figures
-        assert codes == [0, 0]
-        assert scan_logs(log for p in replicas for log in p.logs) == []
+        with (
+            httpx.Client(timeout=30, limits=limits) as client,
+            ThreadPoolExecutor(CONNECTIONS) as pool,
+        ):
+            statuses.update(pool.map(send, jobs))
+            drain_s = wait_drained(engine, EVENTS, timeout=60, outbox=False)
+            late = rng.sample(events, LATE)  # Salesforce retries for 24 h; HubSpot too
+            statuses.update(pool.map(send, late))
+            wait_drained(engine, EVENTS, timeout=30, outbox=False)
     finally:
-        sf.stop()
-        hs.stop()
+        codes = [p.stop() for p in replicas]
+    with engine.connect() as conn:
+        leads, assignments, outbox, inbox = conn.execute(
+            text(
+                "SELECT (SELECT count(*) FROM leads), (SELECT count(*) FROM assignments), "
+                "(SELECT count(*) FROM outbox), (SELECT count(*) FROM intake_events)"
+            )
+        ).one()
+    figures = {
+        "events": EVENTS,
+        "deliveries": len(jobs) + LATE,
+        "connections": CONNECTIONS,
+        "statuses": dict(statuses),
+        "leads": leads,
+        "assignments": assignments,
+        "outbox_rows": outbox,
+        "inbox_rows": inbox,
+        "drain_s": None if drain_s is None else round(drain_s, 1),
+    }
+    record_figures("redelivery", figures)
+    assert set(statuses) == {200}, figures
+    assert drain_s is not None, figures
+    assert leads == assignments == outbox == EVENTS, figures
+    # One row per distinct event: (portal, event, object) or (notification, record).
+    assert inbox == EVENTS, figures
+    assert codes == [0, 0]
+    assert_clean_logs([log for p in replicas for log in p.logs])

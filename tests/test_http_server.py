@@ -30,6 +30,7 @@ from connector.intake.http_server import (
     read_body,
     receiver_config,
 )
+from tests.waiting import wait_until
 
 HEADER_TIMEOUT = 0.4
 BODY_TIMEOUT = 0.6
@@ -37,10 +38,15 @@ BODY_LIMIT = 1_000
 CLOSE_BOUND = 5.0  # seconds: "closed eventually", never a tight figure
 
 
-def make_app(seen: list[str], body_timeout: float) -> Starlette:
-    """Echo the body's length through read_body; ``seen`` collects the BodyError codes."""
+def make_app(
+    seen: list[str], body_timeout: float, reading: threading.Event | None = None
+) -> Starlette:
+    """Echo the body's length through read_body; ``seen`` collects the BodyError codes and
+    ``reading`` is set when the handler starts reading a body."""
 
     async def echo(request: Request) -> Response:
+        if reading is not None:
+            reading.set()
         try:
             body = await read_body(request, BODY_LIMIT, body_timeout)
         except BodyError as exc:
@@ -66,18 +72,23 @@ def make_app(seen: list[str], body_timeout: float) -> Starlette:
 
 @contextmanager
 def running(
-    seen: list[str] | None = None, body_timeout: float = BODY_TIMEOUT, **limits: Any
+    seen: list[str] | None = None,
+    body_timeout: float = BODY_TIMEOUT,
+    reading: threading.Event | None = None,
+    **limits: Any,
 ) -> Iterator[int]:
     """A real server in a thread on an ephemeral port; yields the port."""
     limits.setdefault("header_timeout", HEADER_TIMEOUT)
-    app = make_app([] if seen is None else seen, body_timeout)
+    app = make_app([] if seen is None else seen, body_timeout, reading)
     server = build_server(app, "127.0.0.1", 0, **limits)
     thread = threading.Thread(target=server.run, name="test-http-server", daemon=True)
     thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
-        time.sleep(0.01)
+
+    def started() -> bool:
+        assert thread.is_alive(), "server thread died"
+        return bool(server.started)
+
+    wait_until(started, 20, "the server to start", interval=0.01)
     try:
         yield server.servers[0].sockets[0].getsockname()[1]
     finally:
@@ -235,7 +246,7 @@ def test_a_body_slower_than_the_header_deadline_is_read() -> None:
     with running(body_timeout=CLOSE_BOUND) as port, connect(port) as sock:
         sock.sendall(post_head(8))
         for _ in range(4):  # spans about twice the header deadline
-            time.sleep(HEADER_TIMEOUT / 2)
+            time.sleep(HEADER_TIMEOUT / 2)  # not synchronisation: the slow sender IS the test
             sock.sendall(b"ab")
         assert read_response(sock)[::2] == (200, b'{"length":8}')
 
@@ -294,13 +305,12 @@ def test_body_at_the_limit_is_read() -> None:
 
 def test_client_gone_mid_body_is_client_disconnected() -> None:
     seen: list[str] = []
-    with running(seen) as port:
+    reading = threading.Event()
+    with running(seen, reading=reading) as port:
         with connect(port) as sock:
             sock.sendall(post_head(100) + b"x" * 10)
-            time.sleep(0.1)
-        deadline = time.monotonic() + CLOSE_BOUND
-        while not seen and time.monotonic() < deadline:
-            time.sleep(0.02)
+            assert reading.wait(CLOSE_BOUND), "the handler never started reading the body"
+        wait_until(lambda: seen, CLOSE_BOUND, "the handler to see the client go")
     assert seen == ["client_disconnected"]
 
 
@@ -323,14 +333,15 @@ def test_connections_beyond_max_get_503() -> None:
                 wait_closed(extra, time.monotonic())
             held.pop().close()
             # A slot is free once the server has seen the close: a bounded retry.
-            statuses = []
-            for _ in range(50):
+            statuses: list[int] = []
+
+            def served() -> bool:
                 with connect(port) as again:
                     again.sendall(get("/ok"))
                     statuses.append(read_response(again)[0])
-                if statuses[-1] == 200:
-                    break
-                time.sleep(0.05)
+                return statuses[-1] == 200
+
+            wait_until(served, CLOSE_BOUND, "a freed connection slot", interval=0.05)
             assert statuses[-1] == 200, statuses
         finally:
             for sock in held:

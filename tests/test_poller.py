@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import multiprocessing as mp
-import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -18,6 +17,7 @@ from connector.shell.adapters import adapter_for
 from connector.shell.store import make_engine
 from crm_sandboxes import SalesforceSandbox
 from tests.crm_orgs import salesforce_org
+from tests.waiting import wait_until
 
 
 @pytest.fixture
@@ -149,9 +149,12 @@ def test_a_poller_that_dies_releases_the_org(
     other.kill()  # SIGKILL: no cleanup at all
     other.join(30)
     poller = Poller(engine, cfg, adapter_for(cfg))
-    for _ in range(50):  # the server notices the dead connection within moments
-        result = poller.poll_once()
-        if result.ran:
-            break
-        time.sleep(0.1)
+    results: list[Any] = []
+
+    def ran() -> bool:  # the server notices the dead connection within moments
+        results.append(poller.poll_once())
+        return bool(results[-1].ran)
+
+    wait_until(ran, 10, "the dead poller's lock to be released", interval=0.1)
+    result = results[-1]
     assert result.ran and result.new == 1

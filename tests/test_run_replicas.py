@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -35,14 +33,10 @@ from connector.shell.demo import (
 )
 from connector.shell.status import org_status
 from crm_sandboxes import HubSpotSandbox, SalesforceSandbox
+from tests.ports import free_port
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
@@ -55,17 +49,16 @@ def sandboxes() -> Iterator[tuple[SalesforceSandbox, HubSpotSandbox]]:
 
 
 def _wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def healthy() -> bool:  # a readiness probe
         if proc.poll() is not None:
             raise AssertionError(f"replica exited early with {proc.returncode}")
         try:
-            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                return
+            return probe.get(f"{url}/healthz").status_code == 200
         except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"{url} never became healthy")
+            return False
+
+    with httpx.Client(timeout=2) as probe:  # one client: building one costs more than a probe
+        wait_until(healthy, timeout, f"{url} to be healthy", interval=0.1)
 
 
 def test_three_replicas_share_the_work_and_keep_the_guarantees(
@@ -89,8 +82,8 @@ def test_three_replicas_share_the_work_and_keep_the_guarantees(
         hs.add_record("contacts", properties={"country": c}) for c in ["Canada", "Japan"] * 100
     ]
     env = {**os.environ, **ENV, "DATABASE_URL": db_url, "CONNECTOR_LOG_LEVEL": "WARNING"}
-    ports = [_free_port() for _ in range(3)]
-    admin_ports = [_free_port() for _ in range(3)]
+    ports = [free_port() for _ in range(3)]
+    admin_ports = [free_port() for _ in range(3)]
     logs = [open(tmp_path / f"replica{i}.log", "wb") for i in range(3)]  # noqa: SIM115
     procs = [
         subprocess.Popen(

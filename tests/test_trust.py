@@ -35,6 +35,7 @@ from tests.crm_orgs import (
     hubspot_org,
     salesforce_org,
 )
+from tests.waiting import wait_until
 
 SOAP_HEADERS = {"Content-Type": "text/xml; charset=utf-8", "SOAPAction": '""'}
 
@@ -453,9 +454,11 @@ def test_a_crm_quota_answer_never_dead_letters_pushed_events(
         ).one()
     assert (state, attempts) == ("pending", 0)
     assert 0 < wait <= 1.0  # the adapter's Retry-After for a request-scoped 429
-    deadline = time.monotonic() + 10
-    while table_counts(engine)["assignments"] == 0 and time.monotonic() < deadline:
+
+    def routed() -> int:  # the event waits out the Retry-After, then a drain routes it
         worker.drain()
-        time.sleep(0.1)
+        return table_counts(engine)["assignments"]
+
+    wait_until(routed, 10, "the event to be routed after its Retry-After", interval=0.1)
     assert table_counts(engine)["assignments"] == 1
     assert list_events(engine, "acme", "dead") == []

@@ -33,6 +33,7 @@ from connector.shell.service import serve_in_thread
 from connector.shell.store import make_engine
 from crm_adapters.base import CrmAdapter
 from crm_sandboxes import HubSpotSandbox
+from tests.waiting import wait_until
 
 SF_ORG_ID = "00D5g000004ABCD"  # configured in its 15-char form; messages carry 18 chars
 SF_ORG_ID_18 = "00D5g000004ABCDEA4"
@@ -169,11 +170,7 @@ def intake_rows(engine: Engine) -> list[dict[str, Any]]:
 
 def wait_for(check: Callable[[], bool], timeout: float = 30.0) -> None:
     """Poll ``check`` until it holds; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out")
-        time.sleep(0.05)
+    wait_until(check, timeout, getattr(check, "__name__", "a condition"), interval=0.05)
 
 
 # --- Salesforce ---------------------------------------------------------------------------
