@@ -61,116 +61,115 @@ countries = st.sampled_from(["US", "CA", "DE", "FR", "us "])
 batches = st.lists(st.tuples(lead_ids, countries), min_size=1, max_size=12)
 
 
-def make_machine(engine: Engine) -> type[RuleBasedStateMachine]:
-    class RoutingModel(RuleBasedStateMachine):
-        def __init__(self) -> None:
-            super().__init__()
-            with engine.begin() as conn:
-                conn.execute(
-                    text(
-                        "TRUNCATE outbox, assignments, leads, members, teams, intake_events, "
-                        "skipped_records RESTART IDENTITY CASCADE"
-                    )
+class RoutingModel(RuleBasedStateMachine):
+    engine: Engine  # set by make_machine
+
+    def __init__(self) -> None:
+        super().__init__()
+        with self.engine.begin() as conn:
+            conn.execute(
+                text(
+                    "TRUNCATE outbox, assignments, leads, members, teams, intake_events, "
+                    "skipped_records RESTART IDENTITY CASCADE"
                 )
-            self.teams = {
-                "na": [(USERS[0], 1, True), (USERS[1], 2, True)],
-                "row": [(USERS[2], 1, True), (USERS[3], 1, True), (USERS[4], 1, True)],
-            }
-            self.cfg = _config(self.teams)
-            apply_teams(engine, self.cfg)
-            self.owner: dict[str, str] = {}  # committed lead -> its owner, as first reported
-
-        def _router(self) -> Router:
-            return Router(engine, self.cfg)
-
-        @rule(batch=batches)
-        def ingest(self, batch: list[tuple[str, str]]) -> None:
-            leads = [Lead(i, {"Country": c}) for i, c in batch]
-            outcomes = self._router().assign_many(leads, "api")
-            STEPS["ingest"] += 1
-            for lead, o in zip(leads, outcomes, strict=True):
-                assert o.crm_id == lead.crm_id
-                if lead.crm_id in self.owner:
-                    assert o.status == "duplicate" and o.owner_id == self.owner[lead.crm_id]
-                else:
-                    assert o.status == "assigned" and o.owner_id, o
-                    self.owner[lead.crm_id] = o.owner_id
-                    STEPS["leads"] += 1
-
-        @rule(data=st.data())
-        def repeat(self, data: st.DataObject) -> None:
-            if not self.owner:
-                return
-            ids = data.draw(st.lists(st.sampled_from(sorted(self.owner)), min_size=1, max_size=5))
-            country = data.draw(countries)  # the repeat may carry other fields: no re-route
-            outcomes = self._router().assign_many(
-                [Lead(i, {"Country": country}) for i in ids], "api"
             )
-            STEPS["repeat"] += 1
-            for i, o in zip(ids, outcomes, strict=True):
-                assert o.status == "duplicate" and o.owner_id == self.owner[i], (i, o)
+        self.teams = {
+            "na": [(USERS[0], 1, True), (USERS[1], 2, True)],
+            "row": [(USERS[2], 1, True), (USERS[3], 1, True), (USERS[4], 1, True)],
+        }
+        self.cfg = _config(self.teams)
+        apply_teams(self.engine, self.cfg)
+        self.owner: dict[str, str] = {}  # committed lead -> its owner, as first reported
 
-        @rule(na=team_members, row=team_members)
-        def edit_teams(
-            self, na: list[tuple[str, int, bool]], row: list[tuple[str, int, bool]]
-        ) -> None:
-            self.teams = {"na": na, "row": row}
-            self.cfg = _config(self.teams)
-            STEPS["epochs"] += len(apply_teams(engine, self.cfg))
-            STEPS["edit"] += 1
+    def _router(self) -> Router:
+        return Router(self.engine, self.cfg)
 
-        @rule(batch=batches, how=st.sampled_from(["rollback", "connection_killed"]))
-        def crash_mid_ingest(self, batch: list[tuple[str, str]], how: str) -> None:
-            leads = [Lead(i, {"Country": c}) for i, c in batch]
-            STEPS["crash"] += 1
-            with engine.connect() as conn:
-                trans = conn.begin()
-                self._router().assign_in(conn, leads, "api")
-                if how == "rollback":
-                    trans.rollback()
-                    return
-                pid = conn.execute(text("SELECT pg_backend_pid()")).scalar_one()
-                with engine.connect() as killer:
-                    killer.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
-                    killer.commit()
-                with pytest.raises(DatabaseUnavailable) as lost:
-                    trans.commit()
-                assert lost.value.connection_invalidated
+    @rule(batch=batches)
+    def ingest(self, batch: list[tuple[str, str]]) -> None:
+        leads = [Lead(i, {"Country": c}) for i, c in batch]
+        outcomes = self._router().assign_many(leads, "api")
+        STEPS["ingest"] += 1
+        for lead, o in zip(leads, outcomes, strict=True):
+            assert o.crm_id == lead.crm_id
+            if lead.crm_id in self.owner:
+                assert o.status == "duplicate" and o.owner_id == self.owner[lead.crm_id]
+            else:
+                assert o.status == "assigned" and o.owner_id, o
+                self.owner[lead.crm_id] = o.owner_id
+                STEPS["leads"] += 1
 
-        @invariant()
-        def one_owner_each_and_only_committed_leads(self) -> None:
-            with engine.connect() as conn:
-                rows = conn.execute(
-                    text(
-                        "SELECT l.crm_id, a.crm_user_id, "
-                        "(SELECT count(*) FROM assignments x WHERE x.lead_id = l.id) AS n, "
-                        "(SELECT count(*) FROM outbox o WHERE o.lead_id = l.id) AS boxes "
-                        "FROM leads l LEFT JOIN assignments a ON a.lead_id = l.id"
-                    )
-                ).all()
-            assert {r.crm_id for r in rows} == set(self.owner)
-            for r in rows:
-                assert r.n == 1 and r.boxes == 1, r  # assigned, exactly once, one write-back
-                assert r.crm_user_id == self.owner[r.crm_id], r  # an owner never changes
+    @rule(data=st.data())
+    def repeat(self, data: st.DataObject) -> None:
+        if not self.owner:
+            return
+        ids = data.draw(st.lists(st.sampled_from(sorted(self.owner)), min_size=1, max_size=5))
+        country = data.draw(countries)  # the repeat may carry other fields: no re-route
+        outcomes = self._router().assign_many([Lead(i, {"Country": country}) for i in ids], "api")
+        STEPS["repeat"] += 1
+        for i, o in zip(ids, outcomes, strict=True):
+            assert o.status == "duplicate" and o.owner_id == self.owner[i], (i, o)
 
-        @invariant()
-        def fair_within_the_current_epoch(self) -> None:
-            with engine.connect() as conn:
-                rows = conn.execute(
-                    text(
-                        "SELECT t.name, m.weight, m.assigned_in_epoch FROM members m "
-                        "JOIN teams t ON t.id = m.team_id "
-                        "WHERE m.active AND m.in_config AND t.in_config"
-                    )
-                ).all()
-            for team in ("na", "row"):
-                seats = [(r.weight, r.assigned_in_epoch) for r in rows if r.name == team]
-                total = sum(n for _, n in seats)
-                weight = sum(w for w, _ in seats)
-                for w, n in seats:
-                    assert abs(n - total * w / weight) < 1, (team, seats)
+    @rule(na=team_members, row=team_members)
+    def edit_teams(self, na: list[tuple[str, int, bool]], row: list[tuple[str, int, bool]]) -> None:
+        self.teams = {"na": na, "row": row}
+        self.cfg = _config(self.teams)
+        STEPS["epochs"] += len(apply_teams(self.engine, self.cfg))
+        STEPS["edit"] += 1
 
-    return RoutingModel
+    @rule(batch=batches, how=st.sampled_from(["rollback", "connection_killed"]))
+    def crash_mid_ingest(self, batch: list[tuple[str, str]], how: str) -> None:
+        leads = [Lead(i, {"Country": c}) for i, c in batch]
+        STEPS["crash"] += 1
+        with self.engine.connect() as conn:
+            trans = conn.begin()
+            self._router().assign_in(conn, leads, "api")
+            if how == "rollback":
+                trans.rollback()
+                return
+            pid = conn.execute(text("SELECT pg_backend_pid()")).scalar_one()
+            with self.engine.connect() as killer:
+                killer.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+                killer.commit()
+            with pytest.raises(DatabaseUnavailable) as lost:
+                trans.commit()
+            assert lost.value.connection_invalidated
+
+    @invariant()
+    def one_owner_each_and_only_committed_leads(self) -> None:
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                text(
+                    "SELECT l.crm_id, a.crm_user_id, "
+                    "(SELECT count(*) FROM assignments x WHERE x.lead_id = l.id) AS n, "
+                    "(SELECT count(*) FROM outbox o WHERE o.lead_id = l.id) AS boxes "
+                    "FROM leads l LEFT JOIN assignments a ON a.lead_id = l.id"
+                )
+            ).all()
+        assert {r.crm_id for r in rows} == set(self.owner)
+        for r in rows:
+            assert r.n == 1 and r.boxes == 1, r  # assigned, exactly once, one write-back
+            assert r.crm_user_id == self.owner[r.crm_id], r  # an owner never changes
+
+    @invariant()
+    def fair_within_the_current_epoch(self) -> None:
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                text(
+                    "SELECT t.name, m.weight, m.assigned_in_epoch FROM members m "
+                    "JOIN teams t ON t.id = m.team_id "
+                    "WHERE m.active AND m.in_config AND t.in_config"
+                )
+            ).all()
+        for team in ("na", "row"):
+            seats = [(r.weight, r.assigned_in_epoch) for r in rows if r.name == team]
+            total = sum(n for _, n in seats)
+            weight = sum(w for w, _ in seats)
+            for w, n in seats:
+                assert abs(n - total * w / weight) < 1, (team, seats)
+
+
+def make_machine(engine: Engine) -> type[RuleBasedStateMachine]:
+    return type("BoundRoutingModel", (RoutingModel,), {"engine": engine})
 
 
 def test_routing_model_holds_under_random_ingests_edits_and_crashes(engine: Engine) -> None:
