@@ -15,6 +15,7 @@ a barrier. Three ways to do the same work are measured side by side:
 
 from __future__ import annotations
 
+import datetime
 import json
 import multiprocessing as mp
 import time
@@ -55,6 +56,13 @@ rules:
 
 
 ENV = {"BENCH_TOKEN": "unused"}
+# record_assignments' rotation credits and cap counters, for callers that use neither
+NO_CREDITS: dict[str, Any] = {
+    "credit_ids": [],
+    "credit_ns": [],
+    "day": datetime.date(2000, 1, 3),
+    "week": datetime.date(2000, 1, 3),
+}
 
 
 @dataclass(frozen=True)
@@ -125,6 +133,7 @@ def _naive_assign(conn: psycopg.Connection[Any], org: str, crm_id: str) -> None:
                 "member_ids": [member_id],
                 "rule_indexes": [0],
                 "rule_names": ["rule 0: default"],
+                **NO_CREDITS,
             },
         )
 
@@ -178,6 +187,7 @@ class RawRouter:
                     "member_ids": [member_id],
                     "rule_indexes": [0],
                     "rule_names": ["rule 0: default"],
+                    **NO_CREDITS,
                 },
                 prepare=True,
             )
@@ -218,6 +228,7 @@ class RawRouter:
                     "member_ids": members,
                     "rule_indexes": [0] * len(rows),
                     "rule_names": ["rule 0: default"] * len(rows),
+                    **NO_CREDITS,
                 },
                 prepare=True,
             )

@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 
 from sqlalchemy.exc import DBAPIError
@@ -262,6 +263,52 @@ def cmd_purge(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _utc(value: datetime) -> str:
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def cmd_rep(args: argparse.Namespace) -> int:
+    from connector.shell.reps import (
+        check_reason,
+        end_away,
+        parse_until,
+        rep_rows,
+        resolve_rep,
+        set_away,
+    )
+
+    cfg = pick_org(_configs(args), args.org)
+    now = datetime.now(UTC)
+    if args.action == "list":
+        engine = open_database([cfg])
+        for row in rep_rows(engine, cfg, now):
+            rep, away = row["rep"], row["away"]
+            status = "available"
+            if away is not None:
+                why = f"{away['reason']}, " if away["reason"] else ""
+                status = f"away until {_utc(away['until'])} ({why}{away['source']})"
+            print(f"{rep.crm_user_id}\t{rep.name}\t{','.join(rep.teams)}\t{status}")
+        return EXIT_OK
+    if not args.rep:
+        raise ConfigError(f"rep {args.action}: name the rep (its crm_user_id or name)")
+    rep = resolve_rep(cfg, args.rep)
+    if args.action == "away":
+        if not args.until:
+            raise ConfigError("rep away: --until is required (e.g. --until 2026-12-24T09:00)")
+        until = parse_until(rep, args.until, now)
+        reason = check_reason(args.reason)
+        set_away(open_database([cfg]), cfg, rep, until, reason, now)
+        print(f"{rep.name} ({rep.crm_user_id}) is away until {_utc(until)}")
+        return EXIT_OK
+    if args.until or args.reason:
+        raise ConfigError("rep back: takes no --until or --reason")
+    if end_away(open_database([cfg]), cfg, rep):
+        print(f"{rep.name} ({rep.crm_user_id}) is back")
+    else:
+        print(f"{rep.name} ({rep.crm_user_id}) had no time off set from the command line")
+    return EXIT_OK
+
+
 def _service(args: argparse.Namespace, *, receiver: bool, scheduler: bool, dispatch: bool) -> int:
     from connector.intake.receivers import trusted_proxies_from_env
     from connector.shell.service import run_service
@@ -419,6 +466,17 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--id", type=int, action="append", help="(retry) only these events")
     s.add_argument("--limit", type=int, default=100)
     s.set_defaults(func=cmd_inbox)
+    s = sub.add_parser("rep", help="time off from the command line: rep away|back REP, rep list")
+    s.add_argument("action", choices=["away", "back", "list"])
+    s.add_argument("rep", nargs="?", help="(away, back) the rep's crm_user_id or name")
+    s.add_argument("--org")
+    s.add_argument(
+        "--until",
+        help="(away) when the rep is back: ISO 8601, e.g. 2026-12-24T09:00 (without an "
+        "offset, in the rep's time zone)",
+    )
+    s.add_argument("--reason", help="(away) shown by `rep list`")
+    s.set_defaults(func=cmd_rep)
     s = sub.add_parser(
         "purge", help="delete received field values and finished rows past the retention"
     )
