@@ -30,10 +30,14 @@ turn, until the turn belongs to a rep that can take the lead. Guarantees:
 * ``catch_up: {max_in_a_row: K}`` -- capped and off-shift turns are credited as above, but an
   away rep's turns are not: while it is away the others take its share, and it comes back
   *behind* (its turns at least one below its weighted share). A rep that is behind is served
-  before any rep that is not (earliest deadline first), so it gets the extra leads until it is
-  back within one of its share; but it never gets a (K+1)-th lead in a row while another
-  rep can take one: after K in a row the next lead goes to the best other rep. When no rep is
-  behind, the rotation is exactly the ``none`` rotation.
+  before any rep that is not (earliest deadline first), so it gets extra leads until it is
+  back within one of its share; and no rep gets a (K+1)-th lead in a row while another rep
+  can take it, unless it is already ahead of its share (more turns than its share, which the
+  rotation never picks while a rep at or below its share can take the lead). Each K+1 leads
+  thus pay at least ``K - (K+1) * w / W`` of a returning rep's debt; when that is not
+  positive (e.g. K = 1 in a team of two equal reps) the debt is never paid, and
+  ``check-config`` warns. When nobody is behind, the rotation is the ``none`` rotation (the
+  Hypothesis tests check this pick for pick).
 
 In both policies a capped rep is never given a lead past its cap, an away, off-shift or
 inactive rep is never given one, and a lead that no rep can take is reported as unplaced.
@@ -189,7 +193,7 @@ def pick_available(
             last = history[0]
             streak = all(m == last for m in history[:max_in_a_row])
             seat = next((s for s in can_take if s.member_id == last), None)
-            if streak and seat is not None and deadline(seat) <= slot:  # K in a row, behind
+            if streak and seat is not None and slot * seat.weight >= turns_of[last] * total:
                 excluded = last
         while True:
             pool = [
