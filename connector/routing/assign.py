@@ -124,7 +124,7 @@ class _Placed:
     periods: Periods
 
 
-def _candidate(team: Team, member: Member | None, row: Any) -> Candidate:
+def _candidate(team: Team, member: Member | None, row: Any, load: tuple[int, int]) -> Candidate:
     """What the eligibility of one member row depends on: the config and its database row."""
     away = config_windows(team, member) if member else ()
     if row.away_until is not None:
@@ -137,8 +137,8 @@ def _candidate(team: Team, member: Member | None, row: Any) -> Candidate:
         away=away,
         per_day=caps.per_day,
         per_week=caps.per_week,
-        day_count=row.day_count,
-        week_count=row.week_count,
+        day_count=load[0],
+        week_count=load[1],
     )
 
 
@@ -320,7 +320,10 @@ class Router:
             {"org": self.cfg.org, "team_id": team_id, "day": p.day, "week": p.week},
         ).all()
         configured = {m.crm_user_id: m for m in team_cfg.members}
-        candidates = [_candidate(team_cfg, configured.get(r.crm_user_id), r) for r in rows]
+        loads = self._loads(team_id, rows)
+        candidates = [
+            _candidate(team_cfg, configured.get(r.crm_user_id), r, loads[r.id]) for r in rows
+        ]
         now_reasons = eligibility(candidates, now)
         k = team_cfg.max_in_a_row
         recent = (
@@ -348,6 +351,10 @@ class Router:
                 placed.rows.append((item, turn, by_id[turn.member_id]))
         reason = unplaced_reason(dict(left[0][1].candidates)) if left else ""
         return placed, left, reason
+
+    def _loads(self, team_id: int, rows: Sequence[Any]) -> dict[int, tuple[int, int]]:
+        """Each member's leads in this day and week, as read under the team lock."""
+        return {r.id: (r.day_count, r.week_count) for r in rows}
 
     def _record_params(self, team: Any, placed: _Placed, source: str) -> dict[str, Any]:
         return {
