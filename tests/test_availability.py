@@ -266,3 +266,24 @@ def test_why_a_team_could_not_take_a_lead() -> None:
     assert unplaced_reason({1: "inactive"}) == "no_active_member"
     assert unplaced_reason({1: "capped", 2: "away", 3: "inactive"}) == "all_capped"
     assert unplaced_reason({1: "off_shift", 2: "away"}) == "none_available"
+
+
+def test_readme_caps_example_parses() -> None:
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    block = next(b for b in re.findall(r"```yaml\n(.*?)```", readme, re.S) if "overflow_team" in b)
+    c = parse_config(
+        BASE.split("teams:")[0] + block + "  - name: row_ae\n    members: "
+        '[{crm_user_id: "005C", name: Cy}]\nrules: [{team: na_ae}]\n',
+        "README.md",
+        {"TOKEN": "x"},
+    )
+    team = c.team("na_ae")
+    assert (team.timezone, team.overflow_team, team.max_in_a_row) == (
+        "America/New_York",
+        "row_ae",
+        2,
+    )
+    assert team.members[1].time_off[0].reason == "holidays"

@@ -3,10 +3,13 @@
 ``Router.assign_in(conn, leads, source)`` runs inside the caller's transaction, so a webhook
 can acknowledge only after its commit. In that transaction it inserts the leads (unique per
 org, object and CRM id: a repeat changes nothing and reports the existing owner), matches the
-rules, locks each team row it routes to (teams in name order, so two batches never deadlock),
-reads the active seats with a fresh snapshot, picks owners with the rotation in
-``connector.routing.rotation``, and records the assignments, the members' counts and one outbox row
-per assignment in a single statement. For Salesforce orgs a lead's id (and its parent's) is
+rules, locks each team row it routes to and the teams they overflow into (teams in name
+order, so two batches never deadlock), reads every member with its time off and its leads of
+the day and week with a fresh snapshot, judges who can take a lead at the injected clock's
+``now`` (``connector.routing.availability``), picks owners with the rotation in
+``connector.routing.rotation`` (leads nobody can take go to the overflow team, else stay
+unassigned with the reason), and records the assignments, the members' counts and credits,
+the caps' counters and one outbox row per assignment in a single statement. For Salesforce orgs a lead's id (and its parent's) is
 stored in the 18-character form, so a record sent by its 15-character id and later by its
 18-character id (in any case) is one lead. The team row lock is what serialises a team's
 rotation across any number of processes; it is held only for two statements and the commit,
