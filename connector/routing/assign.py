@@ -11,9 +11,9 @@ the day and week with a fresh snapshot, judges who can take a lead at the inject
 unassigned with the reason), and records the assignments, the members' counts and credits,
 the caps' counters and one outbox row per assignment in a single statement. For Salesforce
 orgs a lead's id (and its parent's) is stored in the 18-character form, so a record sent by
-its 15-character id and later by its 18-character id (in any case) is one lead. The team row lock is what serialises a team's
-rotation across any number of processes; it is held only for two statements and the commit,
-and never while a CRM is called.
+its 15-character id and later by its 18-character id (in any case) is one lead. The team row
+lock is what serialises a team's rotation across any number of processes; it is held only for
+two statements (three with catch-up) and the commit, and never while a CRM is called.
 """
 
 from __future__ import annotations
