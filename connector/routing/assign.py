@@ -272,7 +272,7 @@ class Router:
                 continue
             team = locked[team_name]
             placed, left, reason = self._pick(conn, team_name, team.id, group, now)
-            if placed:
+            if placed.rows:
                 conn.execute(_SQL["record_assignments"], self._record_params(team, placed, source))
             for (_, cid, _m), turn, seat in placed.rows:
                 results[cid] = Outcome(
