@@ -6,6 +6,9 @@ a barrier. Three ways to do the same work are measured side by side:
 * ``project``/``project_batch``: the connector's own Router (per lead, or batched);
 * ``raw``: the same statements sent straight through psycopg, no SQLAlchemy, no Python layer:
   the ceiling the project is compared against;
+* ``naive_caps``: **DELIBERATELY WRONG, kept to prove the cap test can fail.** The project's
+  Router, except that each member's leads of the day and week are read before the team lock
+  is taken (in their own snapshot), not under it: a cap counted outside the lock.
 * ``naive``: **DELIBERATELY WRONG, kept to prove the tests can fail.** The seed article's
   first sample: ``ORDER BY last_assigned_at LIMIT 1 FOR UPDATE``, then ``last_assigned_at =
   NOW()``. At READ COMMITTED a waiter re-checks the row it waited for but does not re-sort,
@@ -15,6 +18,7 @@ a barrier. Three ways to do the same work are measured side by side:
 
 from __future__ import annotations
 
+import datetime
 import json
 import multiprocessing as mp
 import time
@@ -27,9 +31,10 @@ from sqlalchemy import Engine, text
 import db
 from connector.core.config import parse_config
 from connector.routing.assign import Lead, Router
+from connector.routing.availability import periods
 from connector.shell.store import make_engine
 
-MODES = ("project", "project_batch", "raw", "raw_batch", "naive")
+MODES = ("project", "project_batch", "raw", "raw_batch", "naive", "naive_caps")
 
 
 def team_yaml(reps: int, weights: list[int] | None = None, org: str = "bench") -> str:
@@ -55,6 +60,13 @@ rules:
 
 
 ENV = {"BENCH_TOKEN": "unused"}
+# record_assignments' rotation credits and cap counters, for callers that use neither
+NO_CREDITS: dict[str, Any] = {
+    "credit_ids": [],
+    "credit_ns": [],
+    "day": datetime.date(2000, 1, 3),
+    "week": datetime.date(2000, 1, 3),
+}
 
 
 @dataclass(frozen=True)
@@ -64,6 +76,8 @@ class Job:
     yaml: str
     ids: list[str]
     batch: int = 1
+    # the instant the workers judge caps, working hours and time off at (None: the clock)
+    at: datetime.datetime | None = None
 
 
 def _libpq_url(sqlalchemy_url: str) -> str:
@@ -125,6 +139,7 @@ def _naive_assign(conn: psycopg.Connection[Any], org: str, crm_id: str) -> None:
                 "member_ids": [member_id],
                 "rule_indexes": [0],
                 "rule_names": ["rule 0: default"],
+                **NO_CREDITS,
             },
         )
 
@@ -178,6 +193,7 @@ class RawRouter:
                     "member_ids": [member_id],
                     "rule_indexes": [0],
                     "rule_names": ["rule 0: default"],
+                    **NO_CREDITS,
                 },
                 prepare=True,
             )
@@ -218,9 +234,37 @@ class RawRouter:
                     "member_ids": members,
                     "rule_indexes": [0] * len(rows),
                     "rule_names": ["rule 0: default"] * len(rows),
+                    **NO_CREDITS,
                 },
                 prepare=True,
             )
+
+
+class NaiveCapsRouter(Router):
+    """A CAP COUNTED OUTSIDE THE LOCK (wrong on purpose): the day and week counts are read in
+    a separate snapshot before the team lock is taken, so concurrent workers all see a rep
+    below its cap and all give it a lead."""
+
+    def assign_in(self, conn: Any, leads: Any, source: str) -> Any:
+        with self.engine.connect() as other:
+            day = periods(self.clock(), "UTC")
+            self._stale = {
+                r.member_id: (r.day, r.week)
+                for r in other.execute(
+                    text(
+                        "SELECT member_id, "
+                        "coalesce(sum(assigned) FILTER (WHERE period = 'day'), 0) AS day, "
+                        "coalesce(sum(assigned) FILTER (WHERE period = 'week'), 0) AS week "
+                        "FROM member_load WHERE (period = 'day' AND starts_on = :day) "
+                        "OR (period = 'week' AND starts_on = :week) GROUP BY member_id"
+                    ),
+                    {"day": day.day, "week": day.week},
+                )
+            }
+        return super().assign_in(conn, leads, source)
+
+    def _loads(self, team_id: int, rows: Any) -> dict[int, tuple[int, int]]:
+        return {r.id: self._stale.get(r.id, (0, 0)) for r in rows}
 
 
 def worker(job: Job, barrier: Any, out: Any) -> None:
@@ -228,9 +272,12 @@ def worker(job: Job, barrier: Any, out: Any) -> None:
     latencies: list[float] = []
     try:
         cfg = parse_config(job.yaml, "bench.yaml", ENV)
-        if job.mode in ("project", "project_batch"):
-            engine = make_engine(job.db_url, pool_size=1)
-            router = Router(engine, cfg)
+        if job.mode in ("project", "project_batch", "naive_caps"):
+            engine = make_engine(job.db_url, pool_size=2)
+            at = job.at
+            clock = (lambda: at) if at is not None else None
+            kind = NaiveCapsRouter if job.mode == "naive_caps" else Router
+            router = kind(engine, cfg, clock=clock)
             with engine.connect():
                 pass
             barrier.wait()
@@ -284,7 +331,13 @@ class RunResult:
 
 
 def run(
-    mode: str, db_url: str, yaml_text: str, ids: list[str], workers: int, batch: int = 1
+    mode: str,
+    db_url: str,
+    yaml_text: str,
+    ids: list[str],
+    workers: int,
+    batch: int = 1,
+    at: datetime.datetime | None = None,
 ) -> RunResult:
     """Split ``ids`` over ``workers`` processes and run them at once."""
     if mode == "naive":
@@ -294,7 +347,7 @@ def run(
     out = ctx.Queue()
     shares = [ids[i::workers] for i in range(workers)]
     procs = [
-        ctx.Process(target=worker, args=(Job(mode, db_url, yaml_text, s, batch), barrier, out))
+        ctx.Process(target=worker, args=(Job(mode, db_url, yaml_text, s, batch, at), barrier, out))
         for s in shares
     ]
     for p in procs:
@@ -354,6 +407,20 @@ def fairness(engine: Engine, org: str) -> dict[str, Any]:
         "outbox_rows": outbox[0],
         "outbox_leads": outbox[1],
     }
+
+
+def owner_counts(engine: Engine, org: str) -> dict[str, int]:
+    """Leads per rep (crm_user_id), every configured member listed."""
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT m.crm_user_id, count(a.id) FROM members m JOIN teams t ON t.id = m.team_id "
+                "LEFT JOIN assignments a ON a.member_id = m.id WHERE t.org = :org "
+                "GROUP BY m.crm_user_id ORDER BY 1"
+            ),
+            {"org": org},
+        ).all()
+    return {r[0]: r[1] for r in rows}
 
 
 def as_json(obj: Any) -> str:

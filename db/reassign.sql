@@ -171,3 +171,10 @@ INSERT INTO routing_decisions (org, lead_id, kind, detail)
 SELECT :org, cleared.lead_id, 'sla', d.detail::jsonb
 FROM cleared JOIN d ON d.id = cleared.id
 RETURNING lead_id
+
+-- name: count_load
+-- A reassigned lead counts toward its new rep's caps, like a routed one (member_load).
+INSERT INTO member_load (member_id, period, starts_on, assigned)
+VALUES (:member_id, 'day', :day, 1), (:member_id, 'week', :week, 1)
+ON CONFLICT (member_id, period, starts_on)
+DO UPDATE SET assigned = member_load.assigned + EXCLUDED.assigned

@@ -1,7 +1,9 @@
 -- Named SQL for assignment. Statement order inside one transaction matters:
---   insert_leads (sorted by CRM id) -> lock_team (teams sorted by name) -> team_seats
---   -> record_assignments -> record_decisions (decisions.sql) -> COMMIT.
--- team_seats (and active_seats, which bench/harness.py uses) must be its own statement: under READ COMMITTED each statement takes a fresh
+--   insert_leads (sorted by CRM id) -> lock_team (teams sorted by name, overflow teams
+--   included) -> team_candidates [-> recent_owners] -> record_assignments
+--   -> record_decisions (decisions.sql) -> COMMIT.
+-- team_candidates (like team_seats and active_seats) must be its own statement: under
+-- READ COMMITTED each statement takes a fresh
 -- snapshot, so reading the seats AFTER lock_team returned sees the counts the previous lock
 -- holder committed. Reading them in the locking statement would see stale counts.
 
@@ -41,6 +43,25 @@ FROM members
 WHERE team_id = :team_id AND in_config
 ORDER BY position
 
+-- name: team_candidates
+-- Every configured member (inactive ones too, so a pick can say why each was skipped), its
+-- rotation turns, its time off set from the command line, and its leads in the current day
+-- and week (:day and :week are local dates in the team's time zone).
+SELECT m.id, m.weight, m.assigned_in_epoch + m.credited_in_epoch AS turns, m.position,
+       m.crm_user_id, m.name, m.active,
+       o.starts_at AS away_from, o.until AS away_until,
+       coalesce(d.assigned, 0) AS day_count, coalesce(w.assigned, 0) AS week_count
+FROM members m
+LEFT JOIN rep_time_off o ON o.org = :org AND o.crm_user_id = m.crm_user_id
+LEFT JOIN member_load d ON d.member_id = m.id AND d.period = 'day' AND d.starts_on = :day
+LEFT JOIN member_load w ON w.member_id = m.id AND w.period = 'week' AND w.starts_on = :week
+WHERE m.team_id = :team_id AND m.in_config
+ORDER BY m.position
+
+-- name: recent_owners
+-- The team's latest owners, newest first (the team lock orders its assignments' ids).
+SELECT member_id FROM assignments WHERE team_id = :team_id ORDER BY id DESC LIMIT :k
+
 -- name: record_assignments
 -- Assignment ids follow the order of the picks (WITH ORDINALITY ... ORDER BY ord), so ordering
 -- a team's assignments by id replays its rotation exactly (`connector simulate` relies on it).
@@ -51,12 +72,28 @@ WITH picks AS (
          WITH ORDINALITY AS p (lead_id, member_id, rule_index, rule_name, ord)
 ), per_member AS (
     SELECT member_id, count(*) AS n FROM picks GROUP BY member_id
+), credits AS (
+    -- turns the rotation credited to reps it passed over (see connector/routing/rotation.py)
+    SELECT * FROM unnest(CAST(:credit_ids AS bigint[]), CAST(:credit_ns AS bigint[]))
+         AS c (member_id, n)
 ), bump AS (
+    -- one UPDATE per member row: a member may be picked and credited in the same batch
     UPDATE members m
-    SET assigned_in_epoch = m.assigned_in_epoch + per_member.n
-    FROM per_member
-    WHERE m.id = per_member.member_id
+    SET assigned_in_epoch = m.assigned_in_epoch + coalesce(pm.n, 0),
+        credited_in_epoch = m.credited_in_epoch + coalesce(c.n, 0)
+    FROM per_member pm FULL JOIN credits c ON c.member_id = pm.member_id
+    WHERE m.id = coalesce(pm.member_id, c.member_id)
     RETURNING m.id
+), load AS (
+    -- the caps' counters: this day and this week in the team's time zone
+    INSERT INTO member_load (member_id, period, starts_on, assigned)
+    SELECT pm.member_id, k.period, k.starts_on, pm.n
+    FROM per_member pm
+    CROSS JOIN (VALUES ('day', CAST(:day AS date)), ('week', CAST(:week AS date)))
+         AS k (period, starts_on)
+    ON CONFLICT (member_id, period, starts_on)
+    DO UPDATE SET assigned = member_load.assigned + EXCLUDED.assigned
+    RETURNING member_id
 ), assigned AS (
     INSERT INTO assignments (lead_id, org, team_id, member_id, crm_user_id, epoch,
                              rule_index, rule_name, source)

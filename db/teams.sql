@@ -25,7 +25,8 @@ WHERE team_id = :team_id AND in_config AND NOT (crm_user_id = ANY(CAST(:keep AS 
 
 -- name: restart_epoch
 WITH reset AS (
-    UPDATE members SET assigned_in_epoch = 0 WHERE team_id = :team_id RETURNING id
+    UPDATE members SET assigned_in_epoch = 0, credited_in_epoch = 0 WHERE team_id = :team_id
+    RETURNING id
 )
 UPDATE teams SET epoch = epoch + 1, fingerprint = :fingerprint, updated_at = now()
 WHERE id = :team_id

@@ -6,12 +6,15 @@ catch it: that is what shows these tests can fail.
 
 from __future__ import annotations
 
-import pytest
-from sqlalchemy import Engine
+from datetime import UTC, datetime, timedelta
 
-from bench.harness import ENV, fairness, run, team_yaml
+import pytest
+from sqlalchemy import Engine, text
+
+from bench.harness import ENV, fairness, owner_counts, run, team_yaml
 from connector.core.config import parse_config
 from connector.routing.teams import apply_teams
+from connector.shell.reps import resolve_rep, set_away
 
 pytestmark = pytest.mark.slow
 
@@ -59,3 +62,66 @@ def test_checker_catches_the_naive_rotation(engine: Engine, db_url: str) -> None
     report = fairness(engine, "bench")
     assert report["assigned"] == 4000
     assert report["spread"] > 1, "the naive rotation went unnoticed: the checker is too weak"
+
+
+# Monday 15:00 UTC: the workers judge caps, hours and time off at this instant
+MONDAY = datetime(2026, 12, 7, 15, 0, tzinfo=UTC)
+CAP = 150
+
+
+def caps_yaml(member_caps: dict[int, str], hours: dict[int, str]) -> str:
+    """Ten equal reps; rep i gets `member_caps[i]` / `hours[i]` as extra member keys."""
+    lines = []
+    for i in range(10):
+        extra = "".join(f", {x}" for x in (member_caps.get(i), hours.get(i)) if x is not None)
+        lines.append(f'      - {{crm_user_id: "005{i:015d}", name: "Rep {i}"{extra}}}')
+    return (
+        team_yaml(10).split("teams:")[0]
+        + "teams:\n  - name: team\n    members:\n"
+        + ("\n".join(lines) + "\nrules:\n  - {team: team}\n")
+    )
+
+
+def _away(engine: Engine, yaml_text: str, reps: list[int]) -> None:
+    cfg = parse_config(yaml_text, "bench.yaml", ENV)
+    for i in reps:
+        rep = resolve_rep(cfg, f"005{i:015d}")
+        set_away(engine, cfg, rep, MONDAY + timedelta(days=1), None, MONDAY - timedelta(hours=1))
+
+
+def test_caps_and_absences_hold_under_32_processes(engine: Engine, db_url: str) -> None:
+    """Reps 0, 1 away (command line), 2 off shift, 3 and 4 capped at 150 a day, 5-9 free."""
+    saturday_only = 'hours: {timezone: UTC, sat: "09:00-17:00"}'
+    yaml_text = caps_yaml(
+        {3: f"caps: {{per_day: {CAP}}}", 4: f"caps: {{per_day: {CAP}}}"}, {2: saturday_only}
+    )
+    _prepare(engine, yaml_text)
+    _away(engine, yaml_text, [0, 1])
+    n = 2000
+    result = run("project", db_url, yaml_text, _ids("00Qc", n), WORKERS, at=MONDAY)
+    assert result.errors == []
+    report = fairness(engine, "bench")
+    assert report["leads"] == n == report["assigned"] and report["double_owners"] == 0
+    assert report["outbox_rows"] == n
+    counts = list(owner_counts(engine, "bench").values())
+    assert counts[:3] == [0, 0, 0]  # away, away, off shift
+    assert counts[3:5] == [CAP, CAP]  # capped exactly, never past
+    free = counts[5:]
+    assert max(free) - min(free) <= 1, counts  # available throughout: round robin
+    with engine.connect() as conn:
+        loads = conn.execute(
+            text("SELECT sum(assigned) FROM member_load WHERE period = 'day'")
+        ).scalar_one()
+    assert loads == n
+
+
+def test_checker_catches_a_cap_counted_outside_the_lock(engine: Engine, db_url: str) -> None:
+    """The same check against NaiveCapsRouter, which reads the counts before the lock."""
+    cap = 50
+    yaml_text = caps_yaml({i: f"caps: {{per_day: {cap}}}" for i in range(10)}, {})
+    _prepare(engine, yaml_text)
+    n = 800  # at most 500 can be placed
+    result = run("naive_caps", db_url, yaml_text, _ids("00Qk", n), WORKERS, at=MONDAY)
+    assert result.errors == []
+    counts = owner_counts(engine, "bench")
+    assert max(counts.values()) > cap, f"the cap overshoot went unnoticed: {counts}"

@@ -10,6 +10,7 @@ import ipaddress
 import os
 import re
 from collections.abc import Iterable, Mapping
+from datetime import date, datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import parse_qsl
@@ -25,6 +26,7 @@ from pydantic import (
     model_validator,
 )
 
+from connector.core.hours import WeeklyHours, parse_hours, parse_local_time, zone
 from crm_adapters.fields import hubspot_parent_field, salesforce_parent_field
 from crm_adapters.salesforce_ids import is_id as is_salesforce_id
 
@@ -46,11 +48,54 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class CatchUp(_Model):
+    max_in_a_row: Annotated[int, Field(ge=1, le=1000)]
+
+
+class Caps(_Model):
+    """At most this many leads per day and/or per week (the team's time zone); unset = none."""
+
+    per_day: Annotated[int, Field(ge=0, le=1_000_000)] | None = None
+    per_week: Annotated[int, Field(ge=0, le=1_000_000)] | None = None
+
+
+class TimeOff(_Model):
+    """A planned absence from the YAML: ``from`` (inclusive) to ``until`` (exclusive).
+
+    Dates or date-times; without an offset they are read in the rep's time zone (its hours'
+    zone, else the team's). A date alone means 00:00 of that day.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    starts: Annotated[str, Field(alias="from")]
+    until: str
+    reason: Annotated[str, Field(max_length=200)] | None = None
+
+    @field_validator("starts", "until", mode="before")
+    @classmethod
+    def _iso(cls, value: object) -> object:
+        # YAML reads an unquoted 2026-12-24 as a date: keep it as the text it was
+        return value.isoformat() if isinstance(value, date | datetime) else value
+
+
 class Member(_Model):
     crm_user_id: Annotated[str, Field(min_length=1, max_length=64)]
     name: Annotated[str, Field(min_length=1, max_length=200)]
     weight: Annotated[int, Field(ge=1, le=1000)] = 1
     active: bool = True
+    # Replaces the team's caps for this rep as a whole (`caps: {}` lifts them).
+    caps: Caps | None = None
+    # A weekly schedule; outside it the rep gets no leads (see connector.core.hours).
+    hours: WeeklyHours | None = None
+    time_off: list[TimeOff] = []
+
+    @field_validator("hours", mode="before")
+    @classmethod
+    def _parse_hours(cls, value: object) -> WeeklyHours | None:
+        if value is None or isinstance(value, WeeklyHours):
+            return value
+        return parse_hours(value)
 
 
 class Sla(_Model):
@@ -73,6 +118,36 @@ class Team(_Model):
     name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")]
     members: Annotated[list[Member], Field(min_length=1)]
     sla: Sla | None = None
+    # Days and weeks (Monday to Sunday) of the caps are counted in this zone.
+    timezone: str = "UTC"
+    # The default caps of every member (a member's own `caps` replace them).
+    caps: Caps = Caps()
+    # Where a lead goes when no rep of this team can take it (all capped, away or off shift);
+    # without it the lead stays unassigned (`all_capped` or `none_available`).
+    overflow_team: str | None = None
+    # What a rep returning from time away gets: `none` (fair from the return on) or
+    # `{max_in_a_row: K}` (its missed share, at most K leads in a row).
+    catch_up: Literal["none"] | CatchUp = "none"
+
+    @field_validator("catch_up", mode="before")
+    @classmethod
+    def _catch_up(cls, value: object) -> object:
+        k = value.get("max_in_a_row") if isinstance(value, dict) else None
+        if value == "none" or (
+            isinstance(value, dict)
+            and list(value) == ["max_in_a_row"]
+            and isinstance(k, int)
+            and not isinstance(k, bool)
+            and 1 <= k <= 1000
+        ):
+            return value
+        raise ValueError("expected `none` or `{max_in_a_row: K}` with K from 1 to 1000")
+
+    @field_validator("timezone")
+    @classmethod
+    def _zone(cls, value: str) -> str:
+        zone(value)
+        return value
 
     @field_validator("members")
     @classmethod
@@ -83,6 +158,32 @@ class Team(_Model):
                 raise ValueError(f"crm_user_id {m.crm_user_id!r} is listed twice")
             seen.add(m.crm_user_id)
         return members
+
+    @model_validator(mode="after")
+    def _time_off(self) -> Team:
+        for i, m in enumerate(self.members):
+            tz = self.rep_timezone(m)
+            for j, t in enumerate(m.time_off):
+                where = f"members[{i}].time_off[{j}]"
+                try:
+                    starts, until = parse_local_time(t.starts, tz), parse_local_time(t.until, tz)
+                except ValueError as exc:
+                    raise ValueError(f"{where}: {exc}") from None
+                if until <= starts:
+                    raise ValueError(f"{where}: `until` must be after `from`")
+        return self
+
+    def rep_timezone(self, member: Member) -> str:
+        """The zone a rep's local times are read in: its hours' zone, else the team's."""
+        return member.hours.timezone if member.hours else self.timezone
+
+    def caps_of(self, member: Member) -> Caps:
+        return member.caps if member.caps is not None else self.caps
+
+    @property
+    def max_in_a_row(self) -> int | None:
+        """K of `catch_up: {max_in_a_row: K}`, or None for `catch_up: none`."""
+        return None if isinstance(self.catch_up, str) else self.catch_up.max_in_a_row
 
 
 FieldValues = str | int | float | bool | list[str | int | float | bool]
@@ -284,7 +385,32 @@ class OrgConfig(_Model):
         for i, rule in enumerate(self.rules):
             if rule.team not in names:
                 raise ValueError(f"rules[{i}] routes to unknown team {rule.team!r}")
+        by_name = {t.name: t for t in self.teams}
+        for i, team in enumerate(self.teams):
+            if team.overflow_team is None:
+                continue
+            if team.overflow_team not in by_name:
+                raise ValueError(f"teams[{i}].overflow_team: unknown team {team.overflow_team!r}")
+            chain = [team.name]
+            nxt: str | None = team.overflow_team
+            while nxt is not None:
+                if nxt in chain:
+                    raise ValueError(
+                        f"teams[{i}].overflow_team: overflow goes round in a circle "
+                        f"({' -> '.join([*chain, nxt])})"
+                    )
+                chain.append(nxt)
+                nxt = by_name[nxt].overflow_team
         return self
+
+    def overflow_chain(self, team: str) -> list[str]:
+        """``team`` and the teams its overflow leads to, in order (no team twice)."""
+        chain = [team]
+        nxt = self.team(team).overflow_team
+        while nxt is not None and nxt not in chain:
+            chain.append(nxt)
+            nxt = self.team(nxt).overflow_team
+        return chain
 
     @property
     def crm_object(self) -> str:
@@ -317,6 +443,21 @@ class OrgConfig(_Model):
                 out.append("crm.outbound_secrets is empty: Outbound Messages are refused")
         elif not self.crm.webhook_secrets:
             out.append("crm.webhook_secrets is empty: HubSpot webhooks are refused")
+        for team in self.teams:
+            k = team.max_in_a_row
+            total = sum(m.weight for m in team.members if m.active)
+            for m in team.members:
+                # K leads in a row then one other pays K - (K+1) * share of a debt
+                if k is None or not m.active or k * total > (k + 1) * m.weight:
+                    continue
+                if total == m.weight:
+                    out.append(f"team {team.name}: catch_up has no effect: {m.name} is alone")
+                    continue
+                out.append(
+                    f"team {team.name}: with max_in_a_row {k}, {m.name} (weight {m.weight} "
+                    f"of {total}) can never catch up after time away; it needs more than "
+                    f"{m.weight / (total - m.weight):g}"
+                )
         return out
 
     def sla_for(self, rule_index: int, team: str) -> Sla | None:

@@ -3,14 +3,17 @@
 ``Router.assign_in(conn, leads, source)`` runs inside the caller's transaction, so a webhook
 can acknowledge only after its commit. In that transaction it inserts the leads (unique per
 org, object and CRM id: a repeat changes nothing and reports the existing owner), matches the
-rules, locks each team row it routes to (teams in name order, so two batches never deadlock),
-reads the active seats with a fresh snapshot, picks owners with the rotation in
-``connector.routing.rotation``, and records the assignments, the members' counts and one outbox row
-per assignment in a single statement. For Salesforce orgs a lead's id (and its parent's) is
-stored in the 18-character form, so a record sent by its 15-character id and later by its
-18-character id (in any case) is one lead. The team row lock is what serialises a team's
-rotation across any number of processes; it is held only for two statements and the commit,
-and never while a CRM is called.
+rules, locks each team row it routes to and the teams they overflow into (teams in name
+order, so two batches never deadlock), reads every member with its time off and its leads of
+the day and week with a fresh snapshot, judges who can take a lead at the injected clock's
+``now`` (``connector.routing.availability``), picks owners with the rotation in
+``connector.routing.rotation`` (leads nobody can take go to the overflow team, else stay
+unassigned with the reason), and records the assignments, the members' counts and credits,
+the caps' counters and one outbox row per assignment in a single statement. For Salesforce
+orgs a lead's id (and its parent's) is stored in the 18-character form, so a record sent by
+its 15-character id and later by its 18-character id (in any case) is one lead. The team row
+lock is what serialises a team's rotation across any number of processes; it is held only for
+two statements (three with catch-up) and the commit, and never while a CRM is called.
 """
 
 from __future__ import annotations
@@ -18,17 +21,28 @@ from __future__ import annotations
 import json
 import logging
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 from sqlalchemy import Connection, Engine, TextClause, text
 
 import db
-from connector.core.config import OrgConfig
+from connector.core.config import Member, OrgConfig, Team
 from connector.core.errors import DatabaseUnavailable
+from connector.routing.availability import (
+    Candidate,
+    Periods,
+    Window,
+    config_windows,
+    eligibility,
+    periods,
+    room,
+    unplaced_reason,
+)
 from connector.routing.decisions import DecisionRecorder
-from connector.routing.rotation import Seat, next_owners
+from connector.routing.rotation import Seat, Turn, pick_available
 from connector.routing.rules import Match, compile_rules, match
 from crm_adapters.salesforce_ids import id_key
 
@@ -66,6 +80,9 @@ class Outcome:
     owner_id: str | None = None
     owner_name: str | None = None
     reason: str | None = None
+    # Every configured rep of the team that decided, with why it was skipped (None: it could
+    # take the lead): (member id, reason) pairs, for a decision recorder.
+    candidates: tuple[tuple[int, str | None], ...] = field(default=(), compare=False, repr=False)
 
 
 def _has_nul(value: Any) -> bool:
@@ -109,6 +126,70 @@ def skip_reason(seat: Any) -> str | None:
     return None if seat.active else "inactive"
 
 
+@dataclass
+class _Placed:
+    rows: list[tuple[tuple[int, str, Match], Turn, Any]]
+    credited: dict[int, int]
+    periods: Periods
+
+
+def member_candidate(
+    team: Team, member: Member | None, row: Any, load: tuple[int, int]
+) -> Candidate:
+    """What the eligibility of one member row depends on: the config and its database row."""
+    away = config_windows(team, member) if member else ()
+    if row.away_until is not None:
+        away += (Window(row.away_from, row.away_until),)
+    caps = team.caps_of(member) if member else team.caps
+    return Candidate(
+        member_id=row.id,
+        active=row.active,
+        hours=member.hours if member else None,
+        away=away,
+        per_day=caps.per_day,
+        per_week=caps.per_week,
+        day_count=load[0],
+        week_count=load[1],
+    )
+
+
+@dataclass(frozen=True)
+class _Standing:
+    """A member as a decision records it: its rotation turns at the moment of one pick."""
+
+    id: int
+    crm_user_id: str
+    name: str
+    weight: int
+    assigned_in_epoch: int
+
+
+class _StandingViews:
+    """The team's members with their turns advanced pick by pick through one batch."""
+
+    def __init__(self, rows: Sequence[Any]) -> None:
+        self._rows = rows
+        self._turns = {r.id: r.turns for r in rows}
+
+    def rows(self) -> list[_Standing]:
+        return [
+            _Standing(r.id, r.crm_user_id, r.name, r.weight, self._turns[r.id]) for r in self._rows
+        ]
+
+    def advance(self, member_id: int) -> None:
+        self._turns[member_id] += 1
+
+
+def overflow_order(cfg: OrgConfig, teams: set[str]) -> list[str]:
+    """``teams`` so that every team comes before the team it overflows into (then by name)."""
+    depth = dict.fromkeys(teams, 0)
+    for name in teams:
+        for i, t in enumerate(cfg.overflow_chain(name)):
+            if t in depth:
+                depth[t] = max(depth[t], i)
+    return sorted(teams, key=lambda t: (depth[t], t))
+
+
 class RoutingError(RuntimeError):
     """The routing state does not match the config (e.g. a team was never applied)."""
 
@@ -116,9 +197,13 @@ class RoutingError(RuntimeError):
 class Router:
     """Assigns one org's leads; safe to share between threads (it holds no connection)."""
 
-    def __init__(self, engine: Engine, cfg: OrgConfig) -> None:
+    def __init__(
+        self, engine: Engine, cfg: OrgConfig, clock: Callable[[], datetime] | None = None
+    ) -> None:
         self.engine = engine
         self.cfg = cfg
+        # The time the caps, working hours and time off are judged at (tests inject one).
+        self.clock = clock or (lambda: datetime.now(UTC))
         self.rules = compile_rules(cfg.rules)
         self.parent_key = cfg.crm.parent_key
         # One record, one lead: Salesforce ids are stored in their 18-character form.
@@ -205,55 +290,60 @@ class Router:
             else:
                 by_team[m.team].append((lead_id, cid, m))
 
-        for team_name in sorted(by_team):
-            group = by_team[team_name]
+        # Lock every team these leads may go to, overflow teams included, in name order (so
+        # two batches never deadlock); then pick in overflow order (a team before the team it
+        # overflows into).
+        needed = {t for name in by_team for t in self.cfg.overflow_chain(name)}
+        locked: dict[str, Any] = {}
+        for team_name in sorted(needed):
             team = conn.execute(_SQL["lock_team"], {"org": org, "name": team_name}).one_or_none()
             if team is None:
                 raise RoutingError(
                     f"team {team_name!r} of org {org!r} is not in the database: "
                     "run `connector migrate` with this config"
                 )
-            members = conn.execute(_SQL["team_seats"], {"team_id": team.id}).all()
-            candidates = [(s.id, skip_reason(s)) for s in members]
-            eligible = {mid for mid, reason in candidates if reason is None}
-            seats = [s for s in members if s.id in eligible]
-            if not seats:
-                for lead_id, cid, _ in group:
-                    recorder.unassigned(lead_id, "no_active_member", team_name, members, candidates)
-                    unassigned["no_active_member"].append(lead_id)
-                    results[cid] = Outcome(cid, "unassigned", team_name, reason="no_active_member")
+            locked[team_name] = team
+        now = self.clock()
+        for team_name in overflow_order(self.cfg, needed):
+            group = by_team.get(team_name, [])
+            if not group:
                 continue
-            picks = next_owners(
-                [Seat(s.id, s.weight, s.assigned_in_epoch, s.position) for s in seats],
-                sum(s.assigned_in_epoch for s in seats),
-                len(group),
-            )
-            seat_by_id = {s.id: s for s in seats}
-            recorder.team_pick(
-                team_name,
-                team.epoch,
-                members,
-                candidates,
-                [g[0] for g in group],
-                picks,
-                [g[2].rule_index for g in group],
-            )
-            conn.execute(
-                _SQL["record_assignments"],
-                {
-                    "org": org,
-                    "team_id": team.id,
-                    "epoch": team.epoch,
-                    "source": source,
-                    "lead_ids": [g[0] for g in group],
-                    "member_ids": picks,
-                    "rule_indexes": [g[2].rule_index for g in group],
-                    "rule_names": [g[2].rule_name for g in group],
-                },
-            )
-            for (_, cid, _m), member_id in zip(group, picks, strict=True):
-                s = seat_by_id[member_id]
-                results[cid] = Outcome(cid, "assigned", team_name, s.crm_user_id, s.name)
+            team = locked[team_name]
+            placed, left, reason, members = self._pick(conn, team_name, team.id, group, now)
+            if placed.rows:
+                conn.execute(_SQL["record_assignments"], self._record_params(team, placed, source))
+            views = _StandingViews(members)
+            for (lead_id, cid, m), turn, seat in placed.rows:
+                recorder.team_pick(
+                    team_name,
+                    team.epoch,
+                    views.rows(),
+                    turn.candidates,
+                    [lead_id],
+                    [seat.id],
+                    [m.rule_index],
+                )
+                views.advance(seat.id)
+                results[cid] = Outcome(
+                    cid,
+                    "assigned",
+                    team_name,
+                    seat.crm_user_id,
+                    seat.name,
+                    candidates=turn.candidates,
+                )
+            overflow = self.cfg.team(team_name).overflow_team
+            for item, turn in left:
+                if overflow is not None:
+                    recorder.overflowed(item[0], team_name, views.rows(), turn.candidates)
+                    by_team[overflow].append(item)
+                    continue
+                lead_id, cid, _ = item
+                recorder.unassigned(lead_id, reason, team_name, views.rows(), turn.candidates)
+                unassigned[reason].append(lead_id)
+                results[cid] = Outcome(
+                    cid, "unassigned", team_name, reason=reason, candidates=turn.candidates
+                )
 
         for reason, ids in unassigned.items():
             conn.execute(_SQL["mark_unassigned"], {"reason": reason, "lead_ids": ids})
@@ -268,6 +358,75 @@ class Router:
             seen.add(key)
             out.append(o)
         return out
+
+    def _pick(
+        self,
+        conn: Connection,
+        team_name: str,
+        team_id: int,
+        group: list[tuple[int, str, Match]],
+        now: datetime,
+    ) -> tuple[_Placed, list[tuple[tuple[int, str, Match], Turn]], str, Sequence[Any]]:
+        """Pick owners for ``group`` under the team's lock: (placed, left over, why left, the
+        member rows read under the lock)."""
+        team_cfg = self.cfg.team(team_name)
+        p = periods(now, team_cfg.timezone)
+        rows = conn.execute(
+            _SQL["team_candidates"],
+            {"org": self.cfg.org, "team_id": team_id, "day": p.day, "week": p.week},
+        ).all()
+        configured = {m.crm_user_id: m for m in team_cfg.members}
+        loads = self._loads(team_id, rows)
+        candidates = [
+            member_candidate(team_cfg, configured.get(r.crm_user_id), r, loads[r.id]) for r in rows
+        ]
+        now_reasons = eligibility(candidates, now)
+        k = team_cfg.max_in_a_row
+        recent = (
+            [r.member_id for r in conn.execute(_SQL["recent_owners"], {"team_id": team_id, "k": k})]
+            if k
+            else []
+        )
+        picks = pick_available(
+            [Seat(r.id, r.weight, r.turns, r.position) for r in rows if r.active],
+            {m: r for m, r in now_reasons.items() if r in ("away", "off_shift")},
+            {c.member_id: room(c) for c in candidates},
+            len(group),
+            max_in_a_row=k,
+            recent=recent,
+        )
+        inactive = tuple((r.id, "inactive") for r in rows if not r.active)
+        by_id = {r.id: r for r in rows}
+        placed = _Placed([], picks.credited, p)
+        left: list[tuple[tuple[int, str, Match], Turn]] = []
+        for item, turn in zip(group, picks.turns, strict=True):
+            turn = Turn(turn.member_id, turn.candidates + inactive)
+            if turn.member_id is None:
+                left.append((item, turn))
+            else:
+                placed.rows.append((item, turn, by_id[turn.member_id]))
+        reason = unplaced_reason(dict(left[0][1].candidates)) if left else ""
+        return placed, left, reason, rows
+
+    def _loads(self, team_id: int, rows: Sequence[Any]) -> dict[int, tuple[int, int]]:
+        """Each member's leads in this day and week, as read under the team lock."""
+        return {r.id: (r.day_count, r.week_count) for r in rows}
+
+    def _record_params(self, team: Any, placed: _Placed, source: str) -> dict[str, Any]:
+        return {
+            "org": self.cfg.org,
+            "team_id": team.id,
+            "epoch": team.epoch,
+            "source": source,
+            "lead_ids": [item[0] for item, _, _ in placed.rows],
+            "member_ids": [turn.member_id for _, turn, _ in placed.rows],
+            "rule_indexes": [item[2].rule_index for item, _, _ in placed.rows],
+            "rule_names": [item[2].rule_name for item, _, _ in placed.rows],
+            "credit_ids": list(placed.credited),
+            "credit_ns": list(placed.credited.values()),
+            "day": placed.periods.day,
+            "week": placed.periods.week,
+        }
 
     def _parent(self, lead: Lead) -> str | None:
         if not self.parent_key:

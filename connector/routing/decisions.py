@@ -212,6 +212,25 @@ class DecisionRecorder:
                 for mid, r in candidates
             ]
 
+    def overflowed(
+        self,
+        lead_id: int,
+        team: str,
+        members: Sequence[SeatRow],
+        candidates: Sequence[tuple[int, str | None]],
+    ) -> None:
+        """No rep of ``team`` could take the lead; it goes on to the team's overflow team."""
+        by_id = {m.id: m for m in members}
+        self._entry(lead_id).detail.setdefault("overflow_from", []).append(
+            {
+                "team": team,
+                "candidates": [
+                    candidate_entry(by_id[mid], by_id[mid].assigned_in_epoch, r)
+                    for mid, r in candidates
+                ],
+            }
+        )
+
     def flush(self, conn: Connection) -> int:
         """Write every decision (one statement); set SLA due times on new assignments."""
         if not self._by_lead:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 from sqlalchemy import Connection, Engine, TextClause, text
@@ -34,7 +35,8 @@ from sqlalchemy import Connection, Engine, TextClause, text
 import db
 from connector.core.config import OrgConfig
 from connector.core.errors import UsageError
-from connector.routing.assign import skip_reason
+from connector.routing.assign import member_candidate as candidate_of
+from connector.routing.availability import eligibility, periods
 from connector.routing.decisions import DecisionRecorder
 from connector.routing.rotation import Seat, next_owners
 from connector.routing.rules import compile_rules
@@ -44,10 +46,25 @@ log = logging.getLogger(__name__)
 
 _SQL: dict[str, TextClause] = {k: text(v) for k, v in db.queries("reassign").items()}
 _TEAMS: dict[str, TextClause] = {k: text(v) for k, v in db.queries("teams").items()}
-_TEAM_SEATS = text(db.queries("routing")["team_seats"])
+_ROUTING: dict[str, TextClause] = {k: text(v) for k, v in db.queries("routing").items()}
 
 Reason = Literal["rotated", "reassigned", "rep_deactivated", "sla_expired"]
 REASONS: tuple[str, ...] = ("rotated", "reassigned", "rep_deactivated", "sla_expired")
+
+
+@dataclass(frozen=True)
+class _Member:
+    """A team member as a reassignment reads it under the team lock (``team_candidates``);
+    ``assigned_in_epoch`` holds its rotation turns (leads plus credited turns)."""
+
+    id: int
+    crm_user_id: str
+    name: str
+    weight: int
+    assigned_in_epoch: int
+    position: int
+    active: bool
+    row: Any
 
 
 class ReassignError(UsageError):
@@ -186,11 +203,32 @@ def _reassign_in(
     else:
         team_id = cur.team_id
     team = conn.execute(_SQL["lock_team_by_id"], {"team_id": team_id}).one()
-    members = conn.execute(_TEAM_SEATS, {"team_id": team_id}).all()
+    # Read under the team lock, as a routing pick does: turns, time off, and the caps' counts.
+    now = datetime.now(UTC)
+    team_cfg = cfg.team(team.name)
+    when = periods(now, team_cfg.timezone)
+    members = [
+        _Member(r.id, r.crm_user_id, r.name, r.weight, r.turns, r.position, r.active, r)
+        for r in conn.execute(
+            _ROUTING["team_candidates"],
+            {"org": cfg.org, "team_id": team_id, "day": when.day, "week": when.week},
+        )
+    ]
+    configured = {m.crm_user_id: m for m in team_cfg.members}
+    available = eligibility(
+        [
+            candidate_of(team_cfg, configured.get(m.crm_user_id), m.row, (m.row.day_count,
+                         m.row.week_count))
+            for m in members
+        ],
+        now,
+    )  # fmt: skip
     candidates = [
-        (m.id, "current_owner" if m.id == cur.member_id else skip_reason(m)) for m in members
+        (m.id, "current_owner" if m.id == cur.member_id else available[m.id]) for m in members
     ]
     if to is None:
+        # --rotate: the next rep by the rotation among those who can take a lead now (not
+        # inactive, away, off shift or capped), counting turns as routing does
         eligible = {mid for mid, r in candidates if r is None}
         seats = [
             Seat(m.id, m.weight, m.assigned_in_epoch, m.position)
@@ -219,6 +257,8 @@ def _reassign_in(
             "old_owner": cur.crm_user_id,
         },
     ).one()
+    # the lead counts toward its new rep's caps (this day and week, in the team's zone)
+    conn.execute(_SQL["count_load"], {"member_id": member_id, "day": when.day, "week": when.week})
     chosen = next(m for m in members if m.id == member_id)
     recorder = DecisionRecorder(cfg, compile_rules(cfg.rules), kind="reassign")
     recorder.team_pick(team.name, team.epoch, members, candidates, [cur.lead_id], [member_id])

@@ -110,10 +110,9 @@ def cmd_reassign(args: argparse.Namespace) -> int:
     return EXIT_REJECTED if refused else EXIT_OK
 
 
-def cmd_rep(args: argparse.Namespace) -> int:
+def _rep_deactivate(args: argparse.Namespace, cfg: OrgConfig) -> int:
     from connector.routing.reassign import deactivate_rep
 
-    cfg = pick_org(_configs(args), args.org)
     engine = open_database([cfg])
     d = deactivate_rep(engine, cfg, args.rep, args.reroute)
     print(
@@ -389,6 +388,50 @@ def cmd_purge(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _utc(value: datetime) -> str:
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def cmd_rep(args: argparse.Namespace) -> int:
+    from connector.shell.reps import (
+        check_reason,
+        end_away,
+        parse_until,
+        rep_rows,
+        resolve_rep,
+        set_away,
+    )
+
+    cfg = pick_org(_configs(args), args.org)
+    now = datetime.now(UTC)
+    if args.action == "deactivate":
+        return _rep_deactivate(args, cfg)
+    if args.action == "list":
+        engine = open_database([cfg])
+        for row in rep_rows(engine, cfg, now):
+            rep, away = row["rep"], row["away"]
+            status = "available"
+            if away is not None:
+                why = f"{away['reason']}, " if away["reason"] else ""
+                status = f"away until {_utc(away['until'])} ({why}{away['source']})"
+            print(f"{rep.crm_user_id}\t{rep.name}\t{','.join(rep.teams)}\t{status}")
+        return EXIT_OK
+    rep = resolve_rep(cfg, args.rep)
+    if args.action == "away":
+        if not args.until:
+            raise ConfigError("rep away: --until is required (e.g. --until 2026-12-24T09:00)")
+        until = parse_until(rep, args.until, now)
+        reason = check_reason(args.reason)
+        set_away(open_database([cfg]), cfg, rep, until, reason, now)
+        print(f"{rep.name} ({rep.crm_user_id}) is away until {_utc(until)}")
+        return EXIT_OK
+    if end_away(open_database([cfg]), cfg, rep):
+        print(f"{rep.name} ({rep.crm_user_id}) is back")
+    else:
+        print(f"{rep.name} ({rep.crm_user_id}) had no time off set from the command line")
+    return EXIT_OK
+
+
 def _service(args: argparse.Namespace, *, receiver: bool, scheduler: bool, dispatch: bool) -> int:
     from connector.intake.receivers import trusted_proxies_from_env
     from connector.shell.service import run_service
@@ -499,12 +542,6 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--reason", metavar="TEXT", help="why (kept in the history)")
     s.add_argument("crm_ids", nargs="+", metavar="CRM_ID")
     s.set_defaults(func=cmd_reassign)
-    s = sub.add_parser("rep", help="change a rep's state (deactivate)")
-    s.add_argument("action", choices=["deactivate"])
-    s.add_argument("--org")
-    s.add_argument("--reroute", action="store_true", help="re-route their unsent leads")
-    s.add_argument("rep", metavar="REP", help="crm_user_id or name")
-    s.set_defaults(func=cmd_rep)
     s = sub.add_parser("explain", help="how a lead was routed, from what was recorded then")
     s.add_argument("--org")
     s.add_argument("--json", action="store_true")
@@ -590,6 +627,38 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--limit", type=int, default=100)
     s.set_defaults(func=cmd_inbox)
     s = sub.add_parser(
+        "rep", help="time off from the command line (rep away|back REP, rep list); rep deactivate"
+    )
+    rep_sub = s.add_subparsers(dest="action", required=True)
+    rep_parsers = []
+    for action, text in (
+        ("away", "the rep gets no lead until --until"),
+        ("back", "end the rep's time off set from the command line"),
+        ("list", "every rep of the org, available or away until when"),
+        ("deactivate", "make the rep inactive in every team of the org now"),
+    ):
+        r = rep_sub.add_parser(action, help=text)
+        if action != "list":
+            r.add_argument("rep", metavar="REP", help="the rep's crm_user_id or name")
+        else:
+            r.set_defaults(rep=None)
+        r.add_argument("--org")
+        if action == "away":
+            r.add_argument(
+                "--until",
+                help="when the rep is back: ISO 8601, e.g. 2026-12-24T09:00 (without an "
+                "offset, in the rep's time zone)",
+            )
+            r.add_argument("--reason", help="shown by `rep list`")
+        else:
+            r.set_defaults(until=None, reason=None)
+        if action == "deactivate":
+            r.add_argument("--reroute", action="store_true", help="re-route their unsent leads")
+        else:
+            r.set_defaults(reroute=False)
+        r.set_defaults(func=cmd_rep)
+        rep_parsers.append(r)
+    s = sub.add_parser(
         "purge", help="delete received field values and finished rows past the retention"
     )
     s.add_argument("--org")
@@ -636,7 +705,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--hs-leads", type=int, default=400)
     s.add_argument("--senders", type=int, default=16)
     s.set_defaults(func=cmd_demo)
-    for subparser in sub.choices.values():
+    for subparser in [*sub.choices.values(), *rep_parsers]:
         # after the command too; SUPPRESS keeps a value given before it when this one is absent
         _global_options(subparser, argparse.SUPPRESS, argparse.SUPPRESS)
     return p

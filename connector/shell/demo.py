@@ -22,6 +22,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ from connector.intake.signatures import sign_v3
 from connector.intake.soap import build_outbound_message
 from connector.routing.teams import apply_teams
 from connector.shell.adapters import Adapters
+from connector.shell.reps import resolve_rep, set_away
 from connector.shell.service import serve_in_thread, start_dispatchers, start_scheduler
 from connector.shell.status import org_status
 from connector.shell.store import make_embedded_tempdir, make_engine, migrate, start_embedded
@@ -49,6 +51,7 @@ ENV = {
     # The secret Salesforce's endpoint URL ends with (an Outbound Message has no signature).
     "DEMO_SF_OUTBOUND_SECRET": "demo-outbound-url-secret-8Jq2vXw5",
 }
+DEMO_CAP = 20  # Tony Hoare's leads per day
 SF_COUNTRIES = ["US", "CA", "us", "DE", "FR", "GB", "NL", "SE"]
 HS_COUNTRIES = ["United States", "Canada", "Germany", "France", "Japan"]
 
@@ -66,7 +69,12 @@ def salesforce_yaml(sf: SalesforceSandbox, reps: list[str], intake: str) -> str:
         f'      - {{crm_user_id: "{reps[i]}", name: {names[i]}, weight: {w}}}'
         for i, w in zip(range(3), (1, 1, 2), strict=True)
     )
-    emea = "\n".join(f'      - {{crm_user_id: "{reps[i]}", name: {names[i]}}}' for i in range(3, 6))
+    emea = "\n".join(f'      - {{crm_user_id: "{reps[i]}", name: {names[i]}}}' for i in range(3, 5))
+    # a rep with a daily cap (the demo sends more than that to his team)
+    emea += (
+        f'\n      - {{crm_user_id: "{reps[5]}", name: {names[5]}, caps: {{per_day: {DEMO_CAP}}}}}'
+    )
+
     return f"""\
 # Written by `connector demo`: a Salesforce org routing Leads. Secrets are ${{ENV}} references.
 org: demo-sf
@@ -237,21 +245,40 @@ def wait_until_done(engine: Engine, expected: int, timeout: float) -> bool:
     return False
 
 
-def _fairness_lines(status: dict[str, Any]) -> tuple[list[str], bool]:
+def _fairness_lines(
+    status: dict[str, Any], turns: dict[tuple[str, str], int]
+) -> tuple[list[str], bool]:
+    """The fairness table; a rep's turns are its leads plus the turns it was passed over
+    (capped or away) and credited: those stay within one of its weighted share."""
     lines, ok = [], True
     for team in status["teams"]:
         members = [m for m in team["members"] if m["active"]]
-        total = sum(m["assigned"] for m in members)
+        total = sum(turns[team["name"], m["crm_user_id"]] for m in members)
+        leads = sum(m["assigned"] for m in members)
         weight = sum(m["weight"] for m in members)
-        lines.append(f"  team {team['name']}: {total} leads")
+        lines.append(f"  team {team['name']}: {leads} leads")
         for m in members:
+            t = turns[team["name"], m["crm_user_id"]]
             share = total * m["weight"] / weight if weight else 0.0
-            ok = ok and abs(m["assigned"] - share) < 1
+            ok = ok and abs(t - share) < 1
+            note = f"  ({t - m['assigned']} turns passed over)" if t != m["assigned"] else ""
             lines.append(
                 f"    {m['name']:<20} weight {m['weight']}  {m['assigned']:>5} leads  "
-                f"fair share {share:>7.2f}  off by {m['assigned'] - share:+.2f}"
+                f"turns {t:>5}  fair share {share:>7.2f}  off by {t - share:+.2f}{note}"
             )
     return lines, ok
+
+
+def rotation_turns(engine: Engine) -> dict[tuple[str, str], int]:
+    """(team, crm_user_id) -> leads + credited turns in the current epoch."""
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT t.name, m.crm_user_id, m.assigned_in_epoch + m.credited_in_epoch "
+                "FROM members m JOIN teams t ON t.id = m.team_id"
+            )
+        ).all()
+    return {(r[0], r[1]): r[2] for r in rows}
 
 
 def crm_mismatches(engine: Engine, sf: SalesforceSandbox, hs: HubSpotSandbox) -> int:
@@ -301,6 +328,10 @@ def run_demo(sf_leads: int = 600, hs_leads: int = 400, senders: int = 16) -> int
         configs: dict[str, OrgConfig] = load_configs(root / "config")
         for cfg in configs.values():
             apply_teams(engine, cfg)
+        # `connector rep away "Barbara Liskov" --until ...`: away for the whole burst
+        sf_cfg, now = configs["demo-sf"], datetime.now(UTC)
+        barbara = resolve_rep(sf_cfg, "Barbara Liskov")
+        set_away(engine, sf_cfg, barbara, now + timedelta(days=1), "on holiday", now)
         print(f"config written to {root / 'config'} (2 orgs)")
 
         sf_records = [
@@ -415,9 +446,10 @@ def run_demo(sf_leads: int = 600, hs_leads: int = 400, senders: int = 16) -> int
 
         print()
         fair = True
+        turns = rotation_turns(engine)
         for org in ("demo-sf", "demo-hs"):
             status = org_status(engine, configs[org])
-            lines, ok = _fairness_lines(status)
+            lines, ok = _fairness_lines(status, turns)
             fair = fair and ok
             print(
                 f"org {org} ({configs[org].crm.kind}): {status['leads']['assigned']} of "
@@ -450,13 +482,21 @@ def run_demo(sf_leads: int = 600, hs_leads: int = 400, senders: int = 16) -> int
             == owners[0]
             for r in hs_person
         )
+        sf_counts = {
+            m["name"]: m["assigned"]
+            for t in org_status(engine, configs["demo-sf"])["teams"]
+            for m in t["members"]
+        }
         engine.dispose()
         checks = {
             "every lead assigned and written back": done,
             "no delivery refused": not sent.errors,
             "no lead with two owners": double == 0,
             "CRM owner equals the database owner for every lead": wrong == 0,
-            "every rep within one lead of its weighted share": fair,
+            "every rep's turns within one of its weighted share": fair,
+            f"capped rep (Tony Hoare) got exactly his cap of {DEMO_CAP}": sf_counts["Tony Hoare"]
+            == DEMO_CAP,
+            "rep away (Barbara Liskov) got no lead": sf_counts["Barbara Liskov"] == 0,
             "forged Outbound Messages (no or a guessed URL secret) refused": forged,
             "records a person owns skipped, their CRM owner unchanged": people_kept
             and skipped.get("owned", 0) == len(sf_person) + len(hs_person),

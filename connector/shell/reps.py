@@ -1,0 +1,141 @@
+"""`connector rep away|back|list`: time off without a redeploy, stored in Postgres.
+
+Every process reads ``rep_time_off`` in the statement that reads a team's seats, so a change
+is seen at each process's next pick. The config stays the source of truth for who the reps
+are: a rep is named by its crm_user_id or its name in the org's YAML.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Engine, text
+
+import db
+from connector.core.config import ConfigError, OrgConfig
+from connector.core.hours import parse_local_time
+from connector.routing.availability import config_windows
+
+MAX_REASON = 200
+
+
+@dataclass(frozen=True)
+class Rep:
+    crm_user_id: str
+    name: str
+    teams: tuple[str, ...]
+    timezones: tuple[str, ...]  # the zones its local times are read in, one per team
+
+
+def configured_reps(cfg: OrgConfig) -> list[Rep]:
+    """Every rep of the org's config, once, in config order."""
+    found: dict[str, tuple[str, list[str], list[str]]] = {}
+    for team in cfg.teams:
+        for m in team.members:
+            _name, teams, zones = found.setdefault(m.crm_user_id, (m.name, [], []))
+            teams.append(team.name)
+            zones.append(team.rep_timezone(m))
+    return [Rep(uid, n, tuple(t), tuple(z)) for uid, (n, t, z) in found.items()]
+
+
+def resolve_rep(cfg: OrgConfig, who: str) -> Rep:
+    """The rep named ``who`` (its crm_user_id, else its name, case-insensitive)."""
+    reps = configured_reps(cfg)
+    for rep in reps:
+        if rep.crm_user_id == who:
+            return rep
+    named = [r for r in reps if r.name.casefold() == who.strip().casefold()]
+    if len(named) == 1:
+        return named[0]
+    if len(named) > 1:
+        ids = ", ".join(r.crm_user_id for r in named)
+        raise ConfigError(f"org {cfg.org}: {who!r} names several reps ({ids}): give a crm_user_id")
+    raise ConfigError(
+        f"org {cfg.org}: no rep {who!r} in the config (give a crm_user_id or a name; "
+        "`connector rep list` shows them)"
+    )
+
+
+def parse_until(rep: Rep, value: str, now: datetime) -> datetime:
+    """``--until``: ISO 8601; without an offset it is read in the rep's time zone."""
+    has_offset = _has_offset(value)
+    zones = sorted(set(rep.timezones))
+    if not has_offset and len(zones) > 1:
+        raise ConfigError(
+            f"--until {value!r}: {rep.name} works in several time zones ({', '.join(zones)}); "
+            "give the offset, e.g. 2026-12-24T09:00+01:00"
+        )
+    try:
+        until = parse_local_time(value, zones[0])
+    except ValueError as exc:
+        raise ConfigError(f"--until: {exc}") from None
+    if until <= now:
+        raise ConfigError(f"--until {value!r} is not in the future")
+    return until
+
+
+def _has_offset(value: str) -> bool:
+    try:
+        return datetime.fromisoformat(value.strip()).tzinfo is not None
+    except ValueError:
+        return False
+
+
+def check_reason(reason: str | None) -> str | None:
+    if reason is None:
+        return None
+    if not reason.strip() or len(reason) > MAX_REASON or not reason.isprintable():
+        raise ConfigError(f"--reason: must be 1 to {MAX_REASON} printable characters on one line")
+    return reason.strip()
+
+
+def set_away(
+    engine: Engine, cfg: OrgConfig, rep: Rep, until: datetime, reason: str | None, now: datetime
+) -> None:
+    with engine.begin() as conn:
+        conn.execute(
+            text(db.queries("reps")["set_away"]),
+            {
+                "org": cfg.org,
+                "crm_user_id": rep.crm_user_id,
+                "starts_at": now,
+                "until": until,
+                "reason": reason,
+            },
+        )
+
+
+def end_away(engine: Engine, cfg: OrgConfig, rep: Rep) -> bool:
+    """Remove the rep's command-line time off; False when it had none."""
+    with engine.begin() as conn:
+        row = conn.execute(
+            text(db.queries("reps")["end_away"]), {"org": cfg.org, "crm_user_id": rep.crm_user_id}
+        ).one_or_none()
+    return row is not None
+
+
+def rep_rows(engine: Engine, cfg: OrgConfig, now: datetime) -> list[dict[str, Any]]:
+    """Each configured rep with its current time off (command line or config), if any."""
+    with engine.connect() as conn:
+        stored = {
+            r.crm_user_id: r
+            for r in conn.execute(text(db.queries("reps")["time_off"]), {"org": cfg.org})
+        }
+    rows: list[dict[str, Any]] = []
+    for rep in configured_reps(cfg):
+        away: dict[str, Any] | None = None
+        s = stored.get(rep.crm_user_id)
+        if s is not None and s.starts_at <= now < s.until:
+            away = {"until": s.until, "reason": s.reason, "source": "command line"}
+        else:
+            for team in cfg.teams:
+                for m in team.members:
+                    if m.crm_user_id != rep.crm_user_id:
+                        continue
+                    for w, t in zip(config_windows(team, m), m.time_off, strict=True):
+                        if w.covers(now) and away is None:
+                            away = {"until": w.until, "reason": t.reason, "source": "config"}
+        rows.append({"rep": rep, "away": away})
+    return rows

@@ -1,0 +1,265 @@
+"""Caps, time off, working hours, overflow and catch-up through the Router, on real Postgres."""
+
+from __future__ import annotations
+
+from collections import Counter
+from datetime import UTC, date, datetime, timedelta
+
+from sqlalchemy import Engine, text
+
+from connector.core.config import OrgConfig, parse_config
+from connector.routing.assign import Lead, Outcome, Router
+from connector.routing.teams import apply_teams
+from connector.shell.reps import end_away, resolve_rep, set_away
+
+ENV = {"TOKEN": "unused"}
+# Monday 2026-12-07, 10:00 in New York, 16:00 in Berlin
+MONDAY = datetime(2026, 12, 7, 15, 0, tzinfo=UTC)
+
+
+def org(teams: str) -> OrgConfig:
+    return parse_config(
+        f"""
+org: acme
+crm:
+  kind: salesforce
+  instance_url: https://x.my.salesforce.com
+  auth: {{method: session, access_token: "${{TOKEN}}"}}
+teams:
+{teams}
+rules:
+  - {{name: german, team: de, when: {{Country: DE}}}}
+  - {{name: rest, team: a}}
+""",
+        "t.yaml",
+        ENV,
+    )
+
+
+TEAMS = """
+  - name: a
+    timezone: Europe/Berlin
+    caps: {per_day: 2}
+    overflow_team: de
+    members:
+      - {crm_user_id: "005A", name: Ada}
+      - {crm_user_id: "005B", name: Bob, caps: {per_day: 3, per_week: 4}}
+  - name: de
+    members:
+      - {crm_user_id: "005D", name: Dora}
+      - {crm_user_id: "005E", name: Eve, active: false}
+"""
+
+
+class Clock:
+    def __init__(self, at: datetime) -> None:
+        self.at = at
+
+    def __call__(self) -> datetime:
+        return self.at
+
+
+def router(engine: Engine, cfg: OrgConfig, clock: Clock) -> Router:
+    apply_teams(engine, cfg)
+    return Router(engine, cfg, clock=clock)
+
+
+def leads(prefix: str, n: int, country: str = "US") -> list[Lead]:
+    return [Lead(f"{prefix}{i:03d}", {"Country": country}) for i in range(n)]
+
+
+def owners(outcomes: list[Outcome]) -> list[str | None]:
+    return [o.owner_id for o in outcomes]
+
+
+def table(engine: Engine, sql: str) -> list[tuple[object, ...]]:
+    with engine.connect() as conn:
+        return [tuple(r) for r in conn.execute(text(sql))]
+
+
+def test_caps_count_per_local_day_and_week_then_overflow(engine: Engine) -> None:
+    clock = Clock(MONDAY)
+    r = router(engine, org(TEAMS), clock)
+    got = r.assign_many(leads("00Qm", 7), "api")
+    # Ada 2 a day, Bob 3 a day: five leads in team a, then the overflow team takes the rest
+    assert [(o.team, o.owner_id) for o in got] == [
+        ("a", "005A"),
+        ("a", "005B"),
+        ("a", "005A"),
+        ("a", "005B"),
+        ("a", "005B"),
+        ("de", "005D"),
+        ("de", "005D"),
+    ]
+    assert table(
+        engine,
+        "SELECT m.crm_user_id, l.period, l.starts_on, l.assigned FROM member_load l "
+        "JOIN members m ON m.id = l.member_id ORDER BY 1, 2",
+    ) == [
+        ("005A", "day", date(2026, 12, 7), 2),
+        ("005A", "week", date(2026, 12, 7), 2),
+        ("005B", "day", date(2026, 12, 7), 3),
+        ("005B", "week", date(2026, 12, 7), 3),
+        ("005D", "day", date(2026, 12, 7), 2),  # Dora's team counts in UTC
+        ("005D", "week", date(2026, 12, 7), 2),
+    ]
+    # the overflow keeps the rule that matched; the assignment is the overflow team's
+    assert table(
+        engine,
+        "SELECT t.name, a.rule_name, count(*) FROM assignments a JOIN teams t ON t.id = a.team_id "
+        "GROUP BY 1, 2 ORDER BY 1",
+    ) == [("a", "rest", 5), ("de", "rest", 2)]
+    # 23:00 in Berlin is still Monday there; 23:00 UTC is Tuesday in Berlin: a new day
+    clock.at = datetime(2026, 12, 7, 22, 0, tzinfo=UTC)
+    assert owners(r.assign_many(leads("00Qn", 1), "api")) == ["005D"]
+    clock.at = datetime(2026, 12, 7, 23, 0, tzinfo=UTC)
+    # Bob has one lead left in his week (4), Ada two in her day
+    assert owners(r.assign_many(leads("00Qt", 4), "api")) == ["005A", "005B", "005A", "005D"]
+
+
+def test_all_capped_without_overflow_stays_unassigned_with_the_reason(engine: Engine) -> None:
+    cfg = org(TEAMS.replace("    overflow_team: de\n", ""))
+    r = router(engine, cfg, Clock(MONDAY))
+    got = r.assign_many(leads("00Qc", 6), "api")
+    assert [o.status for o in got] == ["assigned"] * 5 + ["unassigned"]
+    last = got[-1]
+    assert (last.team, last.reason, last.owner_id) == ("a", "all_capped", None)
+    ids = dict(table(engine, "SELECT crm_user_id, id FROM members"))
+    assert last.candidates == ((ids["005A"], "capped"), (ids["005B"], "capped"))
+    assert table(
+        engine,
+        "SELECT l.unassigned_reason, count(o.id) FROM leads l LEFT JOIN outbox o "
+        "ON o.lead_id = l.id WHERE l.crm_id = '00Qc005' GROUP BY 1",
+    ) == [("all_capped", 0)]
+    # a repeat reports the stored reason, and still takes nobody's turn
+    assert r.assign(Lead("00Qc005", {"Country": "US"}), "api").reason == "all_capped"
+
+
+def test_a_lower_named_overflow_team_does_not_deadlock_or_lose_leads(engine: Engine) -> None:
+    cfg = org(
+        """
+  - name: a
+    members: [{crm_user_id: "005A", name: Ada}]
+  - name: de
+    caps: {per_day: 1}
+    overflow_team: a
+    members: [{crm_user_id: "005D", name: Dora}]
+"""
+    )
+    r = router(engine, cfg, Clock(MONDAY))
+    got = r.assign_many(leads("00Qd", 3, "DE") + leads("00Qu", 2), "api")
+    assert [(o.team, o.owner_id) for o in got] == [
+        ("de", "005D"),
+        ("a", "005A"),
+        ("a", "005A"),
+        ("a", "005A"),
+        ("a", "005A"),
+    ]
+
+
+def test_away_from_the_command_line_is_seen_at_the_next_pick(engine: Engine) -> None:
+    cfg = org(
+        TEAMS.replace("caps: {per_day: 2}", "caps: {}").replace(
+            ", caps: {per_day: 3, per_week: 4}", ""
+        )
+    )
+    clock = Clock(MONDAY)
+    r = router(engine, cfg, clock)
+    other = Router(engine, cfg, clock=clock)  # another process
+    ada = resolve_rep(cfg, "Ada")
+    set_away(engine, cfg, ada, MONDAY + timedelta(hours=2), "dentist", MONDAY)
+    got = other.assign_many(leads("00Qa", 4), "api")
+    assert owners(got) == ["005B"] * 4
+    ids = dict(table(engine, "SELECT crm_user_id, id FROM members"))
+    assert got[0].candidates == ((ids["005A"], "away"), (ids["005B"], None))
+    # catch_up none: Ada was credited the turns she was away for, so she is not owed them
+    assert table(
+        engine,
+        "SELECT crm_user_id, assigned_in_epoch, credited_in_epoch FROM members "
+        "WHERE crm_user_id IN ('005A', '005B') ORDER BY 1",
+    ) == [("005A", 0, 4), ("005B", 4, 0)]
+    assert end_away(engine, cfg, ada) is True
+    assert end_away(engine, cfg, ada) is False
+    assert owners(r.assign_many(leads("00Qb", 4), "api")) == ["005A", "005B", "005A", "005B"]
+    # the time off also simply ends at `until`
+    set_away(engine, cfg, ada, MONDAY + timedelta(hours=2), None, MONDAY)
+    clock.at = MONDAY + timedelta(hours=2)
+    assert owners(r.assign_many(leads("00Qe", 2), "api")) == ["005A", "005B"]
+
+
+def test_off_shift_and_config_time_off(engine: Engine) -> None:
+    cfg = org(
+        """
+  - name: a
+    members:
+      - {crm_user_id: "005A", name: Ada,
+         hours: {timezone: America/New_York, mon-fri: "09:00-17:30"}}
+      - {crm_user_id: "005B", name: Bob, time_off: [{from: 2026-12-07, until: "2026-12-08T09:00"}]}
+      - {crm_user_id: "005C", name: Cy}
+  - name: de
+    members: [{crm_user_id: "005D", name: Dora}]
+"""
+    )
+    clock = Clock(MONDAY)  # 10:00 in New York; Bob is off all Monday (UTC, his team's zone)
+    r = router(engine, cfg, clock)
+    assert owners(r.assign_many(leads("00Qo", 4), "api")) == ["005A", "005C", "005A", "005C"]
+    clock.at = datetime(2026, 12, 8, 8, 0, tzinfo=UTC)  # Tue 03:00 New York; Bob still off
+    got = r.assign_many(leads("00Qp", 2), "api")
+    assert owners(got) == ["005C", "005C"]
+    assert [x[1] for x in got[0].candidates] == ["off_shift", "away", None]
+    clock.at = datetime(2026, 12, 8, 9, 0, tzinfo=UTC)  # Bob is back
+    assert owners(r.assign_many(leads("00Qq", 2), "api")) == ["005B", "005C"]
+    clock.at = datetime(2026, 12, 8, 8, 0, tzinfo=UTC)
+    cfg_all_off = org(
+        """
+  - name: a
+    members:
+      - {crm_user_id: "005A", name: Ada,
+         hours: {timezone: America/New_York, mon-fri: "09:00-17:30"}}
+  - name: de
+    members: [{crm_user_id: "005D", name: Dora}]
+"""
+    )
+    o = router(engine, cfg_all_off, clock).assign(Lead("00Qz", {"Country": "US"}), "api")
+    assert (o.status, o.reason) == ("unassigned", "none_available")
+
+
+def test_catch_up_gives_the_returning_rep_at_most_k_in_a_row(engine: Engine) -> None:
+    cfg = org(
+        TEAMS.replace("    caps: {per_day: 2}\n", "    catch_up: {max_in_a_row: 2}\n")
+        .replace(", caps: {per_day: 3, per_week: 4}", "")
+        .replace(
+            '      - {crm_user_id: "005B", name: Bob}',
+            '      - {crm_user_id: "005B", name: Bob}\n      - {crm_user_id: "005C", name: Cy}',
+        )
+    )
+    clock = Clock(MONDAY)
+    r = router(engine, cfg, clock)
+    ada = resolve_rep(cfg, "005A")
+    set_away(engine, cfg, ada, MONDAY + timedelta(days=1), None, MONDAY)
+    assert owners(r.assign_many(leads("00Qw", 6), "api")) == ["005B", "005C"] * 3
+    end_away(engine, cfg, ada)
+    # Ada is owed 2 leads (a third of six): two in a row, then another rep; one lead at a
+    # time, so the streak is read back from the assignments
+    got = [r.assign(lead, "api").owner_id for lead in leads("00Qr", 9)]
+    assert got == ["005A", "005A", "005B", "005A", "005A", "005C", "005A", "005B", "005C"]
+    counts = Counter(
+        dict(table(engine, "SELECT crm_user_id, count(*) FROM assignments GROUP BY 1"))
+    )
+    assert counts == {"005A": 5, "005B": 5, "005C": 5}
+
+
+def test_a_team_edit_restarts_the_credits_with_the_counts(engine: Engine) -> None:
+    cfg = org(
+        TEAMS.replace("caps: {per_day: 2}", "caps: {}").replace(
+            ", caps: {per_day: 3, per_week: 4}", ""
+        )
+    )
+    r = router(engine, cfg, Clock(MONDAY))
+    set_away(engine, cfg, resolve_rep(cfg, "Ada"), MONDAY + timedelta(hours=1), None, MONDAY)
+    r.assign_many(leads("00Qx", 3), "api")
+    edited = org(TEAMS.replace("name: Bob,", "name: Bob, weight: 2,"))
+    apply_teams(engine, edited)
+    assert table(engine, "SELECT sum(assigned_in_epoch), sum(credited_in_epoch) FROM members") == [
+        (0, 0)
+    ]
