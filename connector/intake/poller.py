@@ -7,6 +7,8 @@ lock's connection is idle during CRM calls (no transaction is open), so it block
 else. Each page is assigned and the watermark advanced in the same transaction, so the
 watermark never passes a record that was not committed. Every poll starts
 ``overlap_seconds`` before the watermark; the unique lead key makes the re-reads no-ops.
+An org with ``route_to: account_owner`` rules first refreshes its account mirror
+(connector/intake/accounts_sync.py) in the same round, so the round's leads see it.
 """
 
 from __future__ import annotations
@@ -21,9 +23,10 @@ from sqlalchemy import Engine, TextClause, text
 import db
 from connector.core.config import OrgConfig
 from connector.core.ownership import intake_keys, is_unrouted
+from connector.intake.accounts_sync import AccountSyncResult, refresh_accounts
 from connector.intake.verify import routing_fields
 from connector.routing.assign import Lead, LeadError, Router, validate_lead
-from crm_adapters.base import CrmAdapter, CrmRecord
+from crm_adapters.base import AccountSource, CrmAdapter, CrmRecord
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +43,7 @@ class PollResult:
     new: int = 0
     duplicate: int = 0
     watermark: datetime | None = None
+    accounts: AccountSyncResult | None = None
 
 
 def routable(cfg: OrgConfig, record: CrmRecord, owner_field: str, intake: frozenset[str]) -> bool:
@@ -99,6 +103,11 @@ class Poller:
             self.cfg.poll.initial_lookback_seconds,
         )
         result = PollResult(ran=True, watermark=watermark)
+        if self.cfg.account_matching:
+            if isinstance(self.adapter, AccountSource):
+                result.accounts = refresh_accounts(self.engine, self.cfg, self.adapter)
+            else:
+                log.warning("org %s: this adapter cannot read accounts; mirror not refreshed", org)
         for page in self.adapter.changed_since(since):
             result.pages += 1
             result.seen += len(page)

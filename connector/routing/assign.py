@@ -6,11 +6,13 @@ org, object and CRM id: a repeat changes nothing and reports the existing owner)
 rules, locks each team row it routes to (teams in name order, so two batches never deadlock),
 reads the active seats with a fresh snapshot, picks owners with the rotation in
 ``connector.routing.rotation``, and records the assignments, the members' counts and one outbox row
-per assignment in a single statement. For Salesforce orgs a lead's id (and its parent's) is
-stored in the 18-character form, so a record sent by its 15-character id and later by its
-18-character id (in any case) is one lead. The team row lock is what serialises a team's
-rotation across any number of processes; it is held only for two statements and the commit,
-and never while a CRM is called.
+per assignment in a single statement. A lead whose rule says ``route_to: account_owner`` goes
+to its account's owner when ``connector.routing.accounts`` finds one (that is not a turn of
+any rotation: no count moves), else on to the rule's team rotation. For Salesforce orgs a
+lead's id (and its parent's) is stored in the 18-character form, so a record sent by its
+15-character id and later by its 18-character id (in any case) is one lead. The team row
+lock is what serialises a team's rotation across any number of processes; it is held only
+for two statements and the commit, and never while a CRM is called.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from sqlalchemy.exc import DBAPIError
 
 import db
 from connector.core.config import OrgConfig
+from connector.routing import accounts
 from connector.routing.rotation import Seat, next_owners
 from connector.routing.rules import Match, compile_rules, match
 from crm_adapters.salesforce_ids import id_key
@@ -65,6 +68,7 @@ class Outcome:
     owner_id: str | None = None
     owner_name: str | None = None
     reason: str | None = None
+    account_id: str | None = None  # set when the lead went to this account's owner
 
 
 def _has_nul(value: Any) -> bool:
@@ -185,6 +189,7 @@ class Router:
 
         by_team: dict[str, list[tuple[int, str, Match]]] = defaultdict(list)
         unassigned: dict[str, list[int]] = defaultdict(list)
+        picked: list[tuple[int, str, Match]] = []
         for cid in first:  # input order: the earliest lead gets the next rep
             if cid not in new_ids:
                 continue
@@ -194,16 +199,26 @@ class Router:
                 unassigned["no_rule_matched"].append(lead_id)
                 results[cid] = Outcome(cid, "unassigned", reason="no_rule_matched")
             else:
+                picked.append((lead_id, cid, m))
+        matched, fallbacks = self._match_accounts(conn, picked, first, results)
+        for lead_id, cid, m in picked:
+            if cid not in results:  # not given to its account's owner: the team's rotation
                 by_team[m.team].append((lead_id, cid, m))
 
-        for team_name in sorted(by_team):
-            group = by_team[team_name]
+        # Teams in name order; a team that only receives account-matched leads is not locked
+        # (its rotation does not move), and one that also rotates records them under its lock.
+        for team_name in sorted(set(by_team) | set(matched)):
+            group = by_team.get(team_name, [])
+            if not group:
+                accounts.record_matched(conn, self.cfg, source, matched[team_name])
+                continue
             team = conn.execute(_SQL["lock_team"], {"org": org, "name": team_name}).one_or_none()
             if team is None:
                 raise RoutingError(
                     f"team {team_name!r} of org {org!r} is not in the database: "
                     "run `connector migrate` with this config"
                 )
+            accounts.record_matched(conn, self.cfg, source, matched.get(team_name, []))
             seats = conn.execute(_SQL["active_seats"], {"team_id": team.id}).all()
             if not seats:
                 for lead_id, cid, _ in group:
@@ -235,6 +250,7 @@ class Router:
 
         for reason, ids in unassigned.items():
             conn.execute(_SQL["mark_unassigned"], {"reason": reason, "lead_ids": ids})
+        accounts.note_fallbacks(conn, fallbacks)
 
         out: list[Outcome] = []
         seen: set[str] = set()
@@ -245,6 +261,44 @@ class Router:
             seen.add(key)
             out.append(o)
         return out
+
+    def _match_accounts(
+        self,
+        conn: Connection,
+        picked: Sequence[tuple[int, str, Match]],
+        leads: Mapping[str, Lead],
+        results: dict[str, Outcome],
+    ) -> tuple[dict[str, list[accounts.Matched]], dict[int, accounts.AccountDecision]]:
+        """Leads of ``route_to: account_owner`` rules that go to their account's owner, by the
+        team of the owner's seat (their outcomes set in ``results``), and the decisions of
+        those that fall back to their rule's team rotation, by lead id."""
+        candidates = [
+            accounts.Candidate(
+                lead_id,
+                cid,
+                leads[cid].fields,
+                self._parent(leads[cid]),
+                m.team,
+                m.rule_index,
+                m.rule_name,
+            )
+            for lead_id, cid, m in picked
+            if self.cfg.rules[m.rule_index].route_to == "account_owner"
+        ]
+        found, fallbacks = accounts.match_accounts(conn, self.cfg, candidates)
+        matched: dict[str, list[accounts.Matched]] = defaultdict(list)
+        for hit in found:
+            c, seat = hit.candidate, hit.seat
+            matched[seat.team].append(hit)
+            results[c.crm_id] = Outcome(
+                c.crm_id,
+                "assigned",
+                seat.team,
+                seat.crm_user_id,
+                seat.name,
+                account_id=hit.decision.account_id,
+            )
+        return dict(matched), fallbacks
 
     def _parent(self, lead: Lead) -> str | None:
         if not self.parent_key:
