@@ -37,6 +37,7 @@ _BASE_FIELDS = {
         "Status",
         "Name",
         "Country",
+        "Website",
     },
     "Contact": {"Id", "OwnerId", "SystemModstamp", "LastName", "AccountId", "Email", "Name"},
     "Account": {"Id", "OwnerId", "SystemModstamp", "Name", "Website"},
@@ -229,6 +230,7 @@ class SalesforceSandbox(SandboxServer):
         owner_id: str | None = None,
         website: str | None = None,
         fields: dict[str, Any] | None = None,
+        modstamp: datetime | None = None,
     ) -> str:
         """Create an Account (owner, Website and any custom fields, e.g. Domain__c); returns
         its Id. Read back with SOQL on Account, as the account mirror does."""
@@ -239,7 +241,7 @@ class SalesforceSandbox(SandboxServer):
             f["Website"] = website
             f.update(fields or {})
             f["Id"] = aid
-            self._records[aid] = _Rec("Account", f, self._tick())
+            self._records[aid] = _Rec("Account", f, modstamp or self._tick())
             return aid
 
     def edit_account(self, account_id: str, **values: Any) -> None:
