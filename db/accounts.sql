@@ -31,24 +31,27 @@ SELECT :org, t.domain, t.crm_id
 FROM unnest(CAST(:domains AS text[]), CAST(:crm_ids AS text[])) AS t (domain, crm_id)
 ON CONFLICT DO NOTHING
 
--- name: accounts_by_id
-SELECT crm_id, owner_id, modified_at
-FROM crm_accounts
-WHERE org = :org AND crm_id = ANY(CAST(:crm_ids AS text[]))
-
--- name: accounts_by_domain
-SELECT d.domain, a.crm_id, a.owner_id, a.modified_at
+-- name: match_lookup
+-- Everything one batch's matching needs, in one round trip: the accounts its leads name as
+-- parent ('account'), the accounts of its leads' domains ('domain'), and every member row of
+-- the org's configured teams ('rep': who may own a matched lead).
+SELECT 'account' AS kind, NULL::text AS domain, a.crm_id, a.owner_id, a.modified_at,
+       NULL::bigint AS member_id, NULL::text AS crm_user_id, NULL::text AS name,
+       NULL::boolean AS active, NULL::bigint AS team_id, NULL::text AS team,
+       NULL::integer AS epoch, NULL::integer AS position
+FROM crm_accounts a
+WHERE a.org = :org AND a.crm_id = ANY(CAST(:crm_ids AS text[]))
+UNION ALL
+SELECT 'domain', d.domain, a.crm_id, a.owner_id, a.modified_at,
+       NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
 FROM crm_account_domains d
 JOIN crm_accounts a ON a.org = d.org AND a.crm_id = d.crm_id
 WHERE d.org = :org AND d.domain = ANY(CAST(:domains AS text[]))
-
--- name: org_reps
--- Every member row of the org's configured teams: who may own a matched lead.
-SELECT m.id AS member_id, m.crm_user_id, m.name, m.active, t.id AS team_id, t.name AS team,
-       t.epoch
+UNION ALL
+SELECT 'rep', NULL, NULL, NULL, NULL,
+       m.id, m.crm_user_id, m.name, m.active, t.id, t.name, t.epoch, m.position
 FROM members m JOIN teams t ON t.id = m.team_id
 WHERE t.org = :org AND t.in_config AND m.in_config
-ORDER BY t.name, m.position
 
 -- name: record_matched
 -- Leads given to their account's owner: the assignment (with the decision) and its outbox

@@ -28,7 +28,6 @@ __all__ = [
     "Candidate",
     "Matched",
     "Seat",
-    "load_seats",
     "match_accounts",
     "note_fallbacks",
     "record_matched",
@@ -81,15 +80,6 @@ def seat_for(seats: Sequence[Seat], team: str) -> Seat | None:
     return active[0] if active else None
 
 
-def load_seats(conn: Connection, cfg: OrgConfig) -> dict[str, list[Seat]]:
-    """The org's member rows by owner key (the form CRM owner ids are compared in)."""
-    out: dict[str, list[Seat]] = defaultdict(list)
-    for r in conn.execute(_SQL["org_reps"], {"org": cfg.org}):
-        seat = Seat(r.member_id, r.crm_user_id, r.name, r.active, r.team_id, r.team, r.epoch)
-        out[owner_key(cfg.crm.kind, r.crm_user_id)].append(seat)
-    return dict(out)
-
-
 def match_accounts(
     conn: Connection, cfg: OrgConfig, candidates: Sequence[Candidate]
 ) -> tuple[list[Matched], dict[int, AccountDecision]]:
@@ -99,31 +89,39 @@ def match_accounts(
     kind = cfg.crm.kind
     match_fields = cfg.match_fields
     domains = {c.lead_id: lead_domains(c.fields, match_fields) for c in candidates}
-    parent_ids = sorted({c.parent_id for c in candidates if c.parent_id})
-    wanted = sorted({d for ds in domains.values() for _, d in ds})
+    # parent ids are stored in the comparable form already (Salesforce: 18 characters)
+    parents = {c.lead_id: owner_key(kind, c.parent_id) if c.parent_id else None for c in candidates}
     by_id: dict[str, AccountRow] = {}
-    if parent_ids:
-        for r in conn.execute(_SQL["accounts_by_id"], {"org": cfg.org, "crm_ids": parent_ids}):
-            by_id[r.crm_id] = AccountRow(r.crm_id, r.owner_id, r.modified_at)
     by_domain: dict[str, list[AccountRow]] = defaultdict(list)
-    if wanted:
-        for r in conn.execute(_SQL["accounts_by_domain"], {"org": cfg.org, "domains": wanted}):
+    found_seats: list[tuple[int, str, Seat]] = []
+    params = {
+        "org": cfg.org,
+        "crm_ids": sorted({p for p in parents.values() if p}),
+        "domains": sorted({d for ds in domains.values() for _, d in ds}),
+    }
+    for r in conn.execute(_SQL["match_lookup"], params):
+        if r.kind == "rep":
+            seat = Seat(r.member_id, r.crm_user_id, r.name, r.active, r.team_id, r.team, r.epoch)
+            found_seats.append((r.position, r.team, seat))
+        elif r.kind == "account":
+            by_id[r.crm_id] = AccountRow(r.crm_id, r.owner_id, r.modified_at)
+        else:
             by_domain[r.domain].append(AccountRow(r.crm_id, r.owner_id, r.modified_at))
-    seats = load_seats(conn, cfg)
+    seats: dict[str, list[Seat]] = defaultdict(list)
+    for _, _, s in sorted(found_seats, key=lambda x: (x[1], x[0])):
+        seats[owner_key(kind, s.crm_user_id)].append(s)
     reps = {key: Rep(any(s.active for s in rows)) for key, rows in seats.items()}
-    # the mirror stores owners in their comparable form; parent ids are stored that way too
     matched: list[Matched] = []
     others: dict[int, AccountDecision] = {}
     for c in candidates:
-        parent = owner_key(kind, c.parent_id) if c.parent_id else None
-        decision = decide(parent, domains[c.lead_id], by_id, by_domain, reps)
-        seat = None
+        decision = decide(parents[c.lead_id], domains[c.lead_id], by_id, by_domain, reps)
+        chosen = None
         if decision.matched and decision.owner_id is not None:
-            seat = seat_for(seats.get(decision.owner_id, []), c.team)
-        if seat is None:
+            chosen = seat_for(seats.get(decision.owner_id, []), c.team)
+        if chosen is None:
             others[c.lead_id] = decision
         else:
-            matched.append(Matched(c, seat, decision))
+            matched.append(Matched(c, chosen, decision))
     return matched, others
 
 
