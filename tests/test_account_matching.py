@@ -19,6 +19,7 @@ from connector.routing.assign import Lead, Router
 from connector.routing.teams import apply_teams
 from connector.shell.adapters import adapter_for
 from connector.shell.cli import main
+from connector.shell.status import org_status
 from connector.writeback.dispatch import Dispatcher
 from crm_adapters.salesforce_ids import id_key
 from crm_sandboxes import HubSpotSandbox, SalesforceSandbox
@@ -229,6 +230,9 @@ def test_a_matched_lead_does_not_advance_the_rotation(
     # the rotation alternates as if the matched leads had never come (Ada got 3 of them)
     assert rotation == [ada, alan, ada, alan]
     assert rotation_counts(engine) == {ada: 2, alan: 2}
+    # `connector status` tells the two apart
+    members = org_status(engine, cfg)["teams"][0]["members"]
+    assert [(m["assigned"], m["account_matched"]) for m in members] == [(5, 3), (2, 0)]
 
 
 def test_contacts_go_to_their_accounts_owner(engine: Engine, sf: SalesforceSandbox) -> None:

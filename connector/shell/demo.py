@@ -6,7 +6,9 @@ in-process: the webhook receiver under uvicorn, the scheduled poll and the outbo
 dispatchers. Then it sends a burst the way the CRMs would: Salesforce Outbound Messages
 (SOAP) and signed HubSpot webhooks from 16 concurrent senders, with redeliveries, while some
 Salesforce leads are never pushed and must be found by the poll. The dispatchers write the
-owners back through simple-salesforce and hubspot-api-client. Finally it prints the
+owners back through simple-salesforce and hubspot-api-client. Leads at the domain of a
+Salesforce Account go to the Account's owner (``route_to: account_owner``) without moving the
+rotation. Finally it prints the
 fairness table, ACK and lead-to-CRM latency percentiles and CRM API call counts, checks
 every guarantee, and exits 0 only when all of them held.
 """
@@ -29,6 +31,7 @@ import httpx
 from sqlalchemy import Engine, text
 
 from connector.core.config import OrgConfig, load_configs
+from connector.intake.accounts_sync import refresh_accounts
 from connector.intake.receivers import create_app
 from connector.intake.signatures import sign_v3
 from connector.intake.soap import build_outbound_message
@@ -37,6 +40,7 @@ from connector.shell.adapters import Adapters
 from connector.shell.service import serve_in_thread, start_dispatchers, start_scheduler
 from connector.shell.status import org_status
 from connector.shell.store import make_embedded_tempdir, make_engine, migrate, start_embedded
+from crm_adapters.base import AccountSource
 from crm_sandboxes import HubSpotSandbox, SalesforceSandbox
 
 SF_ORG_ID = "00D000000000001AAA"
@@ -92,7 +96,8 @@ teams:
 {emea}
 rules:
   - {{name: north america, team: na_ae, when: {{Country: [US, CA]}}}}
-  - {{name: everyone else, team: emea_ae}}
+  # a lead at the domain of a known Account goes to the Account's owner, else to emea_ae
+  - {{name: everyone else, team: emea_ae, route_to: account_owner}}
 """
 
 
@@ -241,15 +246,20 @@ def _fairness_lines(status: dict[str, Any]) -> tuple[list[str], bool]:
     lines, ok = [], True
     for team in status["teams"]:
         members = [m for m in team["members"] if m["active"]]
-        total = sum(m["assigned"] for m in members)
+        # the rotation's leads: those given to their account's owner are not its turns
+        rotated = {m["crm_user_id"]: m["assigned"] - m.get("account_matched", 0) for m in members}
+        total = sum(rotated.values())
         weight = sum(m["weight"] for m in members)
-        lines.append(f"  team {team['name']}: {total} leads")
+        lines.append(f"  team {team['name']}: {total} leads by rotation")
         for m in members:
             share = total * m["weight"] / weight if weight else 0.0
-            ok = ok and abs(m["assigned"] - share) < 1
+            n = rotated[m["crm_user_id"]]
+            ok = ok and abs(n - share) < 1
+            by_account = m.get("account_matched", 0)
             lines.append(
-                f"    {m['name']:<20} weight {m['weight']}  {m['assigned']:>5} leads  "
-                f"fair share {share:>7.2f}  off by {m['assigned'] - share:+.2f}"
+                f"    {m['name']:<20} weight {m['weight']}  {n:>5} leads  "
+                f"fair share {share:>7.2f}  off by {n - share:+.2f}"
+                + (f"  (+{by_account} by account)" if by_account else "")
             )
     return lines, ok
 
@@ -303,6 +313,14 @@ def run_demo(sf_leads: int = 600, hs_leads: int = 400, senders: int = 16) -> int
             apply_teams(engine, cfg)
         print(f"config written to {root / 'config'} (2 orgs)")
 
+        # An Account owned by Tony Hoare; its people's leads go to him, not the rotation.
+        initech = sf.add_account("Initech", reps[5], "https://www.initech.com/")
+        account_leads = [
+            sf.add_record(
+                "Lead", intake, fields={"Country": "DE", "Email": f"buyer{i}@mail.initech.com"}
+            )
+            for i in range(max(1, sf_leads // 50))
+        ]
         sf_records = [
             (
                 sf.add_record(
@@ -310,8 +328,9 @@ def run_demo(sf_leads: int = 600, hs_leads: int = 400, senders: int = 16) -> int
                 ),
                 None,
             )
-            for _ in range(sf_leads)
-        ]
+            for _ in range(sf_leads - len(account_leads))
+        ] + [(rid, None) for rid in account_leads]
+        rng.shuffle(sf_records)
         sf_ids = [rid for rid, _ in sf_records]
         hs_ids = [
             hs.add_record("contacts", properties={"country": rng.choice(HS_COUNTRIES)})
@@ -329,6 +348,10 @@ def run_demo(sf_leads: int = 600, hs_leads: int = 400, senders: int = 16) -> int
         ]
 
         adapters = Adapters(configs)
+        sf_adapter = adapters.get("demo-sf")
+        assert isinstance(sf_adapter, AccountSource)
+        mirror = refresh_accounts(engine, configs["demo-sf"], sf_adapter)
+        print(f"account mirror of demo-sf: {mirror.stored} account(s) read from Salesforce")
         app = create_app(engine, configs, adapters=adapters.get)
         sf_url = f"/webhooks/salesforce/demo-sf/{ENV['DEMO_SF_OUTBOUND_SECRET']}"
         with serve_in_thread(app) as base, httpx.Client(timeout=30) as client:
@@ -404,6 +427,13 @@ def run_demo(sf_leads: int = 600, hs_leads: int = 400, senders: int = 16) -> int
             sources: dict[str, int] = dict(
                 conn.execute(text("SELECT source, count(*) FROM leads GROUP BY source")).all()
             )
+            by_account = conn.execute(
+                text(
+                    "SELECT l.crm_id, a.crm_user_id, a.account_match->>'account_id' FROM leads l "
+                    "JOIN assignments a ON a.lead_id = l.id "
+                    "WHERE a.account_match->>'result' = 'matched'"
+                )
+            ).all()
             skipped: dict[str, int] = dict(
                 conn.execute(
                     text("SELECT reason, count(*) FROM skipped_records GROUP BY reason")
@@ -436,6 +466,10 @@ def run_demo(sf_leads: int = 600, hs_leads: int = 400, senders: int = 16) -> int
             f"p99 {_pct(lead_to_crm, 99):6.1f} ms  (push sent -> owner accepted by the CRM)"
         )
         print(f"leads by input path    : {sources}")
+        print(
+            f"account-matched leads  : {len(by_account)} at Initech's domain, to its owner "
+            f"{configs['demo-sf'].team('emea_ae').members[2].name} (not rotation turns)"
+        )
         print(f"pushed but not routed  : {skipped or 'none'} (read back from the CRM first)")
         for name, box in (("Salesforce", sf), ("HubSpot", hs)):
             calls = box.counters()["calls"]
@@ -457,6 +491,10 @@ def run_demo(sf_leads: int = 600, hs_leads: int = 400, senders: int = 16) -> int
             "no lead with two owners": double == 0,
             "CRM owner equals the database owner for every lead": wrong == 0,
             "every rep within one lead of its weighted share": fair,
+            "leads at an Account's domain went to its owner, outside the rotation": sorted(
+                (r[0], r[1], r[2]) for r in by_account
+            )
+            == sorted((i, reps[5], initech) for i in account_leads),
             "forged Outbound Messages (no or a guessed URL secret) refused": forged,
             "records a person owns skipped, their CRM owner unchanged": people_kept
             and skipped.get("owned", 0) == len(sf_person) + len(hs_person),
