@@ -1,10 +1,13 @@
 """Account-owner routing inside the assignment transaction (the I/O around matching.py).
 
-``match_accounts`` takes the new leads whose rule says ``route_to: account_owner``, reads the
-accounts they could belong to (by parent id and by domain, two indexed queries for the whole
-batch) and the org's reps, and lets ``matching.decide`` judge each lead. Matched leads are
-recorded by ``record_matched`` (assignment + outbox row, no rotation count, no team lock:
-the rotation is not touched); the others go on to their rule's team rotation, and
+``match_accounts`` takes the new leads whose rule says ``route_to: account_owner``, reads in
+one statement (``match_lookup``) the accounts they could belong to (by parent id and by
+domain) and the org's reps, and lets ``matching.decide`` judge each lead. Matched leads are
+recorded by ``record_matched``: assignment + outbox row, no rotation count. Their team row is
+not locked FOR UPDATE (the rotation does not move), but the assignment's foreign key check
+takes FOR KEY SHARE on it, which conflicts with that lock; so the router records them in the
+same name-ordered pass as its team locks, never before (tests/test_account_locks.py shows the
+deadlock that ordering avoids). The other leads go on to their rule's team rotation, and
 ``note_fallbacks`` stores why on their assignments.
 """
 

@@ -205,8 +205,9 @@ class Router:
             if cid not in results:  # not given to its account's owner: the team's rotation
                 by_team[m.team].append((lead_id, cid, m))
 
-        # Teams in name order; a team that only receives account-matched leads is not locked
-        # (its rotation does not move), and one that also rotates records them under its lock.
+        # Teams in name order. A team that only receives account-matched leads is not locked
+        # FOR UPDATE (its rotation does not move; the insert's foreign key check takes FOR KEY
+        # SHARE on it), one that also rotates records them under its lock: one order for both.
         for team_name in sorted(set(by_team) | set(matched)):
             group = by_team.get(team_name, [])
             if not group:
