@@ -8,7 +8,9 @@ from datetime import datetime
 from typing import Literal, Protocol, runtime_checkable
 
 __all__ = [
+    "AccountSource",
     "AuthError",
+    "CrmAccount",
     "CrmAdapter",
     "CrmError",
     "CrmRecord",
@@ -119,4 +121,28 @@ class CrmAdapter(Protocol):
 
     def usage(self) -> dict[str, object]:
         """Last seen quota figures (Salesforce api-usage, HubSpot rate-limit budget)."""
+        ...
+
+
+@dataclass(frozen=True)
+class CrmAccount:
+    """An Account (Salesforce) or Company (HubSpot) as read for lead-to-account matching:
+    its owner and the raw values of its domain-bearing fields (website, domain), in the
+    order they were asked for; the connector normalises them."""
+
+    crm_id: str
+    owner_id: str | None
+    domain_values: tuple[str | None, ...]
+    modified_at: datetime
+
+
+@runtime_checkable
+class AccountSource(Protocol):
+    """An adapter that can list accounts for the account mirror (a separate port, so an
+    adapter without accounts still satisfies CrmAdapter)."""
+
+    def accounts_changed_since(
+        self, since: datetime, until: datetime | None = None, page_size: int = 200
+    ) -> Iterator[list[CrmAccount]]:
+        """Pages of accounts with since <= modified_at (< until), ascending by modified_at."""
         ...

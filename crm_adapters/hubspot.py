@@ -20,6 +20,7 @@ from urllib3.util.retry import Retry
 
 from crm_adapters.base import (
     AuthError,
+    CrmAccount,
     CrmError,
     CrmRecord,
     OwnerWrite,
@@ -42,6 +43,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 OWNER_PROPERTY = HUBSPOT_OWNER_PROPERTY
+COMPANY_MODIFIED = "hs_lastmodifieddate"
+COMPANY_DOMAIN_PROPERTIES = ("domain", "website")
 _RETRYABLE_CATEGORIES = frozenset(
     {"INTERNAL_ERROR", "SERVICE_UNAVAILABLE", "TIMEOUT", "LOCKED", "CONFLICT_RETRY"}
 )
@@ -349,7 +352,52 @@ class HubSpotAdapter:
         self, since: datetime, until: datetime | None = None, page_size: int = 200
     ) -> Iterator[list[CrmRecord]]:
         """Search lastmodifieddate >= since (< until) ascending; re-window before the cap."""
-        prop = self.settings.modified_property
+        for objs in self._search_changed(
+            self.settings.object,
+            self.settings.modified_property,
+            self._properties(()),
+            since,
+            until,
+            page_size,
+        ):
+            yield [self._to_record(o) for o in objs]
+
+    def accounts_changed_since(
+        self, since: datetime, until: datetime | None = None, page_size: int = 200
+    ) -> Iterator[list[CrmAccount]]:
+        """Companies by hs_lastmodifieddate, with owner, domain and website (the mirror)."""
+        props = ["hs_object_id", OWNER_PROPERTY, COMPANY_MODIFIED, *COMPANY_DOMAIN_PROPERTIES]
+        for objs in self._search_changed(
+            "companies", COMPANY_MODIFIED, props, since, until, page_size
+        ):
+            page: list[CrmAccount] = []
+            for o in objs:
+                p = dict(o.get("properties") or {})
+                owner = p.get(OWNER_PROPERTY)
+                page.append(
+                    CrmAccount(
+                        crm_id=str(o["id"]),
+                        owner_id=str(owner) if owner not in (None, "") else None,
+                        domain_values=tuple(
+                            None if p.get(k) is None else str(p.get(k))
+                            for k in COMPANY_DOMAIN_PROPERTIES
+                        ),
+                        modified_at=_parse_hs_time(p.get(COMPANY_MODIFIED) or o.get("updatedAt")),
+                    )
+                )
+            yield page
+
+    def _search_changed(
+        self,
+        object_type: str,
+        prop: str,
+        properties: list[str],
+        since: datetime,
+        until: datetime | None,
+        page_size: int,
+    ) -> Iterator[list[Mapping[str, Any]]]:
+        """Pages of raw search results with prop >= since (< until), ascending; the window
+        moves forward before the search's result cap instead of paging deeper."""
         limit = max(1, min(page_size, 200))
         cap = self.settings.search_result_cap
         window_lo = _to_ms(since)
@@ -367,23 +415,24 @@ class HubSpotAdapter:
             body: dict[str, Any] = {
                 "filterGroups": [{"filters": filters}],
                 "sorts": [{"propertyName": prop, "direction": "ASCENDING"}],
-                "properties": self._properties(()),
+                "properties": properties,
                 "limit": limit,
             }
             if after is not None:
                 body["after"] = after
-            data = self._call(self._search.do_search, self.settings.object, body, search=True)
-            page: list[CrmRecord] = []
+            data = self._call(self._search.do_search, object_type, body, search=True)
+            page: list[Mapping[str, Any]] = []
             for obj in data.get("results", []) or []:
-                rec = self._to_record(obj)
-                ms = _to_ms(rec.modified_at)
-                if ms == window_lo and rec.crm_id in skip_at_lo:
+                props = obj.get("properties") or {}
+                rid = str(obj["id"])
+                ms = _to_ms(_parse_hs_time(props.get(prop) or obj.get("updatedAt")))
+                if ms == window_lo and rid in skip_at_lo:
                     continue
                 if ms > last_ms:
-                    last_ms, ids_at_last = ms, {rec.crm_id}
+                    last_ms, ids_at_last = ms, {rid}
                 elif ms == last_ms:
-                    ids_at_last.add(rec.crm_id)
-                page.append(rec)
+                    ids_at_last.add(rid)
+                page.append(obj)
             if page:
                 yield page
             nxt = ((data.get("paging") or {}).get("next") or {}).get("after")

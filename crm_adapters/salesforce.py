@@ -19,6 +19,7 @@ from simple_salesforce.exceptions import SalesforceError
 
 from crm_adapters.base import (
     AuthError,
+    CrmAccount,
     CrmError,
     CrmRecord,
     OwnerWrite,
@@ -156,6 +157,8 @@ class SalesforceSettings:
     extra_fields: tuple[str, ...] = ()
     token_url: str | None = None
     pool_size: int = 16
+    # Lead-to-account matching: an Account field holding domain(s), read besides Website.
+    account_domain_field: str | None = None
 
     @property
     def effective_parent_field(self) -> str | None:
@@ -255,7 +258,7 @@ class SalesforceAdapter:
         method = settings.auth.get("method", "")
         if method not in ("client_credentials", "jwt", "password", "session"):
             raise ValueError(f"unknown Salesforce auth method {method!r}")
-        for f in settings.extra_fields:
+        for f in (*settings.extra_fields, settings.account_domain_field or "Website"):
             if not _FIELD_RE.match(f):
                 raise ValueError(f"invalid field name {f!r}")
         self.settings = settings
@@ -478,6 +481,38 @@ class SalesforceAdapter:
                     rec = self._to_record(row, cols)
                     found[id_key(rec.crm_id)] = rec
         return [found[id_key(i)] for i in ids if id_key(i) in found]
+
+    def accounts_changed_since(
+        self, since: datetime, until: datetime | None = None, page_size: int = 200
+    ) -> Iterator[list[CrmAccount]]:
+        """Accounts by SystemModstamp (since inclusive, until exclusive): Id, OwnerId, Website
+        and the configured domain field, for the account mirror."""
+        domain_fields = ["Website"]
+        if self.settings.account_domain_field:
+            domain_fields.append(self.settings.account_domain_field)
+        cols = list(dict.fromkeys(["Id", "OwnerId", "SystemModstamp", *domain_fields]))
+        lo = _as_utc(since)
+        hi = _as_utc(until) if until is not None else None
+        where = f"SystemModstamp >= {_soql_datetime(lo)}"
+        if hi is not None:
+            where += f" AND SystemModstamp < {_soql_datetime(hi, ceil=True)}"
+        soql = (
+            f"SELECT {', '.join(cols)} FROM Account WHERE {where} "
+            "ORDER BY SystemModstamp ASC, Id ASC"
+        )
+        for rows in self._query_pages(soql, page_size):
+            page = [
+                CrmAccount(
+                    crm_id=str(r["Id"]),
+                    owner_id=_str_or_none(r.get("OwnerId")),
+                    domain_values=tuple(_str_or_none(r.get(f)) for f in domain_fields),
+                    modified_at=_parse_sf_datetime(str(r["SystemModstamp"])),
+                )
+                for r in rows
+            ]
+            page = [a for a in page if a.modified_at >= lo and (hi is None or a.modified_at < hi)]
+            if page:
+                yield page
 
     def check_owners(self, owner_ids: Sequence[str]) -> dict[str, str | None]:
         """Query User (Id, IsActive): None = active, else 'inactive' / 'not found'."""

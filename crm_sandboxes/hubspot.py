@@ -15,7 +15,7 @@ from crm_sandboxes._server import Reply, Request, SandboxServer, correlation_id
 
 __all__ = ["HubSpotSandbox"]
 
-_OBJECTS = ("contacts", "leads")
+_OBJECTS = ("contacts", "leads", "companies")
 _DATE_PROPS = {"lastmodifieddate", "hs_lastmodifieddate", "createdate"}
 _AUTH_MSG = (
     "Authentication credentials not found. This API supports OAuth 2.0 authentication and you "
@@ -136,7 +136,7 @@ class HubSpotSandbox(SandboxServer):
         properties: dict[str, str | None] | None = None,
         modified_ms: int | None = None,
     ) -> str:
-        """Create a contact or lead; returns its id."""
+        """Create a contact, lead or company; returns its id."""
         if object_type not in _OBJECTS:
             raise ValueError(f"object_type must be one of {_OBJECTS}")
         with self._lock:
@@ -147,6 +147,32 @@ class HubSpotSandbox(SandboxServer):
             self._objects[object_type][rid] = _Obj(rid, props, ms, ms)
             return rid
 
+    # ------------------------------------------------------------- companies (matching)
+    def add_company(
+        self,
+        owner_id: str | None = None,
+        domain: str | None = None,
+        website: str | None = None,
+        name: str | None = None,
+        modified_ms: int | None = None,
+    ) -> str:
+        """Create a company (owner, domain, website); returns its id. The account mirror
+        reads companies with the real client's search API."""
+        props: dict[str, str | None] = {
+            "name": name,
+            "domain": domain,
+            "website": website,
+        }
+        return self.add_record("companies", owner_id, props, modified_ms)
+
+    def edit_company(self, company_id: str, **properties: str | None) -> None:
+        """A person edits a company (owner, domain, ...): bumps hs_lastmodifieddate."""
+        with self._lock:
+            o = self._objects["companies"][company_id]
+            o.properties.update(properties)
+            o.modified_ms = self._tick()
+
+    # ------------------------------------------------------------- records
     def person_edit(
         self, record_id: str, owner_id: str | None, object_type: str = "contacts"
     ) -> None:

@@ -37,9 +37,10 @@ _BASE_FIELDS = {
         "Status",
         "Name",
         "Country",
+        "Website",
     },
     "Contact": {"Id", "OwnerId", "SystemModstamp", "LastName", "AccountId", "Email", "Name"},
-    "Account": {"Id", "OwnerId", "SystemModstamp", "Name"},
+    "Account": {"Id", "OwnerId", "SystemModstamp", "Name", "Website"},
     "User": {"Id", "Username", "Name", "IsActive", "SystemModstamp"},
 }
 _SESSION_ERR = [{"message": "Session expired or invalid", "errorCode": "INVALID_SESSION_ID"}]
@@ -222,14 +223,36 @@ class SalesforceSandbox(SandboxServer):
             rec.fields["IsActive"] = active
             rec.modstamp = self._tick()
 
-    def add_account(self, name: str | None = None) -> str:
-        """Create an Account; returns its Id."""
+    # ------------------------------------------------------------- accounts (matching)
+    def add_account(
+        self,
+        name: str | None = None,
+        owner_id: str | None = None,
+        website: str | None = None,
+        fields: dict[str, Any] | None = None,
+        modstamp: datetime | None = None,
+    ) -> str:
+        """Create an Account (owner, Website and any custom fields, e.g. Domain__c); returns
+        its Id. Read back with SOQL on Account, as the account mirror does."""
         with self._lock:
             aid = self._new_id("Account")
-            self._records[aid] = _Rec(
-                "Account", {"Id": aid, "Name": name or f"Account {aid[-7:-3]}"}, self._tick()
-            )
+            f: dict[str, Any] = {"Id": aid, "Name": name or f"Account {aid[-7:-3]}"}
+            f["OwnerId"] = _key(owner_id) if owner_id else None
+            f["Website"] = website
+            f.update(fields or {})
+            f["Id"] = aid
+            self._records[aid] = _Rec("Account", f, modstamp or self._tick())
             return aid
+
+    def edit_account(self, account_id: str, **values: Any) -> None:
+        """A person edits an Account (owner, Website, ...): bumps its SystemModstamp."""
+        with self._lock:
+            rec = self._records[_key(account_id)]
+            for k, v in values.items():
+                rec.fields[k] = _key(v) if _is_id_field(k) and v else v
+            rec.modstamp = self._tick()
+
+    # ------------------------------------------------------------- records
 
     def add_record(
         self,
@@ -306,13 +329,18 @@ class SalesforceSandbox(SandboxServer):
             self._tokens.clear()
 
     def seed(self, spec: dict[str, Any]) -> dict[str, list[str]]:
-        """Bulk seed: {"users": [{"name", "active"}], "accounts": [{"name"}],
+        """Bulk seed: {"users": [{"name", "active"}],
+        "accounts": [{"name", "owner_id", "website", "fields"}],
         "records": [{"object", "owner_id", "account_id", "fields"}]} -> created ids."""
         out: dict[str, list[str]] = {"users": [], "accounts": [], "records": []}
         for u in spec.get("users", []):
             out["users"].append(self.add_user(u.get("name"), bool(u.get("active", True))))
         for a in spec.get("accounts", []):
-            out["accounts"].append(self.add_account(a.get("name")))
+            out["accounts"].append(
+                self.add_account(
+                    a.get("name"), a.get("owner_id"), a.get("website"), a.get("fields")
+                )
+            )
         for r in spec.get("records", []):
             out["records"].append(
                 self.add_record(

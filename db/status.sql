@@ -9,7 +9,11 @@ WHERE l.org = :org AND l.merged_into IS NULL
 -- name: member_counts
 SELECT t.name AS team, m.crm_user_id, m.name, m.weight, m.active, m.in_config,
        (SELECT count(*) FROM assignments a JOIN leads l ON l.id = a.lead_id
-        WHERE a.member_id = m.id AND l.merged_into IS NULL) AS assigned
+        WHERE a.member_id = m.id AND l.merged_into IS NULL) AS assigned,
+       -- of those, leads given to their account's owner (not turns of the rotation)
+       (SELECT count(*) FROM assignments a JOIN leads l ON l.id = a.lead_id
+        WHERE a.member_id = m.id AND l.merged_into IS NULL
+          AND a.account_match->>'result' = 'matched') AS account_matched
 FROM teams t JOIN members m ON m.team_id = t.id
 WHERE t.org = :org AND t.in_config
 ORDER BY t.name, m.position, m.crm_user_id

@@ -21,7 +21,9 @@ def test_demo_runs_end_to_end_and_every_guarantee_holds() -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
     assert "FAILED" not in out
-    assert out.count("[ok]") == 9
+    assert out.count("[ok]") == 10
+    assert "[ok] leads at an Account's domain went to its owner, outside the rotation" in out
+    assert "account-matched leads  : 4 at Initech's domain, to its owner Edsger Dijkstra" in out
     assert "org demo-sf (salesforce): 200 of 200 leads assigned" in out
     assert "org demo-hs (hubspot): 120 of 120 leads assigned" in out
     # The 40 leads never pushed are found by the poll (it may also reach pushed ones first:

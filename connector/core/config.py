@@ -191,13 +191,16 @@ FieldValues = str | int | float | bool | list[str | int | float | bool]
 
 class Rule(_Model):
     """Route to ``team`` when every field in ``when`` equals one of its values; no ``when``
-    matches everything (the default rule)."""
+    matches everything (the default rule). With ``route_to: account_owner`` the lead goes to
+    the owner of its Account (Salesforce) or Company (HubSpot) when one matches, and to
+    ``team``'s rotation otherwise (see connector/routing/matching.py)."""
 
     team: str
     when: dict[str, FieldValues] | None = None
     name: str | None = None
     # Overrides the team's `sla` for leads this rule routes.
     sla: Sla | None = None
+    route_to: Literal["team", "account_owner"] = "team"
 
     @field_validator("when")
     @classmethod
@@ -355,6 +358,49 @@ class Poll(_Model):
         return None
 
 
+class Accounts(_Model):
+    """Lead-to-account matching: the account mirror and the lead fields whose domains match."""
+
+    # Salesforce only: an Account field holding the company's domain(s), read besides Website.
+    domain_field: str | None = None
+    # Lead fields whose email address or URL gives the domain to match, tried in this order.
+    # Default: Salesforce Lead [Email, Website], Contact [Email]; HubSpot contacts
+    # [email, website]; HubSpot leads none (set it, or a crm.parent_field).
+    match_fields: list[str] | None = None
+
+    @field_validator("domain_field")
+    @classmethod
+    def _field_name(cls, value: str | None) -> str | None:
+        if value is not None and not FIELD_NAME.match(value):
+            raise ValueError("not a CRM field name (letters, digits and _ only)")
+        return value
+
+    @field_validator("match_fields")
+    @classmethod
+    def _match_fields(cls, value: list[str] | None) -> list[str] | None:
+        if value is None:
+            return None
+        if not value:
+            raise ValueError("lists no fields; omit it for the default")
+        for i, name in enumerate(value):
+            if not FIELD_NAME.match(name):
+                raise ValueError(
+                    f"[{i}] {name!r}: not a CRM field name (letters, digits and _ only)"
+                )
+        dupes = sorted({n for n in value if value.count(n) > 1})
+        if dupes:
+            raise ValueError(f"{', '.join(dupes)} listed twice")
+        return value
+
+
+DEFAULT_MATCH_FIELDS: dict[tuple[str, str], tuple[str, ...]] = {
+    ("salesforce", "Lead"): ("Email", "Website"),
+    ("salesforce", "Contact"): ("Email",),
+    ("hubspot", "contacts"): ("email", "website"),
+    ("hubspot", "leads"): (),
+}
+
+
 class Webhook(_Model):
     max_body_bytes: Annotated[int, Field(ge=1_024, le=10_485_760)] = 1_048_576
 
@@ -367,6 +413,7 @@ class OrgConfig(_Model):
     rules: Annotated[list[Rule], Field(min_length=1)]
     poll: Poll = Poll()
     webhook: Webhook = Webhook()
+    accounts: Accounts | None = None
     # Owners that mean "not routed yet" (the intake queue, the integration user that creates
     # records). A record is routed only when the CRM says its owner is empty or one of these;
     # a record a person owns is never taken. Salesforce records always have an owner, so a
@@ -401,6 +448,7 @@ class OrgConfig(_Model):
                     )
                 chain.append(nxt)
                 nxt = by_name[nxt].overflow_team
+        self._check_accounts()
         return self
 
     def overflow_chain(self, team: str) -> list[str]:
@@ -411,6 +459,40 @@ class OrgConfig(_Model):
             chain.append(nxt)
             nxt = self.team(nxt).overflow_team
         return chain
+
+    def _check_accounts(self) -> None:
+        owner_rules = [i for i, r in enumerate(self.rules) if r.route_to == "account_owner"]
+        if self.accounts is not None and not owner_rules:
+            raise ValueError(
+                "accounts is set but no rule has `route_to: account_owner` (remove it, or "
+                "add that rule)"
+            )
+        if not owner_rules:
+            return
+        domain_field = self.accounts.domain_field if self.accounts is not None else None
+        if domain_field is not None and isinstance(self.crm, HubSpotCrm):
+            raise ValueError(
+                "accounts.domain_field is for Salesforce only: HubSpot companies are "
+                "matched by their domain and website properties"
+            )
+        if not self.match_fields and not self.crm.parent_key:
+            raise ValueError(
+                f"rules[{owner_rules[0]}] routes to account_owner, but a {self.crm.object} "
+                "record has no default field to match: set accounts.match_fields or "
+                "crm.parent_field"
+            )
+
+    @property
+    def account_matching(self) -> bool:
+        """Whether any rule routes to the account owner (and so the mirror is kept)."""
+        return any(r.route_to == "account_owner" for r in self.rules)
+
+    @property
+    def match_fields(self) -> tuple[str, ...]:
+        """The lead fields whose domains are matched against accounts, in order."""
+        if self.accounts is not None and self.accounts.match_fields is not None:
+            return tuple(self.accounts.match_fields)
+        return DEFAULT_MATCH_FIELDS[(self.crm.kind, self.crm.object)]
 
     @property
     def crm_object(self) -> str:
@@ -425,6 +507,8 @@ class OrgConfig(_Model):
             names.extend((rule.when or {}).keys())
         if self.crm.parent_key:
             names.append(self.crm.parent_key)
+        if self.account_matching:
+            names.extend(self.match_fields)
         names.extend(self.poll.fields)
         if isinstance(self.crm, HubSpotCrm):
             names.extend(self.crm.fetch_properties)
@@ -458,6 +542,11 @@ class OrgConfig(_Model):
                     f"of {total}) can never catch up after time away; it needs more than "
                     f"{m.weight / (total - m.weight):g}"
                 )
+        if self.account_matching and not self.poll.enabled:
+            out.append(
+                "poll.enabled is false: the account mirror is refreshed by the poll, so "
+                "route_to: account_owner only sees accounts synced before it was turned off"
+            )
         return out
 
     def sla_for(self, rule_index: int, team: str) -> Sla | None:

@@ -11,6 +11,8 @@ watermark never passes a record that was not committed. Every poll starts
 Under the same lock, each round then checks the leads whose SLA time has come
 (``check_sla``): it reads them back from the CRM (batched, no transaction open) and re-routes
 once those still with the owner we assigned and still in their initial status.
+An org with ``route_to: account_owner`` rules first refreshes its account mirror
+(connector/intake/accounts_sync.py) in the same round, so the round's leads see it.
 """
 
 from __future__ import annotations
@@ -26,11 +28,12 @@ from sqlalchemy import Engine, TextClause, text
 import db
 from connector.core.config import OrgConfig
 from connector.core.ownership import intake_keys, is_unrouted, owner_key
+from connector.intake.accounts_sync import AccountSyncResult, refresh_accounts
 from connector.intake.verify import routing_fields
 from connector.routing.assign import Lead, LeadError, Router, validate_lead
 from connector.routing.reassign import ReassignError, reassign_lead
 from connector.routing.sla import sla_verdict
-from crm_adapters.base import CrmAdapter, CrmRecord
+from crm_adapters.base import AccountSource, CrmAdapter, CrmRecord
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +54,7 @@ class PollResult:
     watermark: datetime | None = None
     sla_rerouted: int = 0
     sla_closed: int = 0  # checks that ended without a re-route (met, moved, gone)
+    accounts: AccountSyncResult | None = None
 
 
 def routable(cfg: OrgConfig, record: CrmRecord, owner_field: str, intake: frozenset[str]) -> bool:
@@ -112,6 +116,11 @@ class Poller:
             self.cfg.poll.initial_lookback_seconds,
         )
         result = PollResult(ran=True, watermark=watermark)
+        if self.cfg.account_matching:
+            if isinstance(self.adapter, AccountSource):
+                result.accounts = refresh_accounts(self.engine, self.cfg, self.adapter)
+            else:
+                log.warning("org %s: this adapter cannot read accounts; mirror not refreshed", org)
         for page in self.adapter.changed_since(since):
             result.pages += 1
             result.seen += len(page)

@@ -9,7 +9,10 @@ the day and week with a fresh snapshot, judges who can take a lead at the inject
 ``now`` (``connector.routing.availability``), picks owners with the rotation in
 ``connector.routing.rotation`` (leads nobody can take go to the overflow team, else stay
 unassigned with the reason), and records the assignments, the members' counts and credits,
-the caps' counters and one outbox row per assignment in a single statement. For Salesforce
+the caps' counters and one outbox row per assignment in a single statement. A lead whose
+rule says ``route_to: account_owner`` goes to its account's owner when
+``connector.routing.accounts`` finds one (that is not a turn of any rotation: no count
+moves), else on to the rule's team rotation. For Salesforce
 orgs a lead's id (and its parent's) is stored in the 18-character form, so a record sent by
 its 15-character id and later by its 18-character id (in any case) is one lead. The team row
 lock is what serialises a team's rotation across any number of processes; it is held only for
@@ -31,6 +34,7 @@ from sqlalchemy import Connection, Engine, TextClause, text
 import db
 from connector.core.config import Member, OrgConfig, Team
 from connector.core.errors import DatabaseUnavailable
+from connector.routing import accounts
 from connector.routing.availability import (
     Candidate,
     Periods,
@@ -80,6 +84,7 @@ class Outcome:
     owner_id: str | None = None
     owner_name: str | None = None
     reason: str | None = None
+    account_id: str | None = None  # set when the lead went to this account's owner
     # Every configured rep of the team that decided, with why it was skipped (None: it could
     # take the lead): (member id, reason) pairs, for a decision recorder.
     candidates: tuple[tuple[int, str | None], ...] = field(default=(), compare=False, repr=False)
@@ -277,6 +282,7 @@ class Router:
 
         by_team: dict[str, list[tuple[int, str, Match]]] = defaultdict(list)
         unassigned: dict[str, list[int]] = defaultdict(list)
+        picked: list[tuple[int, str, Match]] = []
         for cid in first:  # input order: the earliest lead gets the next rep
             if cid not in new_ids:
                 continue
@@ -288,14 +294,42 @@ class Router:
                 unassigned["no_rule_matched"].append(lead_id)
                 results[cid] = Outcome(cid, "unassigned", reason="no_rule_matched")
             else:
+                picked.append((lead_id, cid, m))
+        matched, fallbacks = self._match_accounts(conn, picked, first, results)
+        for hits in matched.values():
+            for hit in hits:
+                recorder.account(hit.candidate.lead_id, hit.decision.as_json())
+                recorder.detail(hit.candidate.lead_id).update(
+                    {
+                        "team": hit.seat.team,
+                        "epoch": hit.seat.epoch,
+                        "outcome": "assigned",
+                        "chosen": {
+                            "member_id": hit.seat.member_id,
+                            "crm_user_id": hit.seat.crm_user_id,
+                            "name": hit.seat.name,
+                            "by": "account_owner",
+                        },
+                    }
+                )
+        for lead_id, decision in fallbacks.items():
+            recorder.account(lead_id, decision.as_json())
+        for lead_id, cid, m in picked:
+            if cid not in results:  # not given to its account's owner: the team's rotation
                 by_team[m.team].append((lead_id, cid, m))
 
         # Lock every team these leads may go to, overflow teams included, in name order (so
         # two batches never deadlock); then pick in overflow order (a team before the team it
-        # overflows into).
+        # overflows into). Account-matched leads are recorded in the same name order: a team
+        # that only receives them is not locked FOR UPDATE (its rotation does not move; the
+        # insert's foreign key check takes FOR KEY SHARE on it), one that is locked records
+        # them under its lock.
         needed = {t for name in by_team for t in self.cfg.overflow_chain(name)}
         locked: dict[str, Any] = {}
-        for team_name in sorted(needed):
+        for team_name in sorted(needed | set(matched)):
+            if team_name not in needed:
+                accounts.record_matched(conn, self.cfg, source, matched[team_name])
+                continue
             team = conn.execute(_SQL["lock_team"], {"org": org, "name": team_name}).one_or_none()
             if team is None:
                 raise RoutingError(
@@ -303,6 +337,7 @@ class Router:
                     "run `connector migrate` with this config"
                 )
             locked[team_name] = team
+            accounts.record_matched(conn, self.cfg, source, matched.get(team_name, []))
         now = self.clock()
         for team_name in overflow_order(self.cfg, needed):
             group = by_team.get(team_name, [])
@@ -347,6 +382,7 @@ class Router:
 
         for reason, ids in unassigned.items():
             conn.execute(_SQL["mark_unassigned"], {"reason": reason, "lead_ids": ids})
+        accounts.note_fallbacks(conn, fallbacks)
         recorder.flush(conn)
 
         out: list[Outcome] = []
@@ -358,6 +394,44 @@ class Router:
             seen.add(key)
             out.append(o)
         return out
+
+    def _match_accounts(
+        self,
+        conn: Connection,
+        picked: Sequence[tuple[int, str, Match]],
+        leads: Mapping[str, Lead],
+        results: dict[str, Outcome],
+    ) -> tuple[dict[str, list[accounts.Matched]], dict[int, accounts.AccountDecision]]:
+        """Leads of ``route_to: account_owner`` rules that go to their account's owner, by the
+        team of the owner's seat (their outcomes set in ``results``), and the decisions of
+        those that fall back to their rule's team rotation, by lead id."""
+        candidates = [
+            accounts.Candidate(
+                lead_id,
+                cid,
+                leads[cid].fields,
+                self._parent(leads[cid]),
+                m.team,
+                m.rule_index,
+                m.rule_name,
+            )
+            for lead_id, cid, m in picked
+            if self.cfg.rules[m.rule_index].route_to == "account_owner"
+        ]
+        found, fallbacks = accounts.match_accounts(conn, self.cfg, candidates)
+        matched: dict[str, list[accounts.Matched]] = defaultdict(list)
+        for hit in found:
+            c, seat = hit.candidate, hit.seat
+            matched[seat.team].append(hit)
+            results[c.crm_id] = Outcome(
+                c.crm_id,
+                "assigned",
+                seat.team,
+                seat.crm_user_id,
+                seat.name,
+                account_id=hit.decision.account_id,
+            )
+        return dict(matched), fallbacks
 
     def _pick(
         self,

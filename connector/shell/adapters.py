@@ -37,6 +37,7 @@ def adapter_for(cfg: OrgConfig) -> CrmAdapter:
             parent_field=crm.parent_field,
             api_version=crm.api_version,
             extra_fields=tuple(cfg.read_fields),
+            account_domain_field=cfg.accounts.domain_field if cfg.accounts else None,
         )
     )
 

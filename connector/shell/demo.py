@@ -6,7 +6,9 @@ in-process: the webhook receiver under uvicorn, the scheduled poll and the outbo
 dispatchers. Then it sends a burst the way the CRMs would: Salesforce Outbound Messages
 (SOAP) and signed HubSpot webhooks from 16 concurrent senders, with redeliveries, while some
 Salesforce leads are never pushed and must be found by the poll. The dispatchers write the
-owners back through simple-salesforce and hubspot-api-client. Finally it prints the
+owners back through simple-salesforce and hubspot-api-client. Leads at the domain of a
+Salesforce Account go to the Account's owner (``route_to: account_owner``) without moving the
+rotation. Finally it prints the
 fairness table, ACK and lead-to-CRM latency percentiles and CRM API call counts, checks
 every guarantee, and exits 0 only when all of them held.
 """
@@ -30,6 +32,7 @@ import httpx
 from sqlalchemy import Engine, text
 
 from connector.core.config import OrgConfig, load_configs
+from connector.intake.accounts_sync import refresh_accounts
 from connector.intake.receivers import create_app
 from connector.intake.signatures import sign_v3
 from connector.intake.soap import build_outbound_message
@@ -39,6 +42,7 @@ from connector.shell.reps import resolve_rep, set_away
 from connector.shell.service import serve_in_thread, start_dispatchers, start_scheduler
 from connector.shell.status import org_status
 from connector.shell.store import make_embedded_tempdir, make_engine, migrate, start_embedded
+from crm_adapters.base import AccountSource
 from crm_sandboxes import HubSpotSandbox, SalesforceSandbox
 
 SF_ORG_ID = "00D000000000001AAA"
@@ -100,7 +104,8 @@ teams:
 {emea}
 rules:
   - {{name: north america, team: na_ae, when: {{Country: [US, CA]}}}}
-  - {{name: everyone else, team: emea_ae}}
+  # a lead at the domain of a known Account goes to the Account's owner, else to emea_ae
+  - {{name: everyone else, team: emea_ae, route_to: account_owner}}
 """
 
 
@@ -261,7 +266,14 @@ def _fairness_lines(
             t = turns[team["name"], m["crm_user_id"]]
             share = total * m["weight"] / weight if weight else 0.0
             ok = ok and abs(t - share) < 1
-            note = f"  ({t - m['assigned']} turns passed over)" if t != m["assigned"] else ""
+            by_account = m.get("account_matched", 0)
+            rotated = m["assigned"] - by_account  # leads given to an account's owner are no turn
+            notes = []
+            if t != rotated:
+                notes.append(f"{t - rotated} turns passed over")
+            if by_account:
+                notes.append(f"+{by_account} by account")
+            note = f"  ({', '.join(notes)})" if notes else ""
             lines.append(
                 f"    {m['name']:<20} weight {m['weight']}  {m['assigned']:>5} leads  "
                 f"turns {t:>5}  fair share {share:>7.2f}  off by {t - share:+.2f}{note}"
@@ -334,6 +346,14 @@ def run_demo(sf_leads: int = 600, hs_leads: int = 400, senders: int = 16) -> int
         set_away(engine, sf_cfg, barbara, now + timedelta(days=1), "on holiday", now)
         print(f"config written to {root / 'config'} (2 orgs)")
 
+        # An Account owned by Edsger Dijkstra; its people's leads go to him, not the rotation.
+        initech = sf.add_account("Initech", reps[3], "https://www.initech.com/")
+        account_leads = [
+            sf.add_record(
+                "Lead", intake, fields={"Country": "DE", "Email": f"buyer{i}@mail.initech.com"}
+            )
+            for i in range(max(1, sf_leads // 50))
+        ]
         sf_records = [
             (
                 sf.add_record(
@@ -341,8 +361,9 @@ def run_demo(sf_leads: int = 600, hs_leads: int = 400, senders: int = 16) -> int
                 ),
                 None,
             )
-            for _ in range(sf_leads)
-        ]
+            for _ in range(sf_leads - len(account_leads))
+        ] + [(rid, None) for rid in account_leads]
+        rng.shuffle(sf_records)
         sf_ids = [rid for rid, _ in sf_records]
         hs_ids = [
             hs.add_record("contacts", properties={"country": rng.choice(HS_COUNTRIES)})
@@ -360,6 +381,10 @@ def run_demo(sf_leads: int = 600, hs_leads: int = 400, senders: int = 16) -> int
         ]
 
         adapters = Adapters(configs)
+        sf_adapter = adapters.get("demo-sf")
+        assert isinstance(sf_adapter, AccountSource)
+        mirror = refresh_accounts(engine, configs["demo-sf"], sf_adapter)
+        print(f"account mirror of demo-sf: {mirror.stored} account(s) read from Salesforce")
         app = create_app(engine, configs, adapters=adapters.get)
         sf_url = f"/webhooks/salesforce/demo-sf/{ENV['DEMO_SF_OUTBOUND_SECRET']}"
         with serve_in_thread(app) as base, httpx.Client(timeout=30) as client:
@@ -435,6 +460,13 @@ def run_demo(sf_leads: int = 600, hs_leads: int = 400, senders: int = 16) -> int
             sources: dict[str, int] = dict(
                 conn.execute(text("SELECT source, count(*) FROM leads GROUP BY source")).all()
             )
+            by_account = conn.execute(
+                text(
+                    "SELECT l.crm_id, a.crm_user_id, a.account_match->>'account_id' FROM leads l "
+                    "JOIN assignments a ON a.lead_id = l.id "
+                    "WHERE a.account_match->>'result' = 'matched'"
+                )
+            ).all()
             skipped: dict[str, int] = dict(
                 conn.execute(
                     text("SELECT reason, count(*) FROM skipped_records GROUP BY reason")
@@ -468,6 +500,10 @@ def run_demo(sf_leads: int = 600, hs_leads: int = 400, senders: int = 16) -> int
             f"p99 {_pct(lead_to_crm, 99):6.1f} ms  (push sent -> owner accepted by the CRM)"
         )
         print(f"leads by input path    : {sources}")
+        print(
+            f"account-matched leads  : {len(by_account)} at Initech's domain, to its owner "
+            f"{configs['demo-sf'].team('emea_ae').members[0].name} (not rotation turns)"
+        )
         print(f"pushed but not routed  : {skipped or 'none'} (read back from the CRM first)")
         for name, box in (("Salesforce", sf), ("HubSpot", hs)):
             calls = box.counters()["calls"]
@@ -497,6 +533,10 @@ def run_demo(sf_leads: int = 600, hs_leads: int = 400, senders: int = 16) -> int
             f"capped rep (Tony Hoare) got exactly his cap of {DEMO_CAP}": sf_counts["Tony Hoare"]
             == DEMO_CAP,
             "rep away (Barbara Liskov) got no lead": sf_counts["Barbara Liskov"] == 0,
+            "leads at an Account's domain went to its owner, outside the rotation": sorted(
+                (r[0], r[1], r[2]) for r in by_account
+            )
+            == sorted((i, reps[3], initech) for i in account_leads),
             "forged Outbound Messages (no or a guessed URL secret) refused": forged,
             "records a person owns skipped, their CRM owner unchanged": people_kept
             and skipped.get("owned", 0) == len(sf_person) + len(hs_person),

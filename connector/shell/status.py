@@ -25,15 +25,16 @@ def org_status(engine: Engine, cfg: OrgConfig) -> dict[str, Any]:
     for r in members:
         if not r.in_config and r.assigned == 0:
             continue
-        by_team.setdefault(r.team, []).append(
-            {
-                "crm_user_id": r.crm_user_id,
-                "name": r.name,
-                "assigned": r.assigned,
-                "weight": r.weight,
-                "active": r.active and r.in_config,
-            }
-        )
+        member: dict[str, Any] = {
+            "crm_user_id": r.crm_user_id,
+            "name": r.name,
+            "assigned": r.assigned,
+            "weight": r.weight,
+            "active": r.active and r.in_config,
+        }
+        if cfg.account_matching:  # of `assigned`, those given to their account's owner
+            member["account_matched"] = r.account_matched
+        by_team.setdefault(r.team, []).append(member)
     teams = [{"name": t.name, "members": by_team.get(t.name, [])} for t in cfg.teams]
     return {
         "org": cfg.org,
@@ -72,6 +73,8 @@ def format_status(status: dict[str, Any]) -> str:
         lines.append(f"  team {team['name']} (spread {spread})")
         for m in team["members"]:
             flag = "" if m["active"] else "  (inactive)"
+            if m.get("account_matched"):
+                flag += f"  ({m['account_matched']} by account)"
             lines.append(
                 f"    {m['name']:<28} {m['crm_user_id']:<20} w={m['weight']:<3} "
                 f"{m['assigned']:>8}{flag}"
