@@ -13,7 +13,11 @@ INSERT INTO schema_migrations (version, name) VALUES
     (3, 'org_pauses'),
     (4, 'poll_watermarks'),
     (5, 'trust'),
-    (6, 'canonical_salesforce_ids');
+    (6, 'canonical_salesforce_ids'),
+    (7, 'reserved_for_h_caps'),
+    (8, 'reserved_for_h_matching'),
+    (9, 'reserved_for_another_branch'),
+    (10, 'dashboard');
 
 -- 0001_routing.sql
 -- Routing state: teams, members, leads, assignments and the write-back outbox.
@@ -242,3 +246,25 @@ $$;
 ALTER TABLE leads ADD COLUMN merged_into bigint REFERENCES leads (id);
 ALTER TABLE leads DROP CONSTRAINT leads_org_crm_object_crm_id_key;
 CREATE UNIQUE INDEX leads_live_crm_id ON leads (org, crm_object, crm_id) WHERE merged_into IS NULL;
+
+
+-- 0007..0009: placeholders on branch h-dashboard for other branches' migrations (nothing).
+
+
+-- 0010_dashboard.sql
+-- The operator's dashboard reads windows of recent activity; these indexes keep its queries
+-- off full scans however many leads are stored. Nothing new is recorded: the lead->CRM
+-- latency is leads.received_at to outbox.finished_at of the 'sent' row.
+
+-- Leads per rep in a time window, and the latest decisions: an index-only range scan.
+CREATE INDEX assignments_org_time ON assignments (org, assigned_at, id)
+    INCLUDE (team_id, member_id);
+-- Dead and superseded rows, newest first (replaces the (org, state) index, of which it is
+-- a prefix-compatible superset).
+DROP INDEX outbox_org_state;
+CREATE INDEX outbox_org_state_id ON outbox (org, state, id);
+-- The oldest row the CRM has not seen yet.
+CREATE INDEX outbox_open_age ON outbox (org, created_at) WHERE state IN ('pending', 'claimed');
+-- A lead's explanation page: its outbox rows and the pushes that named its record.
+CREATE INDEX outbox_lead ON outbox (lead_id);
+CREATE INDEX intake_events_record ON intake_events (org, crm_id);
