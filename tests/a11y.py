@@ -7,7 +7,9 @@ import re
 RGB = tuple[float, float, float]
 RGBA = tuple[float, float, float, float]
 
-_FUNC = re.compile(r"^rgba?\(\s*([\d.]+)[,\s]+([\d.]+)[,\s]+([\d.]+)(?:\s*[,/]\s*([\d.]+%?))?\s*\)$")
+_FUNC = re.compile(
+    r"^rgba?\(\s*([\d.]+)[,\s]+([\d.]+)[,\s]+([\d.]+)(?:\s*[,/]\s*([\d.]+%?))?\s*\)$"
+)
 
 
 def parse_color(css: str) -> RGBA:
@@ -16,8 +18,10 @@ def parse_color(css: str) -> RGBA:
     m = _FUNC.match(s)
     if m:
         alpha = m.group(4)
-        a = 1.0 if alpha is None else (
-            float(alpha[:-1]) / 100 if alpha.endswith("%") else float(alpha)
+        a = (
+            1.0
+            if alpha is None
+            else (float(alpha[:-1]) / 100 if alpha.endswith("%") else float(alpha))
         )
         return (float(m.group(1)), float(m.group(2)), float(m.group(3)), a)
     if re.fullmatch(r"#[0-9a-f]{3}", s):

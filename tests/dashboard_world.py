@@ -68,7 +68,9 @@ def build_world(engine: Engine, sf: SalesforceSandbox) -> World:
     apply_teams(engine, cfg)
     countries = ["US", "DE", "CA", "US", "FR", "US", "US", "CA", "US", "DE", "US", "US"]
     ids = [sf.add_record("Lead", fields={"Country": c}) for c in countries]
-    Router(engine, cfg).assign_many([Lead(i, {"Country": c}) for i, c in zip(ids, countries, strict=True)][:10], "import")
+    Router(engine, cfg).assign_many(
+        [Lead(i, {"Country": c}) for i, c in zip(ids, countries, strict=True)][:10], "import"
+    )
     # The last two arrive as pushes: stored as hints, read back from the CRM, then routed.
     with engine.begin() as conn:
         store_events(conn, cfg, [f"04l{n:015d}" for n in (1, 2)], ids[10:])
@@ -100,6 +102,4 @@ def outbox_states(engine: Engine) -> dict[int, tuple[str, int]]:
 
 def dead_row(engine: Engine) -> int:
     with engine.connect() as conn:
-        return int(
-            conn.execute(text("SELECT id FROM outbox WHERE state = 'dead'")).scalar_one()
-        )
+        return int(conn.execute(text("SELECT id FROM outbox WHERE state = 'dead'")).scalar_one())

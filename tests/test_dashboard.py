@@ -85,9 +85,12 @@ def test_pages_show_the_recorded_story(engine: Engine, world: World) -> None:
 
 def test_unknown_org_and_lead_are_404(engine: Engine, world: World, sf: SalesforceSandbox) -> None:
     with dashboard(engine, world) as c:
-        for path in ("/dashboard/org/nope", "/dashboard/org/nope/totals",
-                     f"/dashboard/org/nope/lead/{world.lead_ids[world.pushed_crm_id]}",
-                     f"/dashboard/org/{ORG}/lead/999999"):
+        for path in (
+            "/dashboard/org/nope",
+            "/dashboard/org/nope/totals",
+            f"/dashboard/org/nope/lead/{world.lead_ids[world.pushed_crm_id]}",
+            f"/dashboard/org/{ORG}/lead/999999",
+        ):
             assert c.get(path).status_code == 404, path
         assert c.get(f"/dashboard/org/{ORG}/lead/abc").status_code == 404
 
@@ -97,9 +100,7 @@ def test_retry_through_the_page_requeues_the_dead_row(engine: Engine, world: Wor
     with dashboard(engine, world) as c:
         page = c.get(f"/dashboard/org/{ORG}").text
         before = outbox_states(engine)
-        resp = c.post(
-            f"/dashboard/org/{ORG}/outbox/{row}/retry", data={"csrf": csrf_of(page)}
-        )
+        resp = c.post(f"/dashboard/org/{ORG}/outbox/{row}/retry", data={"csrf": csrf_of(page)})
         assert resp.status_code == 303
         assert resp.headers["location"] == f"/dashboard/org/{ORG}?retried={row}#dead"
         after = outbox_states(engine)
@@ -131,10 +132,16 @@ def test_retry_refusals_change_nothing(engine: Engine, world: World) -> None:
             ("csrf in the query, not the form", 403, {"params": {"csrf": good}, "data": {}}),
             ("json body", 400, {"json": {"csrf": good}}),
             ("oversized form", 400, {"data": {"csrf": good, "pad": "x" * 5000}}),
-            ("other org", 404, {"url": f"/dashboard/org/nope/outbox/{row}/retry",
-                                "data": {"csrf": good}}),
-            ("a sent row", 409, {"url": f"/dashboard/org/{ORG}/outbox/{sent}/retry",
-                                 "data": {"csrf": good}}),
+            (
+                "other org",
+                404,
+                {"url": f"/dashboard/org/nope/outbox/{row}/retry", "data": {"csrf": good}},
+            ),
+            (
+                "a sent row",
+                409,
+                {"url": f"/dashboard/org/{ORG}/outbox/{sent}/retry", "data": {"csrf": good}},
+            ),
         ]
         for name, status, kw in cases:
             target = str(kw.pop("url", url))
@@ -153,9 +160,7 @@ def test_retry_refusals_change_nothing(engine: Engine, world: World) -> None:
         assert outbox_states(engine) == before
 
 
-def test_token_mode_needs_the_token_for_every_page_and_action(
-    engine: Engine, world: World
-) -> None:
+def test_token_mode_needs_the_token_for_every_page_and_action(engine: Engine, world: World) -> None:
     row = dead_row(engine)
     with dashboard(engine, world, token=TOKEN) as c:
         before = outbox_states(engine)
@@ -221,9 +226,12 @@ def test_retry_is_the_cli_retry(engine: Engine, world: World) -> None:
     row = dead_row(engine)
     with dashboard(engine, world) as c:
         page = c.get(f"/dashboard/org/{ORG}").text
-        assert c.post(
-            f"/dashboard/org/{ORG}/outbox/{row}/retry", data={"csrf": csrf_of(page)}
-        ).status_code == 303
+        assert (
+            c.post(
+                f"/dashboard/org/{ORG}/outbox/{row}/retry", data={"csrf": csrf_of(page)}
+            ).status_code
+            == 303
+        )
     assert retry_dead(engine, ORG) == 0
     with engine.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM outbox WHERE state = 'dead'")).scalar() == 0

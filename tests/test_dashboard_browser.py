@@ -97,8 +97,15 @@ def browser(shots: Path, capsys: pytest.CaptureFixture[str]) -> Iterator[Any]:
     opts = Options()
     opts.binary_location = CHROMIUM
     opts.set_capability("goog:loggingPrefs", {"performance": "ALL"})  # response statuses
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                "--window-size=1280,1000", "--no-first-run", "--disable-extensions"):
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--disable-gpu",
+        "--window-size=1280,1000",
+        "--no-first-run",
+        "--disable-extensions",
+    ):
         opts.add_argument(arg)
     driver = webdriver.Chrome(options=opts, service=Service(executable_path=DRIVER))
     driver.set_page_load_timeout(60)
@@ -117,7 +124,10 @@ def world(engine: Engine, sf: SalesforceSandbox) -> World:
 
 
 def status_json(
-    world: World, db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    world: World,
+    db_url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> dict[str, Any]:
     """`connector status --json`, the command line itself, on the test database."""
@@ -167,8 +177,7 @@ def rep_counts(driver: Any, window: str) -> dict[str, dict[str, int]]:
 
 def status_rep_counts(status: dict[str, Any]) -> dict[str, dict[str, int]]:
     return {
-        t["name"]: {m["crm_user_id"]: m["assigned"] for m in t["members"]}
-        for t in status["teams"]
+        t["name"]: {m["crm_user_id"]: m["assigned"] for m in t["members"]} for t in status["teams"]
     }
 
 
@@ -180,7 +189,8 @@ def check_accessibility(driver: Any, page: str) -> None:
     assert controls, page
     for el in controls:
         name = (el.accessible_name or "").strip()
-        assert name, f"{page}: a <{el.tag_name}> has no accessible name: {el.get_attribute('outerHTML')[:120]}"
+        html = (el.get_attribute("outerHTML") or "")[:120]
+        assert name, f"{page}: a <{el.tag_name}> has no accessible name: {html}"
     assert driver.find_element(By.TAG_NAME, "html").get_attribute("lang") == "en"
     texts = driver.execute_script(TEXTS_JS)
     assert texts, page
@@ -244,8 +254,14 @@ def response_status(driver: Any, path: str) -> int:
 
 
 def test_dashboard_in_a_browser(
-    browser: Any, shots: Path, engine: Engine, world: World, db_url: str, tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    browser: Any,
+    shots: Path,
+    engine: Engine,
+    world: World,
+    db_url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     from selenium.webdriver.common.by import By
 
@@ -334,9 +350,10 @@ def test_dashboard_in_a_browser(
         browser.get(f"{base}/dashboard/org/{ORG}")
         click_and_wait(browser, f'tr[data-row="{row}"] button')
         assert browser.current_url.endswith(f"/dashboard/org/{ORG}?retried={row}#dead")
-        assert f"Outbox row {row} is pending again" in browser.find_element(
-            By.CSS_SELECTOR, "[role=status]"
-        ).text
+        assert (
+            f"Outbox row {row} is pending again"
+            in browser.find_element(By.CSS_SELECTOR, "[role=status]").text
+        )
         after = outbox_states(engine)
         assert after[row] == ("pending", 0)
         assert {k: v for k, v in after.items() if k != row} == {

@@ -11,14 +11,25 @@ import pytest
 from connector.shell.dashboard import charts, figures, security
 from tests.a11y import blend, contrast_ratio, parse_color, relative_luminance
 
-
 # --- charts ---------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
     ("value", "expected"),
-    [(0, 1), (-3, 1), (1, 1), (3, 5), (5, 5), (7, 10), (12, 20), (21, 25), (0.3, 0.5),
-     (2500, 2500), (2501, 5000), (float("nan"), 1)],
+    [
+        (0, 1),
+        (-3, 1),
+        (1, 1),
+        (3, 5),
+        (5, 5),
+        (7, 10),
+        (12, 20),
+        (21, 25),
+        (0.3, 0.5),
+        (2500, 2500),
+        (2501, 5000),
+        (float("nan"), 1),
+    ],
 )
 def test_nice_ceiling(value: float, expected: float) -> None:
     assert charts.nice_ceiling(value) == pytest.approx(expected)
@@ -26,8 +37,12 @@ def test_nice_ceiling(value: float, expected: float) -> None:
 
 @pytest.mark.parametrize(
     ("top", "expected"),
-    [(5, [0, 1, 2, 3, 4, 5]), (20, [0, 5, 10, 15, 20]), (2.5, [0, 0.5, 1, 1.5, 2, 2.5]),
-     (1, [0, 0.2, 0.4, 0.6, 0.8, 1])],
+    [
+        (5, [0, 1, 2, 3, 4, 5]),
+        (20, [0, 5, 10, 15, 20]),
+        (2.5, [0, 0.5, 1, 1.5, 2, 2.5]),
+        (1, [0, 0.2, 0.4, 0.6, 0.8, 1]),
+    ],
 )
 def test_ticks_are_round(top: float, expected: list[float]) -> None:
     assert charts.ticks(top) == pytest.approx(expected)
@@ -35,7 +50,12 @@ def test_ticks_are_round(top: float, expected: list[float]) -> None:
 
 def test_fmt_number() -> None:
     assert [charts.fmt_number(v) for v in (0, 3.0, 1234567, 2.5, 0.125, 1.10)] == [
-        "0", "3", "1,234,567", "2.5", "0.12", "1.1"
+        "0",
+        "3",
+        "1,234,567",
+        "2.5",
+        "0.12",
+        "1.1",
     ]
 
 
@@ -56,7 +76,7 @@ def test_bar_chart_scales_bars_and_marks_the_fair_share() -> None:
     assert len(markers) == 3
     assert svg.startswith('<svg class="chart" role="img"')
     assert 'aria-labelledby="x-t x-d"' in svg
-    assert "<desc id=\"x-d\">Ada: 2 (fair share 2.25); Alan: 5 (fair share 4.5); Zero: 0" in svg
+    assert '<desc id="x-d">Ada: 2 (fair share 2.25); Alan: 5 (fair share 4.5); Zero: 0' in svg
 
 
 def test_chart_text_is_escaped_and_nothing_is_fetched() -> None:
@@ -106,14 +126,21 @@ def _m(mid: int, team: str, weight: int = 1, active: bool = True) -> figures.Mem
 
 
 def test_team_windows_in_config_order_with_departed_members_that_had_leads() -> None:
-    members = [_m(1, "b"), _m(2, "b", 3), _m(3, "b", active=False), _m(4, "b", active=False),
-               _m(5, "a")]
+    members = [
+        _m(1, "b"),
+        _m(2, "b", 3),
+        _m(3, "b", active=False),
+        _m(4, "b", active=False),
+        _m(5, "a"),
+    ]
     out = figures.team_windows(members, {1: 2, 2: 5, 3: 1}, ["b", "a", "empty"])
     assert [w.team for w in out] == ["b", "a", "empty"]
     b = out[0]
     assert b.total == 8
     assert [(r.member_id, r.leads, r.fair_share) for r in b.reps] == [
-        (1, 2, 2.0), (2, 5, 6.0), (3, 1, 0.0)  # member 4: inactive, no leads: not shown
+        (1, 2, 2.0),
+        (2, 5, 6.0),
+        (3, 1, 0.0),  # member 4: inactive, no leads: not shown
     ]
     assert out[1].total == 0 and out[1].reps[0].fair_share == 0
     assert out[2].reps == []
@@ -129,8 +156,16 @@ def test_day_and_hour_windows_are_utc() -> None:
 
 @pytest.mark.parametrize(
     ("seconds", "text"),
-    [(None, "–"), (0.0123, "12 ms"), (0.5, "500 ms"), (1, "1.0 s"), (59.9, "59.9 s"),
-     (90, "1.5 min"), (7200, "2.0 h"), (172800, "2.0 d")],
+    [
+        (None, "–"),
+        (0.0123, "12 ms"),
+        (0.5, "500 ms"),
+        (1, "1.0 s"),
+        (59.9, "59.9 s"),
+        (90, "1.5 min"),
+        (7200, "2.0 h"),
+        (172800, "2.0 d"),
+    ],
 )
 def test_fmt_seconds(seconds: float | None, text: str) -> None:
     assert figures.fmt_seconds(seconds) == text
@@ -146,8 +181,16 @@ def test_session_cookie_round_trip_and_forgeries() -> None:
     assert nonce is not None and cookie.startswith(nonce + ".")
     other = security.session_key(None)  # another process without a token: its own key
     assert security.session_nonce(other, cookie) is None
-    for forged in (None, "", "abc", f"{nonce}.", f"{nonce}.{'0' * 64}", f".{cookie}",
-                   f"{nonce}x.{cookie.split('.')[1]}", cookie + ".x"):
+    for forged in (
+        None,
+        "",
+        "abc",
+        f"{nonce}.",
+        f"{nonce}.{'0' * 64}",
+        f".{cookie}",
+        f"{nonce}x.{cookie.split('.')[1]}",
+        cookie + ".x",
+    ):
         assert security.session_nonce(key, forged) is None, forged
 
 

@@ -1,8 +1,9 @@
 """`connector serve | sync | run`: the long-running parts, wired together.
 
 ``run`` is the production default: the webhook receiver (uvicorn) with its inbox worker, the
-admin listener (health, metrics and the dashboard, localhost by default), the scheduled poll and retention
-purge (APScheduler, jobs per org) and the outbox dispatchers (threads), in one process. Any
+admin listener (health, metrics and the dashboard, localhost by default), the scheduled poll
+and retention purge (APScheduler, jobs per org) and the outbox dispatchers (threads), in one
+process. Any
 number of such processes share one database: polling is one-at-a-time per org by an
 advisory lock, assignment is serialised per team by a row lock, dispatch claims with SKIP
 LOCKED. SIGTERM stops taking work (uvicorn stops accepting and finishes open requests), lets

@@ -42,8 +42,7 @@ def fair_shares(weights: Mapping[int, int], active: Iterable[int], total: int) -
     live = set(active)
     weight_sum = sum(w for m, w in weights.items() if m in live)
     return {
-        m: (total * w / weight_sum if m in live and weight_sum else 0.0)
-        for m, w in weights.items()
+        m: (total * w / weight_sum if m in live and weight_sum else 0.0) for m, w in weights.items()
     }
 
 

@@ -216,9 +216,7 @@ def dashboard_routes(
 
 
 def _set_cookie(response: Response, value: str) -> None:
-    response.set_cookie(
-        security.COOKIE, value, httponly=True, samesite="strict", path="/dashboard"
-    )
+    response.set_cookie(security.COOKIE, value, httponly=True, samesite="strict", path="/dashboard")
 
 
 async def _form(request: Request) -> dict[str, str] | None:
