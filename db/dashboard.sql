@@ -11,7 +11,7 @@ WHERE t.org = :org AND t.in_config
 ORDER BY t.name, m.position, m.crm_user_id
 
 -- name: window_counts
--- Leads each member got since :since (index-only scan of assignments_org_time).
+-- Leads each member got since the given time (index-only scan of assignments_org_time).
 SELECT team_id, member_id, count(*) AS n
 FROM assignments
 WHERE org = :org AND assigned_at >= :since
@@ -19,15 +19,21 @@ GROUP BY team_id, member_id
 
 -- name: latency_buckets
 -- Lead received -> owner seen by the CRM (the outbox row finished as 'sent'), in seconds,
--- per :bucket since :since (range scan of outbox_finished; leads by primary key).
-SELECT date_bin(CAST(:bucket AS interval), o.finished_at, CAST(:origin AS timestamptz)) AS bucket,
+-- per bucket since the given time: a range scan of outbox_finished, and each row's lead by primary
+-- key (a scalar subquery, so the planner cannot turn it into a hash join that reads every
+-- lead: 1.1 s instead of tens of ms at 1,000,000 leads).
+WITH sent AS MATERIALIZED (
+    SELECT o.finished_at,
+           extract(epoch FROM o.finished_at
+                   - (SELECT l.received_at FROM leads l WHERE l.id = o.lead_id)) AS seconds
+    FROM outbox o
+    WHERE o.state = 'sent' AND o.finished_at >= :since AND o.org = :org
+)
+SELECT date_bin(CAST(:bucket AS interval), finished_at, CAST(:origin AS timestamptz)) AS bucket,
        count(*) AS n,
-       percentile_cont(0.5) WITHIN GROUP (
-           ORDER BY extract(epoch FROM o.finished_at - l.received_at)) AS p50,
-       percentile_cont(0.99) WITHIN GROUP (
-           ORDER BY extract(epoch FROM o.finished_at - l.received_at)) AS p99
-FROM outbox o JOIN leads l ON l.id = o.lead_id
-WHERE o.state = 'sent' AND o.finished_at >= :since AND o.org = :org
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY seconds) AS p50,
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY seconds) AS p99
+FROM sent
 GROUP BY 1
 ORDER BY 1
 
