@@ -34,7 +34,7 @@ from typing import Any
 from sqlalchemy import Engine, text
 
 import db
-from connector.core.charts import grouped_bars
+from connector.core.charts import Bar, bar_chart, standalone
 from connector.core.config import OrgConfig
 from connector.routing.rotation import Seat, next_owners
 from connector.routing.rules import compile_rules, match
@@ -311,13 +311,21 @@ def format_report(rep: Mapping[str, Any], max_leads: int = 20) -> str:
 
 
 def plot_svg(rep: Mapping[str, Any]) -> str:
-    """Before/after leads per rep (grouped bars) for `connector simulate --plot FILE.svg`."""
-    reps = rep["reps"]
-    labels = [f"{r['team']} / {r['name']}" for r in reps]
-    return grouped_bars(
-        f"org {rep['org']}: leads per rep since {rep['since'][:10]}",
-        labels,
-        [("recorded", [r["before"] for r in reps]), ("proposed", [r["after"] for r in reps])],
+    """Leads per rep under the proposed config (bars), each with its recorded count as the
+    marker, for `connector simulate --plot FILE.svg`."""
+    bars = [
+        Bar(f"{r['team']} / {r['name']}", float(r["after"]), float(r["before"]))
+        for r in rep["reps"]
+    ]
+    return standalone(
+        bar_chart(
+            bars,
+            title=f"org {rep['org']}: leads per rep since {rep['since'][:10]}, "
+            "proposed (bars) vs recorded (markers)",
+            ident="simulate",
+            width=720,
+            reference_label="recorded",
+        )
     )
 
 

@@ -1,14 +1,15 @@
-"""The admin listener: ``GET /healthz`` and ``GET /metrics``, never on the public webhook port.
+"""The admin listener: ``GET /healthz``, ``GET /metrics`` and the operator's dashboard
+(``/dashboard/``), never on the public webhook port.
 
 ``connector run`` binds it to 127.0.0.1 by default; anywhere else it needs a bearer token
-(``CONNECTOR_ADMIN_TOKEN``).
+(``CONNECTOR_ADMIN_TOKEN``), which the dashboard also accepts as a sign-in.
 """
 
 from __future__ import annotations
 
 import hmac
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from sqlalchemy import Engine, text
@@ -19,7 +20,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from connector.core.config import OrgConfig
 from connector.core.metrics import CONTENT_TYPE, Metrics
+from connector.shell.dashboard import dashboard_routes
 
 log = logging.getLogger(__name__)
 
@@ -35,9 +38,16 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     )
 
 
-def create_admin_app(engine: Engine, metrics: Metrics, *, token: str | None = None) -> Starlette:
-    """The admin ASGI app: GET /healthz and GET /metrics. With ``token`` every request needs
-    ``Authorization: Bearer <token>``; without, bind it to localhost only."""
+def create_admin_app(
+    engine: Engine,
+    metrics: Metrics,
+    *,
+    token: str | None = None,
+    configs: Mapping[str, OrgConfig] | None = None,
+) -> Starlette:
+    """The admin ASGI app: GET /healthz and GET /metrics, and with ``configs`` the dashboard.
+    With ``token`` every request needs ``Authorization: Bearer <token>`` (the dashboard also
+    takes a session cookie from signing in with it); without, bind it to localhost only."""
 
     def guarded(endpoint: Callable[[Request], Awaitable[Response]]) -> Any:
         async def run(request: Request) -> Response:
@@ -70,11 +80,14 @@ def create_admin_app(engine: Engine, metrics: Metrics, *, token: str | None = No
         body = await run_in_threadpool(metrics.render)
         return Response(body, 200, media_type=CONTENT_TYPE)
 
+    routes: list[Any] = [
+        Route("/healthz", guarded(healthz), methods=["GET"]),
+        Route("/metrics", guarded(metrics_endpoint), methods=["GET"]),
+    ]
+    if configs is not None:
+        routes += dashboard_routes(engine, configs, admin_token=token)
     app = Starlette(
-        routes=[
-            Route("/healthz", guarded(healthz), methods=["GET"]),
-            Route("/metrics", guarded(metrics_endpoint), methods=["GET"]),
-        ],
+        routes=routes,
         exception_handlers={HTTPException: _http_error},
     )
     app.state.metrics = metrics

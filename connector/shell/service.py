@@ -1,8 +1,9 @@
 """`connector serve | sync | run`: the long-running parts, wired together.
 
 ``run`` is the production default: the webhook receiver (uvicorn) with its inbox worker, the
-admin listener (health and metrics, localhost by default), the scheduled poll and retention
-purge (APScheduler, jobs per org) and the outbox dispatchers (threads), in one process. Any
+admin listener (health, metrics and the dashboard, localhost by default), the scheduled poll
+and retention purge (APScheduler, jobs per org) and the outbox dispatchers (threads), in one
+process. Any
 number of such processes share one database: polling is one-at-a-time per org by an
 advisory lock, assignment is serialised per team by a row lock, dispatch claims with SKIP
 LOCKED. SIGTERM stops taking work (uvicorn stops accepting and finishes open requests), lets
@@ -237,7 +238,8 @@ def run_service(
 
     ``lease_seconds`` (default: 60 for outbox claims, 120 for inbox claims) bounds how long
     the claims of a process that died stay blocked before another process takes them over.
-    The admin listener (``admin_port``; None turns it off) serves /healthz and /metrics.
+    The admin listener (``admin_port``; None turns it off) serves /healthz, /metrics and the
+    dashboard (/dashboard/).
     """
     from connector.intake.receivers import create_app
     from connector.shell.admin import create_admin_app
@@ -270,7 +272,9 @@ def run_service(
     )
     admin: AbstractContextManager[str] = (
         serve_in_thread(
-            create_admin_app(engine, metrics, token=admin_token), admin_host, admin_port
+            create_admin_app(engine, metrics, token=admin_token, configs=configs),
+            admin_host,
+            admin_port,
         )
         if admin_port is not None
         else nullcontext("")

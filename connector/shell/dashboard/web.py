@@ -1,0 +1,241 @@
+"""The dashboard's routes on the admin listener: server-rendered HTML, inline SVG charts, no
+script and nothing fetched from anywhere else (the Content-Security-Policy says so too)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import parse_qs
+
+from jinja2 import Environment, PackageLoader, select_autoescape
+from sqlalchemy import Engine
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.routing import BaseRoute, Route
+
+from connector.core import charts
+from connector.core.config import OrgConfig
+from connector.shell.dashboard import data, figures, security
+from connector.writeback.dispatch import retry_dead
+
+log = logging.getLogger(__name__)
+
+MAX_FORM_BYTES = 4096
+HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'none'; style-src 'unsafe-inline'; img-src 'self'; "
+        "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+    ),
+    "Cache-Control": "no-store",
+    "Referrer-Policy": "no-referrer",
+    "X-Content-Type-Options": "nosniff",
+}
+
+
+def _environment() -> Environment:
+    env = Environment(
+        loader=PackageLoader("connector.shell.dashboard", "templates"),
+        autoescape=select_autoescape(["html"]),
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["seconds"] = figures.fmt_seconds
+    env.filters["when"] = figures.fmt_time
+    env.filters["num"] = charts.fmt_number
+    env.filters["share"] = lambda v: f"{v:,.1f}"
+    return env
+
+
+def fair_share_chart(window: figures.TeamWindow, title: str, ident: str) -> str:
+    bars = [charts.Bar(r.name, r.leads, r.fair_share) for r in window.reps]
+    return charts.bar_chart(bars, title=title, ident=ident)
+
+
+def latency_chart(latency: data.Latency, ident: str) -> str:
+    labels = [s.strftime("%H:00") for s in latency.slots]
+    return charts.line_chart(
+        labels,
+        [charts.Series("p50", latency.p50), charts.Series("p99", latency.p99)],
+        title="Lead to CRM latency, seconds, per hour (UTC)",
+        ident=ident,
+        unit=" s",
+    )
+
+
+def dashboard_routes(
+    engine: Engine,
+    configs: Mapping[str, OrgConfig],
+    *,
+    admin_token: str | None,
+    clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+) -> list[BaseRoute]:
+    """GET /dashboard/..., POST .../retry and /dashboard/login, for the admin app."""
+    env = _environment()
+    key = security.session_key(admin_token)
+
+    def authorized(request: Request) -> bool:
+        if not admin_token:
+            return True
+        if security.bearer_ok(admin_token, request.headers.get("authorization", "")):
+            return True
+        return security.session_nonce(key, request.cookies.get(security.COOKIE)) is not None
+
+    def render(
+        request: Request, template: str, context: dict[str, Any], status: int = 200
+    ) -> Response:
+        cookie = request.cookies.get(security.COOKIE)
+        nonce = security.session_nonce(key, cookie)
+        fresh = None
+        if nonce is None and (not admin_token or authorized(request)):
+            fresh = security.new_session(key)
+            nonce = security.session_nonce(key, fresh)
+        body = env.get_template(template).render(
+            orgs=sorted(configs),
+            csrf=security.csrf_token(key, nonce) if nonce else "",
+            token_mode=bool(admin_token),
+            **context,
+        )
+        response = HTMLResponse(body, status, headers=HEADERS)
+        if fresh is not None:
+            _set_cookie(response, fresh)
+        return response
+
+    def refuse(request: Request, status: int, title: str, message: str) -> Response:
+        if status == 401:
+            return render(request, "login.html", {"error": message}, 401)
+        return render(request, "message.html", {"title": title, "message": message}, status)
+
+    def org_or_404(request: Request) -> OrgConfig | None:
+        return configs.get(str(request.path_params["org"]))
+
+    async def index(request: Request) -> Response:
+        if not authorized(request):
+            return refuse(request, 401, "Sign in", "")
+        return render(request, "index.html", {"configs": configs})
+
+    async def org_page(request: Request) -> Response:
+        if not authorized(request):
+            return refuse(request, 401, "Sign in", "")
+        cfg = org_or_404(request)
+        if cfg is None:
+            return refuse(request, 404, "Not found", "No such org.")
+        view = await run_in_threadpool(data.overview, engine, cfg, clock())
+        retried = request.query_params.get("retried", "")
+        return render(
+            request,
+            "org.html",
+            {
+                "org": cfg.org,
+                "view": view,
+                "retried": int(retried) if retried.isdigit() else None,
+                "charts": {
+                    "today": [
+                        fair_share_chart(w, f"{w.team}: leads today vs fair share", f"today-{i}")
+                        for i, w in enumerate(view.today)
+                    ],
+                    "week": [
+                        fair_share_chart(w, f"{w.team}: leads in 7 days vs fair share", f"wk-{i}")
+                        for i, w in enumerate(view.week)
+                    ],
+                    "latency": latency_chart(view.latency, "latency"),
+                },
+            },
+        )
+
+    async def totals_page(request: Request) -> Response:
+        if not authorized(request):
+            return refuse(request, 401, "Sign in", "")
+        cfg = org_or_404(request)
+        if cfg is None:
+            return refuse(request, 404, "Not found", "No such org.")
+        status = await run_in_threadpool(data.totals, engine, cfg)
+        return render(request, "totals.html", {"org": cfg.org, "status": status})
+
+    async def lead_page(request: Request) -> Response:
+        if not authorized(request):
+            return refuse(request, 401, "Sign in", "")
+        cfg = org_or_404(request)
+        if cfg is None:
+            return refuse(request, 404, "Not found", "No such org.")
+        lead_id = int(request.path_params["lead_id"])
+        story = await run_in_threadpool(data.lead_story, engine, cfg.org, lead_id)
+        if story is None:
+            return refuse(request, 404, "Not found", f"Org {cfg.org} has no lead {lead_id}.")
+        return render(request, "lead.html", {"org": cfg.org, "story": story})
+
+    async def retry(request: Request) -> Response:
+        if not authorized(request):
+            return refuse(request, 401, "Sign in", "Sign in with the admin token first.")
+        form = await _form(request)
+        if form is None:
+            return refuse(request, 400, "Bad request", "The form was too large or malformed.")
+        if not security.csrf_ok(key, request.cookies.get(security.COOKIE), form.get("csrf")):
+            return refuse(
+                request, 403, "Refused", "The form's CSRF value is missing or wrong: reload."
+            )
+        cfg = org_or_404(request)
+        if cfg is None:
+            return refuse(request, 404, "Not found", "No such org.")
+        row_id = int(request.path_params["row_id"])
+        n = await run_in_threadpool(retry_dead, engine, cfg.org, [row_id])
+        if n == 0:
+            return refuse(
+                request, 409, "Not retried", f"Outbox row {row_id} of {cfg.org} is not dead."
+            )
+        log.info("dashboard: org %s outbox row %d requeued", cfg.org, row_id)
+        return RedirectResponse(f"/dashboard/org/{cfg.org}?retried={row_id}#dead", 303)
+
+    async def login_form(request: Request) -> Response:
+        if authorized(request):
+            return RedirectResponse("/dashboard/", 303)
+        return render(request, "login.html", {"error": ""})
+
+    async def login(request: Request) -> Response:
+        if not admin_token:
+            return RedirectResponse("/dashboard/", 303)
+        form = await _form(request)
+        given = (form or {}).get("token", "")
+        if not security.bearer_ok(admin_token, f"Bearer {given}"):
+            return render(request, "login.html", {"error": "That is not the admin token."}, 401)
+        response = RedirectResponse("/dashboard/", 303)
+        _set_cookie(response, security.new_session(key))
+        return response
+
+    return [
+        Route("/dashboard", lambda r: RedirectResponse("/dashboard/", 308), methods=["GET"]),
+        Route("/dashboard/", index, methods=["GET"]),
+        Route("/dashboard/login", login_form, methods=["GET"]),
+        Route("/dashboard/login", login, methods=["POST"]),
+        Route("/dashboard/org/{org}", org_page, methods=["GET"]),
+        Route("/dashboard/org/{org}/totals", totals_page, methods=["GET"]),
+        Route("/dashboard/org/{org}/lead/{lead_id:int}", lead_page, methods=["GET"]),
+        Route("/dashboard/org/{org}/outbox/{row_id:int}/retry", retry, methods=["POST"]),
+    ]
+
+
+def _set_cookie(response: Response, value: str) -> None:
+    response.set_cookie(security.COOKIE, value, httponly=True, samesite="strict", path="/dashboard")
+
+
+async def _form(request: Request) -> dict[str, str] | None:
+    """An urlencoded form of at most MAX_FORM_BYTES (one value per field; an empty body is
+    an empty form), else None."""
+    body = b""
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_FORM_BYTES:
+            return None
+    if not body:
+        return {}
+    if request.headers.get("content-type", "").split(";")[0].strip() != (
+        "application/x-www-form-urlencoded"
+    ):
+        return None
+    try:
+        parsed = parse_qs(body.decode("ascii"), keep_blank_values=True, strict_parsing=False)
+    except (UnicodeDecodeError, ValueError):
+        return None
+    return {k: v[0] for k, v in parsed.items()}
