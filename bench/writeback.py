@@ -94,9 +94,13 @@ class SentRequest:
     others_in_flight: int  # write requests of any dispatcher in flight when it started
 
 
+# request_log in the JSON: [dispatcher, size, others in flight] per write request, in order
+
+
 @dataclass
 class Recorder:
-    """The write requests of one run, in the order they started, and parent overlaps."""
+    """The write requests of one run, in the order they started, and parent overlaps (the
+    JSON's ``request_log``: [dispatcher, size, others in flight] per request, in order)."""
 
     requests: list[SentRequest] = field(default_factory=list)
     overlaps: list[str] = field(default_factory=list)
@@ -289,6 +293,7 @@ def salesforce(factory: DatabaseFactory, n: int, naive: bool = True) -> dict[str
                 for i in range(DISPATCHERS)
             },
             "partial_requests": recorder.partial(200),
+            "request_log": [[r.dispatcher, r.size, r.others_in_flight] for r in recorder.requests],
         }
         engine.dispose()
         print(
@@ -395,6 +400,7 @@ def hubspot(
             "batch_minimum": requests_needed,
             "ratio_to_minimum": round(d.requests / requests_needed, 3),
             "partial_requests": recorder.partial(100),
+            "request_log": [[r.dispatcher, r.size, r.others_in_flight] for r in recorder.requests],
         }
         engine.dispose()
         print(
