@@ -194,11 +194,12 @@ def plan_round(
 
     When the partial last request is held back (``hold_tail``), the rows given back are the
     newest claimed (highest ids), whatever their parent: claims take the oldest ready rows
-    first, so a row given back is claimed again among the first and cannot be passed over
-    round after round. Giving back any subset is safe for parents: a parent with rows of
-    this claim still in flight is not claimed by anyone else until they are finished, and
-    this claim never sends that parent again once its rows are done. Every request of the
-    plan is full (``max_batch`` rows) but, when nothing is held back, the last.
+    first, so a row given back is claimed again ahead of every newer row and is not passed
+    over for ever (given back by parent order, a row of the last parent could be). Giving
+    back any subset is safe for parents: a parent with rows of this claim still in flight is
+    not claimed by anyone else until they are finished, and this claim never sends that
+    parent again once its rows are done. Every request of the plan is full (``max_batch``
+    rows) but, when nothing is held back, the last.
     """
     keep = list(claimed)
     released: list[int] = []
