@@ -77,13 +77,17 @@ WHERE org = :org AND state = 'dead' AND (CAST(:ids AS bigint[]) IS NULL OR id = 
 RETURNING id
 
 -- name: release
--- Give back rows claimed but not attempted (a partial last batch of a full claim), so they
--- fill the next claim's requests instead of going out in a half-empty one.
+-- Give back, in the claiming transaction, the rows of a partial last request the claim holds
+-- back (decisions.hold_tail), so they fill a later claim's requests instead of going out in
+-- a half-empty one; the attempt the claim counted is returned.
 UPDATE outbox
 SET state = 'pending', claimed_by = NULL, lease_until = NULL, attempts = attempts - 1
 WHERE id = ANY(CAST(:ids AS bigint[])) AND state = 'claimed' AND claimed_by = :token
 
 -- name: others_in_flight
+-- Does another claim of the org hold rows (its requests in flight, or a dead worker's claim
+-- until its lease expires)? Asked under claim_lock just before `claim`: every earlier claim
+-- is visible, and no other claim can start until this one commits.
 SELECT EXISTS (
     SELECT 1 FROM outbox WHERE org = :org AND state = 'claimed' AND claimed_by <> :token
 )

@@ -22,6 +22,7 @@ from connector.writeback.decisions import (
     decide_request_failure,
     describe,
     finish_params,
+    hold_tail,
     lease_valid,
     outcome_error,
     plan_round,
@@ -65,28 +66,92 @@ def write_of(c: Claimed) -> OwnerWrite:
 
 def test_plan_round_sorts_by_parent_and_keeps_a_partial_tail_of_a_small_claim() -> None:
     claimed = [row(1, parent="B"), row(2, parent="A"), row(3), row(4, parent="A")]
-    plan = plan_round(claimed, max_batch=2, claim_limit=10)
+    plan = plan_round(claimed, max_batch=2, claim_limit=10, others_in_flight=False)
     assert [[w.key for w in b] for b in plan.batches] == [["2", "4"], ["1", "3"]]
-    assert plan.released == []
-    odd = plan_round(claimed[:3], max_batch=2, claim_limit=10)
+    assert plan.released == [] and plan.kept == claimed
+    odd = plan_round(claimed[:3], max_batch=2, claim_limit=10, others_in_flight=False)
     assert [len(b) for b in odd.batches] == [2, 1] and odd.released == []
 
 
 def test_plan_round_gives_back_the_partial_tail_of_a_full_claim() -> None:
     claimed = [row(i, parent=f"P{i % 2}") for i in range(1, 6)]
-    plan = plan_round(claimed, max_batch=2, claim_limit=5)
+    plan = plan_round(claimed, max_batch=2, claim_limit=5, others_in_flight=False)
     assert [len(b) for b in plan.batches] == [2, 2]
-    assert len(plan.released) == 1
+    assert plan.released == [5]  # the newest row, whatever its parent
     sent = {int(w.key) for b in plan.batches for w in b}
-    assert sent | set(plan.released) == {1, 2, 3, 4, 5}
+    assert sent == {c.id for c in plan.kept} == {1, 2, 3, 4}
 
 
 def test_plan_round_keeps_a_full_tail_and_a_single_request() -> None:
     four = [row(i) for i in range(1, 5)]
-    assert plan_round(four, max_batch=2, claim_limit=4).released == []
+    assert plan_round(four, max_batch=2, claim_limit=4, others_in_flight=True).released == []
     one_partial = [row(1), row(2)]
-    plan = plan_round(one_partial, max_batch=5, claim_limit=2)
+    plan = plan_round(one_partial, max_batch=5, claim_limit=2, others_in_flight=False)
     assert plan.released == [] and len(plan.batches) == 1
+
+
+def test_plan_round_holds_the_partial_tail_while_another_claim_is_in_flight() -> None:
+    """The claim that used to send 2 + 2 + 1 sends 2 + 2; the newest row waits for the
+    merged tail that whoever claims alone will send."""
+    claimed = [row(i, parent=p) for i, p in zip((7, 3, 9, 4, 5), "ZAZBA", strict=True)]
+    plan = plan_round(claimed, max_batch=2, claim_limit=10, others_in_flight=True)
+    assert plan.released == [9]
+    assert [[w.key for w in b] for b in plan.batches] == [["3", "5"], ["4", "7"]]
+    assert sorted(c.id for c in plan.kept) == [3, 4, 5, 7]
+    alone = plan_round(claimed, max_batch=2, claim_limit=10, others_in_flight=False)
+    assert alone.released == [] and [len(b) for b in alone.batches] == [2, 2, 1]
+
+
+def test_plan_round_gives_back_a_claim_smaller_than_one_request_while_others_write() -> None:
+    claimed = [row(1, parent="A"), row(2)]
+    plan = plan_round(claimed, max_batch=5, claim_limit=10, others_in_flight=True)
+    assert plan.kept == [] and plan.batches == [] and plan.released == [1, 2]
+
+
+@pytest.mark.parametrize(
+    ("claimed", "limit", "others", "hold"),
+    [
+        (1, 1000, False, False),  # a lone row under a trickle goes out at once
+        (199, 1000, False, False),  # the backlog's tail, nobody else writing
+        (450, 1000, False, False),  # every ready row, nobody else writing: one tail
+        (1000, 1000, False, False),  # a full claim of full requests
+        (999, 999, False, True),  # a full claim: more rows are probably waiting
+        (150, 150, False, False),  # a full claim smaller than one request: nothing to add
+        (1, 1000, True, True),  # someone else writes: wait for the merged tail
+        (450, 1000, True, True),
+        (400, 1000, True, False),  # only full requests: nothing to hold
+        (0, 1000, True, False),
+    ],
+)
+def test_hold_tail(claimed: int, limit: int, others: bool, hold: bool) -> None:
+    assert hold_tail(claimed, 200, limit, others) is hold
+
+
+@given(
+    ids=st.sets(st.integers(1, 10_000), max_size=60),
+    parents=st.lists(st.sampled_from(["A", "B", "C", None]), min_size=60, max_size=60),
+    max_batch=st.integers(1, 12),
+    claim_limit=st.integers(1, 80),
+    others=st.booleans(),
+)
+def test_plan_round_sends_full_requests_or_the_whole_claim(
+    ids: set[int], parents: list[str | None], max_batch: int, claim_limit: int, others: bool
+) -> None:
+    """Kept and given back partition the claim; what is given back is the newest rows and
+    less than one request; a partial request goes out only when nothing is given back."""
+    claimed = [row(i, parent=p) for i, p in zip(sorted(ids), parents, strict=False)]
+    plan = plan_round(claimed, max_batch, claim_limit, others_in_flight=others)
+    kept = sorted(c.id for c in plan.kept)
+    assert sorted(kept + plan.released) == sorted(ids)
+    assert sorted(int(w.key) for b in plan.batches for w in b) == kept
+    assert len(plan.released) < max_batch
+    assert not plan.released or not kept or max(kept) < min(plan.released)
+    sizes = [len(b) for b in plan.batches]
+    assert all(n == max_batch for n in sizes[:-1])
+    if plan.released:
+        assert all(n == max_batch for n in sizes)
+    if others and len(claimed) % max_batch:
+        assert plan.released
 
 
 # -- lease_valid -------------------------------------------------------------------------------

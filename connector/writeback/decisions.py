@@ -9,8 +9,9 @@ becomes after the CRM answered: ``Sent``, ``Superseded`` (with the owner found),
 
 The retry policy, as the dispatcher has always applied it:
 
-- a row's attempt is counted when it is claimed (SQL); rows claimed but not sent (the tail of
-  a full claim) are given back with the attempt returned (``RoundPlan.released``);
+- a row's attempt is counted when it is claimed (SQL); rows claimed but not sent (a partial
+  last request held back, ``hold_tail``) are given back in the same transaction with the
+  attempt returned (``RoundPlan.released``);
 - a per-record retryable error (a locked row, a 429 for that record) retries while the row has
   attempts left (``attempts < max_attempts``), else the row is dead;
 - a whole-request failure the CRM reported (5xx, timeouts, resets, 429, refused credentials)
@@ -60,9 +61,11 @@ __all__ = [
     "describe",
     "finish_params",
     "guard_writes",
+    "hold_tail",
     "lease_valid",
     "outcome_error",
     "plan_round",
+    "requests_of",
     "retry_delay",
     "superseded_reason",
     "unexpected_error",
@@ -144,8 +147,10 @@ class Pause:
 
 @dataclass(frozen=True)
 class RoundPlan:
-    """The requests of one claim, in sending order, and the rows given back unsent."""
+    """What one claim sends (`kept`, cut into `batches` in sending order) and the ids of
+    the rows it gives back unsent (`released`)."""
 
+    kept: list[Claimed]
     batches: list[list[OwnerWrite]]
     released: list[int]
 
@@ -160,16 +165,52 @@ def superseded_reason(owner: str) -> str:
     return f"the CRM showed another owner just before the write: {owner}"
 
 
-def plan_round(claimed: Sequence[Claimed], max_batch: int, claim_limit: int) -> RoundPlan:
-    """Cut a claim into requests (``plan_batches``); a full claim gives back a partial last
-    request: more rows are probably waiting, and a half-empty request would cost a CRM call
-    (quotas count calls) that the next claim can fill."""
+def requests_of(claimed: Sequence[Claimed], max_batch: int) -> list[list[OwnerWrite]]:
+    """The write requests of claimed rows, in sending order (``plan_batches``): sorted by
+    parent and cut into full requests; only the last may be smaller."""
     writes = [OwnerWrite(str(c.id), c.crm_id, c.owner_id, c.parent_id) for c in claimed]
-    batches = plan_batches(writes, max_batch)
+    return plan_batches(writes, max_batch)
+
+
+def hold_tail(claimed: int, max_batch: int, claim_limit: int, others_in_flight: bool) -> bool:
+    """Should a claim of `claimed` rows give back the rows of its partial last request?
+
+    A partial request goes out only from a claim that took every ready row while no other
+    claim of the org was in flight: that is the backlog's one true tail. While another claim
+    is in flight its dispatcher, or whoever claims after it, will claim these rows again
+    with more (what that claim leaves free or gives back), and the last one standing sends
+    one merged tail. A full claim (``claim_limit`` rows) most likely left rows behind that
+    the next claim can add. Under a trickle nobody else is in flight, so a lone row goes out
+    at once; one that arrives while another claim is in flight waits for that claim only.
+    """
+    if claimed % max_batch == 0:
+        return False
+    if others_in_flight:
+        return True
+    return claimed >= claim_limit and claimed > max_batch
+
+
+def plan_round(
+    claimed: Sequence[Claimed], max_batch: int, claim_limit: int, *, others_in_flight: bool
+) -> RoundPlan:
+    """Which claimed rows this round sends, in which requests, and which go back unsent.
+
+    When the partial last request is held back (``hold_tail``), the rows given back are the
+    newest claimed (highest ids), whatever their parent: claims take the oldest ready rows
+    first, so a row given back is claimed again ahead of every newer row and is not passed
+    over for ever (given back by parent order, a row of the last parent could be). Giving
+    back any subset is safe for parents: a parent with rows of this claim still in flight is
+    not claimed by anyone else until they are finished, and this claim never sends that
+    parent again once its rows are done. Every request of the plan is full (``max_batch``
+    rows) but, when nothing is held back, the last.
+    """
+    keep = list(claimed)
     released: list[int] = []
-    if len(claimed) >= claim_limit and len(batches) > 1 and len(batches[-1]) < max_batch:
-        released = [int(w.key) for w in batches.pop()]
-    return RoundPlan(batches, released)
+    tail = len(keep) % max_batch
+    if hold_tail(len(keep), max_batch, claim_limit, others_in_flight):
+        by_age = sorted(keep, key=lambda c: c.id)
+        keep, released = by_age[:-tail], [c.id for c in by_age[-tail:]]
+    return RoundPlan(keep, requests_of(keep, max_batch), released)
 
 
 def lease_valid(elapsed: float, lease_seconds: float, stale_results: int) -> bool:

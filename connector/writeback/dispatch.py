@@ -6,7 +6,8 @@ open, and the result is recorded in another short transaction. A parent Account 
 claim in flight is not claimed again until that claim finishes, and a claim's requests
 (``plan_batches``: sorted by parent, cut into full batches) go out one after another, so one
 Account is never locked by two of our requests at the same time (Salesforce's
-UNABLE_TO_LOCK_ROW). Rows whose
+UNABLE_TO_LOCK_ROW). A partial request goes out only from a claim that took every ready row
+while no other claim was in flight (``hold_tail``); CRM quotas count requests. Rows whose
 dispatcher died are claimed again once their lease expires; the dead worker's late result is
 ignored because finishing checks the claim token.
 
@@ -54,6 +55,7 @@ from connector.writeback.decisions import (
     lease_valid,
     outcome_error,
     plan_round,
+    requests_of,
     unexpected_error,
 )
 from crm_adapters.base import AuthError, CrmAdapter, CrmError, OwnerWrite
@@ -151,12 +153,12 @@ class Dispatcher:
 
     # -- claiming -------------------------------------------------------------------------
     def claim(self, token: str) -> list[Claimed]:
-        """Claim ready rows under a lease, or nothing.
+        """Claim ready rows under a lease: the rows this round sends, possibly none.
 
-        A claim smaller than one request while another claim of this org is in flight is
-        rolled back: its rows are mostly the few whose Accounts that claim left free, and
-        sending them now would spend a CRM call on a half-empty request. They are claimed
-        again, with what the other claim releases, once it finishes.
+        Only the backlog's tail goes out in a partial request (``hold_tail``): a claim whose
+        partial last request could still be filled gives those rows back in the same
+        transaction, and one with no full request at all is rolled back. So with a backlog
+        that was ready when the dispatchers started, every write request is full but one.
         """
         try:
             return self._claim(token)
@@ -164,6 +166,7 @@ class Dispatcher:
             return []
 
     def _claim(self, token: str) -> list[Claimed]:
+        max_batch = self.adapter.max_batch
         with self.engine.begin() as conn:
             conn.execute(_SQL["claim_lock"], {"org": self.org})
             rescued = conn.execute(_SQL["rescue_expired"], {"org": self.org}).all()
@@ -175,6 +178,15 @@ class Dispatcher:
                 )
             if conn.execute(_SQL["paused_until"], {"org": self.org}).first() is not None:
                 return []
+            # Asked before the claim: under claim_lock other claims can only finish, so "none
+            # in flight" stays true through the claim, which then excludes no parent. Asked
+            # after it, a claim that finished in between would pass for "none", though the
+            # claim skipped its parents' rows: a tail that is not the tail.
+            others = bool(
+                conn.execute(
+                    _SQL["others_in_flight"], {"org": self.org, "token": token}
+                ).scalar_one()
+            )
             rows = conn.execute(
                 _SQL["claim"],
                 {
@@ -184,26 +196,25 @@ class Dispatcher:
                     "lease_seconds": self.lease_seconds,
                 },
             ).all()
-            if (
-                0 < len(rows) < self.adapter.max_batch
-                and conn.execute(
-                    _SQL["others_in_flight"], {"org": self.org, "token": token}
-                ).scalar_one()
-            ):
-                raise _Deferred  # rolls the claim back
-        kind = self.adapter.kind
-        return [
-            Claimed(
-                r.id,
-                r.crm_id,
-                r.owner_id,
-                r.parent_id,
-                r.attempts,
-                float(r.age),
-                frozenset(owner_key(kind, o) for o in r.replaces_owners),
-            )
-            for r in rows
-        ]
+            kind = self.adapter.kind
+            claimed = [
+                Claimed(
+                    r.id,
+                    r.crm_id,
+                    r.owner_id,
+                    r.parent_id,
+                    r.attempts,
+                    float(r.age),
+                    frozenset(owner_key(kind, o) for o in r.replaces_owners),
+                )
+                for r in rows
+            ]
+            plan = plan_round(claimed, max_batch, self.claim_limit, others_in_flight=others)
+            if plan.released:
+                if not plan.kept:
+                    raise _Deferred  # rolls the claim back
+                conn.execute(_SQL["release"], {"ids": plan.released, "token": token})
+        return plan.kept
 
     # -- one round --------------------------------------------------------------------------
     def run_once(self) -> DispatchStats:
@@ -215,12 +226,7 @@ class Dispatcher:
         if not claimed:
             return stats
         rows = {str(c.id): c for c in claimed}
-        plan = plan_round(claimed, self.adapter.max_batch, self.claim_limit)
-        if plan.released:
-            with self.engine.begin() as conn:
-                conn.execute(_SQL["release"], {"ids": plan.released, "token": token})
-            stats.claimed -= len(plan.released)
-        batches = plan.batches
+        batches = requests_of(claimed, self.adapter.max_batch)
         for i, batch in enumerate(batches):
             if not lease_valid(time.monotonic() - claimed_at, self.lease_seconds, stats.stale):
                 left = sum(len(b) for b in batches[i:])
