@@ -199,6 +199,34 @@ class RoutingError(RuntimeError):
     """The routing state does not match the config (e.g. a team was never applied)."""
 
 
+@dataclass
+class _Batch:
+    """One assign_in call's working state (its transaction, outcomes and decisions)."""
+
+    conn: Connection
+    source: str
+    recorder: DecisionRecorder
+    results: dict[str, Outcome] = field(default_factory=dict)
+    unassigned: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
+    by_team: dict[str, list[tuple[int, str, Match]]] = field(
+        default_factory=lambda: defaultdict(list)
+    )
+
+
+def _in_input_order(keys: Sequence[str], results: Mapping[str, Outcome]) -> list[Outcome]:
+    """One outcome per input lead; a repeat inside the batch (perhaps by its other id form)
+    is a duplicate of the first."""
+    out: list[Outcome] = []
+    seen: set[str] = set()
+    for key in keys:
+        o = results[key]
+        if key in seen:
+            o = Outcome(o.crm_id, "duplicate", o.team, o.owner_id, o.owner_name, o.reason)
+        seen.add(key)
+        out.append(o)
+    return out
+
+
 class Router:
     """Assigns one org's leads; safe to share between threads (it holds no connection)."""
 
@@ -245,33 +273,51 @@ class Router:
         """Assign ``leads`` inside the caller's open transaction; outcomes in input order."""
         if source not in SOURCES:
             raise ValueError(f"unknown source {source!r}")
-        org, obj = self.cfg.org, self.cfg.crm_object
         keys = [self.stored_crm_id(lead.crm_id) for lead in leads]
         first: dict[str, Lead] = {}
         for key, lead in zip(keys, leads, strict=True):
             first.setdefault(key, lead)
+        batch = _Batch(conn, source, DecisionRecorder(self.cfg, self.rules))
+        new_ids = self._insert(batch, first)
+        picked = self._match_rules(batch, first, new_ids)
+        matched, fallbacks = self._route_accounts(batch, picked, first)
+        for lead_id, cid, m in picked:
+            if cid not in batch.results:  # not given to its account's owner: the rotation
+                batch.by_team[m.team].append((lead_id, cid, m))
+        needed = {t for name in batch.by_team for t in self.cfg.overflow_chain(name)}
+        locked = self._lock_teams(batch, needed, matched)
+        now = self.clock()
+        for team_name in overflow_order(self.cfg, needed):
+            if batch.by_team.get(team_name):
+                self._route_team(batch, team_name, locked[team_name], now)
+        for reason, ids in batch.unassigned.items():
+            conn.execute(_SQL["mark_unassigned"], {"reason": reason, "lead_ids": ids})
+        accounts.note_fallbacks(conn, fallbacks)
+        batch.recorder.flush(conn)  # the decisions, in the same transaction
+        return _in_input_order(keys, batch.results)
+
+    def _insert(self, batch: _Batch, first: Mapping[str, Lead]) -> dict[str, int]:
+        """Insert the new leads (crm_id -> lead id); a repeat gets its existing outcome."""
+        org, obj = self.cfg.org, self.cfg.crm_object
         unique = list(first.items())
-        rows = conn.execute(
+        rows = batch.conn.execute(
             _SQL["insert_leads"],
             {
                 "org": org,
                 "crm_object": obj,
-                "source": source,
+                "source": batch.source,
                 "crm_ids": [cid for cid, _ in unique],
                 "fields": [json.dumps(x.fields) for _, x in unique],
                 "parent_ids": [self._parent(x) for _, x in unique],
             },
         ).all()
         new_ids = {r.crm_id: r.id for r in rows}
-        results: dict[str, Outcome] = {}
-        recorder = DecisionRecorder(self.cfg, self.rules)  # written with the assignments
-
         old = [cid for cid in first if cid not in new_ids]
         if old:
-            for r in conn.execute(
+            for r in batch.conn.execute(
                 _SQL["existing_leads"], {"org": org, "crm_object": obj, "crm_ids": old}
             ):
-                results[r.crm_id] = Outcome(
+                batch.results[r.crm_id] = Outcome(
                     r.crm_id,
                     "duplicate",
                     r.team,
@@ -279,27 +325,40 @@ class Router:
                     r.owner_name,
                     None if r.crm_user_id else r.unassigned_reason,
                 )
+        return new_ids
 
-        by_team: dict[str, list[tuple[int, str, Match]]] = defaultdict(list)
-        unassigned: dict[str, list[int]] = defaultdict(list)
+    def _match_rules(
+        self, batch: _Batch, first: Mapping[str, Lead], new_ids: Mapping[str, int]
+    ) -> list[tuple[int, str, Match]]:
+        """The new leads' rule matches, in input order (the earliest lead gets the next rep);
+        a lead no rule matches is unassigned."""
         picked: list[tuple[int, str, Match]] = []
-        for cid in first:  # input order: the earliest lead gets the next rep
+        for cid, lead in first.items():
             if cid not in new_ids:
                 continue
             lead_id = new_ids[cid]
-            recorder.started(lead_id, source, first[cid].fields)
-            m = match(self.rules, first[cid].fields)
+            batch.recorder.started(lead_id, batch.source, lead.fields)
+            m = match(self.rules, lead.fields)
             if m is None:
-                recorder.unassigned(lead_id, "no_rule_matched")
-                unassigned["no_rule_matched"].append(lead_id)
-                results[cid] = Outcome(cid, "unassigned", reason="no_rule_matched")
+                batch.recorder.unassigned(lead_id, "no_rule_matched")
+                batch.unassigned["no_rule_matched"].append(lead_id)
+                batch.results[cid] = Outcome(cid, "unassigned", reason="no_rule_matched")
             else:
                 picked.append((lead_id, cid, m))
-        matched, fallbacks = self._match_accounts(conn, picked, first, results)
+        return picked
+
+    def _route_accounts(
+        self,
+        batch: _Batch,
+        picked: Sequence[tuple[int, str, Match]],
+        first: Mapping[str, Lead],
+    ) -> tuple[dict[str, list[accounts.Matched]], dict[int, accounts.AccountDecision]]:
+        """Account matching for ``route_to: account_owner`` rules, with its decisions."""
+        matched, fallbacks = self._match_accounts(batch.conn, picked, first, batch.results)
         for hits in matched.values():
             for hit in hits:
-                recorder.account(hit.candidate.lead_id, hit.decision.as_json())
-                recorder.detail(hit.candidate.lead_id).update(
+                batch.recorder.account(hit.candidate.lead_id, hit.decision.as_json())
+                batch.recorder.detail(hit.candidate.lead_id).update(
                     {
                         "team": hit.seat.team,
                         "epoch": hit.seat.epoch,
@@ -313,87 +372,75 @@ class Router:
                     }
                 )
         for lead_id, decision in fallbacks.items():
-            recorder.account(lead_id, decision.as_json())
-        for lead_id, cid, m in picked:
-            if cid not in results:  # not given to its account's owner: the team's rotation
-                by_team[m.team].append((lead_id, cid, m))
+            batch.recorder.account(lead_id, decision.as_json())
+        return matched, fallbacks
 
-        # Lock every team these leads may go to, overflow teams included, in name order (so
-        # two batches never deadlock); then pick in overflow order (a team before the team it
-        # overflows into). Account-matched leads are recorded in the same name order: a team
-        # that only receives them is not locked FOR UPDATE (its rotation does not move; the
-        # insert's foreign key check takes FOR KEY SHARE on it), one that is locked records
-        # them under its lock.
-        needed = {t for name in by_team for t in self.cfg.overflow_chain(name)}
+    def _lock_teams(
+        self,
+        batch: _Batch,
+        needed: set[str],
+        matched: Mapping[str, Sequence[accounts.Matched]],
+    ) -> dict[str, Any]:
+        """Lock every team these leads may go to, overflow teams included, in name order (so
+        two batches never deadlock). Account-matched leads are recorded in the same name order:
+        a team that only receives them is not locked FOR UPDATE (its rotation does not move; the
+        insert's foreign key check takes FOR KEY SHARE on it), one that is locked records them
+        under its lock."""
+        org = self.cfg.org
         locked: dict[str, Any] = {}
         for team_name in sorted(needed | set(matched)):
             if team_name not in needed:
-                accounts.record_matched(conn, self.cfg, source, matched[team_name])
+                accounts.record_matched(batch.conn, self.cfg, batch.source, matched[team_name])
                 continue
-            team = conn.execute(_SQL["lock_team"], {"org": org, "name": team_name}).one_or_none()
+            team = batch.conn.execute(
+                _SQL["lock_team"], {"org": org, "name": team_name}
+            ).one_or_none()
             if team is None:
                 raise RoutingError(
                     f"team {team_name!r} of org {org!r} is not in the database: "
                     "run `connector migrate` with this config"
                 )
             locked[team_name] = team
-            accounts.record_matched(conn, self.cfg, source, matched.get(team_name, []))
-        now = self.clock()
-        for team_name in overflow_order(self.cfg, needed):
-            group = by_team.get(team_name, [])
-            if not group:
+            accounts.record_matched(batch.conn, self.cfg, batch.source, matched.get(team_name, []))
+        return locked
+
+    def _route_team(self, batch: _Batch, team_name: str, team: Any, now: datetime) -> None:
+        """Pick owners for the team's leads under its lock and record them; leads nobody can
+        take go on to the overflow team (teams are visited in overflow order), else stay
+        unassigned with the reason."""
+        group = batch.by_team[team_name]
+        placed, left, reason, members = self._pick(batch.conn, team_name, team.id, group, now)
+        if placed.rows:
+            batch.conn.execute(
+                _SQL["record_assignments"], self._record_params(team, placed, batch.source)
+            )
+        views = _StandingViews(members)
+        for (lead_id, cid, m), turn, seat in placed.rows:
+            batch.recorder.team_pick(
+                team_name,
+                team.epoch,
+                views.rows(),
+                turn.candidates,
+                [lead_id],
+                [seat.id],
+                [m.rule_index],
+            )
+            views.advance(seat.id)
+            batch.results[cid] = Outcome(
+                cid, "assigned", team_name, seat.crm_user_id, seat.name, candidates=turn.candidates
+            )
+        overflow = self.cfg.team(team_name).overflow_team
+        for item, turn in left:
+            if overflow is not None:
+                batch.recorder.overflowed(item[0], team_name, views.rows(), turn.candidates)
+                batch.by_team[overflow].append(item)
                 continue
-            team = locked[team_name]
-            placed, left, reason, members = self._pick(conn, team_name, team.id, group, now)
-            if placed.rows:
-                conn.execute(_SQL["record_assignments"], self._record_params(team, placed, source))
-            views = _StandingViews(members)
-            for (lead_id, cid, m), turn, seat in placed.rows:
-                recorder.team_pick(
-                    team_name,
-                    team.epoch,
-                    views.rows(),
-                    turn.candidates,
-                    [lead_id],
-                    [seat.id],
-                    [m.rule_index],
-                )
-                views.advance(seat.id)
-                results[cid] = Outcome(
-                    cid,
-                    "assigned",
-                    team_name,
-                    seat.crm_user_id,
-                    seat.name,
-                    candidates=turn.candidates,
-                )
-            overflow = self.cfg.team(team_name).overflow_team
-            for item, turn in left:
-                if overflow is not None:
-                    recorder.overflowed(item[0], team_name, views.rows(), turn.candidates)
-                    by_team[overflow].append(item)
-                    continue
-                lead_id, cid, _ = item
-                recorder.unassigned(lead_id, reason, team_name, views.rows(), turn.candidates)
-                unassigned[reason].append(lead_id)
-                results[cid] = Outcome(
-                    cid, "unassigned", team_name, reason=reason, candidates=turn.candidates
-                )
-
-        for reason, ids in unassigned.items():
-            conn.execute(_SQL["mark_unassigned"], {"reason": reason, "lead_ids": ids})
-        accounts.note_fallbacks(conn, fallbacks)
-        recorder.flush(conn)
-
-        out: list[Outcome] = []
-        seen: set[str] = set()
-        for key in keys:
-            o = results[key]
-            if key in seen:  # a repeat inside the same batch (perhaps by its other id form)
-                o = Outcome(o.crm_id, "duplicate", o.team, o.owner_id, o.owner_name, o.reason)
-            seen.add(key)
-            out.append(o)
-        return out
+            lead_id, cid, _ = item
+            batch.recorder.unassigned(lead_id, reason, team_name, views.rows(), turn.candidates)
+            batch.unassigned[reason].append(lead_id)
+            batch.results[cid] = Outcome(
+                cid, "unassigned", team_name, reason=reason, candidates=turn.candidates
+            )
 
     def _match_accounts(
         self,
