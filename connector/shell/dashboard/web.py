@@ -65,37 +65,43 @@ def latency_chart(latency: data.Latency, ident: str) -> str:
     )
 
 
-def dashboard_routes(
-    engine: Engine,
-    configs: Mapping[str, OrgConfig],
-    *,
-    admin_token: str | None,
-    clock: Callable[[], datetime] = lambda: datetime.now(UTC),
-) -> list[BaseRoute]:
-    """GET /dashboard/..., POST .../retry and /dashboard/login, for the admin app."""
-    env = _environment()
-    key = security.session_key(admin_token)
+class _Dashboard:
+    """The dashboard's pages for one admin app (its engine, configs and admin token)."""
 
-    def authorized(request: Request) -> bool:
-        if not admin_token:
+    def __init__(
+        self,
+        engine: Engine,
+        configs: Mapping[str, OrgConfig],
+        admin_token: str | None,
+        clock: Callable[[], datetime],
+    ) -> None:
+        self.engine = engine
+        self.configs = configs
+        self.admin_token = admin_token
+        self.clock = clock
+        self.env = _environment()
+        self.key = security.session_key(admin_token)
+
+    def authorized(self, request: Request) -> bool:
+        if not self.admin_token:
             return True
-        if security.bearer_ok(admin_token, request.headers.get("authorization", "")):
+        if security.bearer_ok(self.admin_token, request.headers.get("authorization", "")):
             return True
-        return security.session_nonce(key, request.cookies.get(security.COOKIE)) is not None
+        return security.session_nonce(self.key, request.cookies.get(security.COOKIE)) is not None
 
     def render(
-        request: Request, template: str, context: dict[str, Any], status: int = 200
+        self, request: Request, template: str, context: dict[str, Any], status: int = 200
     ) -> Response:
         cookie = request.cookies.get(security.COOKIE)
-        nonce = security.session_nonce(key, cookie)
+        nonce = security.session_nonce(self.key, cookie)
         fresh = None
-        if nonce is None and (not admin_token or authorized(request)):
-            fresh = security.new_session(key)
-            nonce = security.session_nonce(key, fresh)
-        body = env.get_template(template).render(
-            orgs=sorted(configs),
-            csrf=security.csrf_token(key, nonce) if nonce else "",
-            token_mode=bool(admin_token),
+        if nonce is None and (not self.admin_token or self.authorized(request)):
+            fresh = security.new_session(self.key)
+            nonce = security.session_nonce(self.key, fresh)
+        body = self.env.get_template(template).render(
+            orgs=sorted(self.configs),
+            csrf=security.csrf_token(self.key, nonce) if nonce else "",
+            token_mode=bool(self.admin_token),
             **context,
         )
         response = HTMLResponse(body, status, headers=HEADERS)
@@ -103,28 +109,28 @@ def dashboard_routes(
             _set_cookie(response, fresh)
         return response
 
-    def refuse(request: Request, status: int, title: str, message: str) -> Response:
+    def refuse(self, request: Request, status: int, title: str, message: str) -> Response:
         if status == 401:
-            return render(request, "login.html", {"error": message}, 401)
-        return render(request, "message.html", {"title": title, "message": message}, status)
+            return self.render(request, "login.html", {"error": message}, 401)
+        return self.render(request, "message.html", {"title": title, "message": message}, status)
 
-    def org_or_404(request: Request) -> OrgConfig | None:
-        return configs.get(str(request.path_params["org"]))
+    def org_or_404(self, request: Request) -> OrgConfig | None:
+        return self.configs.get(str(request.path_params["org"]))
 
-    async def index(request: Request) -> Response:
-        if not authorized(request):
-            return refuse(request, 401, "Sign in", "")
-        return render(request, "index.html", {"configs": configs})
+    async def index(self, request: Request) -> Response:
+        if not self.authorized(request):
+            return self.refuse(request, 401, "Sign in", "")
+        return self.render(request, "index.html", {"configs": self.configs})
 
-    async def org_page(request: Request) -> Response:
-        if not authorized(request):
-            return refuse(request, 401, "Sign in", "")
-        cfg = org_or_404(request)
+    async def org_page(self, request: Request) -> Response:
+        if not self.authorized(request):
+            return self.refuse(request, 401, "Sign in", "")
+        cfg = self.org_or_404(request)
         if cfg is None:
-            return refuse(request, 404, "Not found", "No such org.")
-        view = await run_in_threadpool(data.overview, engine, cfg, clock())
+            return self.refuse(request, 404, "Not found", "No such org.")
+        view = await run_in_threadpool(data.overview, self.engine, cfg, self.clock())
         retried = request.query_params.get("retried", "")
-        return render(
+        return self.render(
             request,
             "org.html",
             {
@@ -145,74 +151,86 @@ def dashboard_routes(
             },
         )
 
-    async def totals_page(request: Request) -> Response:
-        if not authorized(request):
-            return refuse(request, 401, "Sign in", "")
-        cfg = org_or_404(request)
+    async def totals_page(self, request: Request) -> Response:
+        if not self.authorized(request):
+            return self.refuse(request, 401, "Sign in", "")
+        cfg = self.org_or_404(request)
         if cfg is None:
-            return refuse(request, 404, "Not found", "No such org.")
-        status = await run_in_threadpool(data.totals, engine, cfg)
-        return render(request, "totals.html", {"org": cfg.org, "status": status})
+            return self.refuse(request, 404, "Not found", "No such org.")
+        status = await run_in_threadpool(data.totals, self.engine, cfg)
+        return self.render(request, "totals.html", {"org": cfg.org, "status": status})
 
-    async def lead_page(request: Request) -> Response:
-        if not authorized(request):
-            return refuse(request, 401, "Sign in", "")
-        cfg = org_or_404(request)
+    async def lead_page(self, request: Request) -> Response:
+        if not self.authorized(request):
+            return self.refuse(request, 401, "Sign in", "")
+        cfg = self.org_or_404(request)
         if cfg is None:
-            return refuse(request, 404, "Not found", "No such org.")
+            return self.refuse(request, 404, "Not found", "No such org.")
         lead_id = int(request.path_params["lead_id"])
-        story = await run_in_threadpool(data.lead_story, engine, cfg.org, lead_id)
+        story = await run_in_threadpool(data.lead_story, self.engine, cfg.org, lead_id)
         if story is None:
-            return refuse(request, 404, "Not found", f"Org {cfg.org} has no lead {lead_id}.")
-        return render(request, "lead.html", {"org": cfg.org, "story": story})
+            return self.refuse(request, 404, "Not found", f"Org {cfg.org} has no lead {lead_id}.")
+        return self.render(request, "lead.html", {"org": cfg.org, "story": story})
 
-    async def retry(request: Request) -> Response:
-        if not authorized(request):
-            return refuse(request, 401, "Sign in", "Sign in with the admin token first.")
+    async def retry(self, request: Request) -> Response:
+        if not self.authorized(request):
+            return self.refuse(request, 401, "Sign in", "Sign in with the admin token first.")
         form = await _form(request)
         if form is None:
-            return refuse(request, 400, "Bad request", "The form was too large or malformed.")
-        if not security.csrf_ok(key, request.cookies.get(security.COOKIE), form.get("csrf")):
-            return refuse(
+            return self.refuse(request, 400, "Bad request", "The form was too large or malformed.")
+        if not security.csrf_ok(self.key, request.cookies.get(security.COOKIE), form.get("csrf")):
+            return self.refuse(
                 request, 403, "Refused", "The form's CSRF value is missing or wrong: reload."
             )
-        cfg = org_or_404(request)
+        cfg = self.org_or_404(request)
         if cfg is None:
-            return refuse(request, 404, "Not found", "No such org.")
+            return self.refuse(request, 404, "Not found", "No such org.")
         row_id = int(request.path_params["row_id"])
-        n = await run_in_threadpool(retry_dead, engine, cfg.org, [row_id])
+        n = await run_in_threadpool(retry_dead, self.engine, cfg.org, [row_id])
         if n == 0:
-            return refuse(
+            return self.refuse(
                 request, 409, "Not retried", f"Outbox row {row_id} of {cfg.org} is not dead."
             )
         log.info("dashboard: org %s outbox row %d requeued", cfg.org, row_id)
         return RedirectResponse(f"/dashboard/org/{cfg.org}?retried={row_id}#dead", 303)
 
-    async def login_form(request: Request) -> Response:
-        if authorized(request):
+    async def login_form(self, request: Request) -> Response:
+        if self.authorized(request):
             return RedirectResponse("/dashboard/", 303)
-        return render(request, "login.html", {"error": ""})
+        return self.render(request, "login.html", {"error": ""})
 
-    async def login(request: Request) -> Response:
-        if not admin_token:
+    async def login(self, request: Request) -> Response:
+        if not self.admin_token:
             return RedirectResponse("/dashboard/", 303)
         form = await _form(request)
         given = (form or {}).get("token", "")
-        if not security.bearer_ok(admin_token, f"Bearer {given}"):
-            return render(request, "login.html", {"error": "That is not the admin token."}, 401)
+        if not security.bearer_ok(self.admin_token, f"Bearer {given}"):
+            return self.render(
+                request, "login.html", {"error": "That is not the admin token."}, 401
+            )
         response = RedirectResponse("/dashboard/", 303)
-        _set_cookie(response, security.new_session(key))
+        _set_cookie(response, security.new_session(self.key))
         return response
 
+
+def dashboard_routes(
+    engine: Engine,
+    configs: Mapping[str, OrgConfig],
+    *,
+    admin_token: str | None,
+    clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+) -> list[BaseRoute]:
+    """GET /dashboard/..., POST .../retry and /dashboard/login, for the admin app."""
+    d = _Dashboard(engine, configs, admin_token, clock)
     return [
         Route("/dashboard", lambda r: RedirectResponse("/dashboard/", 308), methods=["GET"]),
-        Route("/dashboard/", index, methods=["GET"]),
-        Route("/dashboard/login", login_form, methods=["GET"]),
-        Route("/dashboard/login", login, methods=["POST"]),
-        Route("/dashboard/org/{org}", org_page, methods=["GET"]),
-        Route("/dashboard/org/{org}/totals", totals_page, methods=["GET"]),
-        Route("/dashboard/org/{org}/lead/{lead_id:int}", lead_page, methods=["GET"]),
-        Route("/dashboard/org/{org}/outbox/{row_id:int}/retry", retry, methods=["POST"]),
+        Route("/dashboard/", d.index, methods=["GET"]),
+        Route("/dashboard/login", d.login_form, methods=["GET"]),
+        Route("/dashboard/login", d.login, methods=["POST"]),
+        Route("/dashboard/org/{org}", d.org_page, methods=["GET"]),
+        Route("/dashboard/org/{org}/totals", d.totals_page, methods=["GET"]),
+        Route("/dashboard/org/{org}/lead/{lead_id:int}", d.lead_page, methods=["GET"]),
+        Route("/dashboard/org/{org}/outbox/{row_id:int}/retry", d.retry, methods=["POST"]),
     ]
 
 
