@@ -644,16 +644,21 @@ def record_figures(name: str, figures: dict[str, Any]) -> None:
 
 
 def fairness_violations(engine: Engine, configs: Any) -> list[str]:
-    """Teams where an active rep is a lead or more away from its weighted share (this epoch)."""
+    """Teams where an active rep's rotation turns (its leads plus the turns it was passed over
+    while capped or away, credited) are a lead or more away from its weighted share, in the
+    current epoch: the rotation's guarantee with caps and availability."""
+    from connector.shell.demo import rotation_turns
     from connector.shell.status import org_status
 
+    turns = rotation_turns(engine)
     bad = []
     for org, cfg in configs.items():
         for team in org_status(engine, cfg)["teams"]:
             members = [m for m in team["members"] if m["active"]]
-            total = sum(m["assigned"] for m in members)
+            counts = [turns[team["name"], m["crm_user_id"]] for m in members]
+            total = sum(counts)
             weight = sum(m["weight"] for m in members)
-            for m in members:
-                if abs(m["assigned"] - total * m["weight"] / weight) >= 1:
+            for m, n in zip(members, counts, strict=True):
+                if abs(n - total * m["weight"] / weight) >= 1:
                     bad.append(f"{org}/{team['name']}/{m['name']}")
     return bad
