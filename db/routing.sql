@@ -2,7 +2,7 @@
 --   insert_leads (sorted by CRM id) -> lock_team (teams sorted by name, overflow teams
 --   included) -> team_candidates [-> recent_owners] -> record_assignments
 --   -> record_decisions (decisions.sql) -> COMMIT.
--- team_candidates (like team_seats and active_seats) must be its own statement: under
+-- team_candidates (like active_seats, which bench/harness.py uses) must be its own statement: under
 -- READ COMMITTED each statement takes a fresh
 -- snapshot, so reading the seats AFTER lock_team returned sees the counts the previous lock
 -- holder committed. Reading them in the locking statement would see stale counts.
@@ -34,13 +34,6 @@ SELECT id, epoch FROM teams WHERE org = :org AND name = :name AND in_config FOR 
 SELECT id, weight, assigned_in_epoch, position, crm_user_id, name
 FROM members
 WHERE team_id = :team_id AND active AND in_config
-ORDER BY position
-
--- name: team_seats
--- Every configured member, eligible or not: the router records why each one was skipped.
-SELECT id, weight, assigned_in_epoch, position, crm_user_id, name, active
-FROM members
-WHERE team_id = :team_id AND in_config
 ORDER BY position
 
 -- name: team_candidates

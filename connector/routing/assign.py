@@ -126,11 +126,6 @@ def validate_lead(crm_id: object, fields: object) -> Lead:
     return Lead(crm_id, dict(fields))
 
 
-def skip_reason(seat: Any) -> str | None:
-    """Why a team member cannot take a lead now (a named reason), or None when eligible."""
-    return None if seat.active else "inactive"
-
-
 @dataclass
 class _Placed:
     rows: list[tuple[tuple[int, str, Match], Turn, Any]]

@@ -6,8 +6,8 @@ each point: the rules tried, the team, every candidate rep with the reason it wa
 account. ``flush`` writes one ``routing_decisions`` row per lead in ONE statement of the same
 transaction as the assignment, so a decision is on record exactly when its assignment is.
 
-Skip reasons are named values. ``inactive`` is the one the router knows today; caps and
-availability add theirs (``capped``, ``away``, ``off_shift``) by passing them in the
+Skip reasons are named values: ``inactive``, ``capped``, ``away``, ``off_shift`` (from
+``connector.routing.availability``) and ``current_owner`` (a re-route), passed in each lead's
 candidate list. Building the records is pure (``trace_rules``, ``pick_standings``).
 """
 
@@ -33,7 +33,8 @@ _SQL: dict[str, TextClause] = {k: text(v) for k, v in db.queries("decisions").it
 
 
 class SeatRow(Protocol):
-    """What the recorder needs of a member row (``team_seats`` returns these)."""
+    """What the recorder needs of a member row: its rotation turns at the moment of a pick
+    (``assign._StandingViews`` and ``reassign._Member`` provide these)."""
 
     @property
     def id(self) -> int: ...
