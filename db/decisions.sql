@@ -3,10 +3,13 @@
 -- name: record_decisions
 -- One row per lead, in the transaction that made the decision; a lead whose rule or team has
 -- an SLA gets its check time on the assignment written earlier in the same transaction.
+-- :details is ONE JSON array (a text[] of long JSON strings costs the driver far more to
+-- send: every element is escaped), zipped with the ids by position.
 WITH d AS (
     SELECT *
-    FROM unnest(CAST(:lead_ids AS bigint[]), CAST(:details AS text[]),
-                CAST(:sla_minutes AS integer[]))
+    FROM ROWS FROM (unnest(CAST(:lead_ids AS bigint[])),
+                    jsonb_array_elements(CAST(:details AS jsonb)),
+                    unnest(CAST(:sla_minutes AS integer[])))
          AS d (lead_id, detail, sla_minutes)
 ), sla AS (
     UPDATE assignments a
@@ -16,4 +19,4 @@ WITH d AS (
     RETURNING a.id
 )
 INSERT INTO routing_decisions (org, lead_id, kind, detail)
-SELECT :org, d.lead_id, :kind, d.detail::jsonb FROM d ORDER BY d.lead_id
+SELECT :org, d.lead_id, :kind, d.detail FROM d ORDER BY d.lead_id

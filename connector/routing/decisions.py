@@ -243,7 +243,7 @@ class DecisionRecorder:
                 "org": self.cfg.org,
                 "kind": self.kind,
                 "lead_ids": ids,
-                "details": [json.dumps(self._by_lead[i].detail) for i in ids],
+                "details": json.dumps([self._by_lead[i].detail for i in ids]),
                 "sla_minutes": [self._by_lead[i].sla_minutes for i in ids],
             },
         )
