@@ -1,6 +1,6 @@
 """Benchmark: assignment speed and fairness vs a raw-SQL ceiling and the naive rotation.
 
-    .venv/bin/python -m bench.assign [--quick]
+    .venv/bin/python -m bench.assign [--quick] [--only MODE:WORKERS[:LEADS[:BATCH]] ...]
 
 Every configuration runs in a fresh database on the same server in the same run (the
 embedded PostgreSQL, or BENCH_DATABASE_URL), one team of 10 equal-weight reps, workers as
@@ -62,10 +62,32 @@ def one(
     return row
 
 
+def adhoc(specs: list[str]) -> None:
+    """Run the given configurations (e.g. ``ceiling:4:600`` or ``project_batch:1:5000:500``)."""
+    factory = DatabaseFactory(os.environ.get("BENCH_DATABASE_URL") or server_url())
+    try:
+        for spec in specs:
+            mode, workers, *rest = spec.split(":")
+            leads = int(rest[0]) if rest else 600
+            batch = int(rest[1]) if len(rest) > 1 else 1
+            one(factory, mode, int(workers), leads, batch=batch)
+    finally:
+        factory.drop_all()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="fewer leads (a smoke run)")
+    ap.add_argument(
+        "--only",
+        nargs="+",
+        metavar="MODE:WORKERS[:LEADS[:BATCH]]",
+        help="run just these configurations, print them, write nothing",
+    )
     args = ap.parse_args()
+    if args.only:
+        adhoc(args.only)
+        return
     per_lead = 600 if args.quick else 3000
     batched = 5000 if args.quick else 40_000
     url = os.environ.get("BENCH_DATABASE_URL") or server_url()

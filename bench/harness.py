@@ -4,8 +4,12 @@ Workers are separate processes (spawned), each with its own connection, released
 a barrier. Three ways to do the same work are measured side by side:
 
 * ``project``/``project_batch``: the connector's own Router (per lead, or batched);
-* ``raw``: the same statements sent straight through psycopg, no SQLAlchemy, no Python layer:
-  the ceiling the project is compared against;
+* ``ceiling``/``ceiling_batch``: the ONE-STATEMENT CEILING (``bench/ceiling.sql``): the same
+  work per lead (lead, team lock, pick, assignment, counts, outbox row, a compact decision
+  row) as one prepared statement in autocommit, one round trip: what the project is compared
+  against;
+* ``raw``/``raw_batch``: the project's routing statements replayed through psycopg (BEGIN,
+  insert, lock, read, record, COMMIT; no decision row), for comparison with the older runs;
 * ``naive_caps``: **DELIBERATELY WRONG, kept to prove the cap test can fail.** The project's
   Router, except that each member's leads of the day and week are read before the team lock
   is taken (in their own snapshot), not under it: a cap counted outside the lock.
@@ -23,6 +27,7 @@ import json
 import multiprocessing as mp
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -34,7 +39,17 @@ from connector.routing.assign import Lead, Router
 from connector.routing.availability import periods
 from connector.shell.store import make_engine
 
-MODES = ("project", "project_batch", "raw", "raw_batch", "naive", "naive_caps")
+MODES = (
+    "project",
+    "project_batch",
+    "ceiling",
+    "ceiling_batch",
+    "raw",
+    "raw_batch",
+    "naive",
+    "naive_caps",
+)
+CEILING = Path(__file__).with_name("ceiling.sql")
 
 
 def team_yaml(reps: int, weights: list[int] | None = None, org: str = "bench") -> str:
@@ -240,6 +255,25 @@ class RawRouter:
             )
 
 
+class CeilingRouter:
+    """The one-statement ceiling: each call is ONE prepared statement in autocommit."""
+
+    def __init__(self, conn: psycopg.Connection[Any], org: str) -> None:
+        conn.autocommit = True
+        self.conn, self.org = conn, org
+        text_ = CEILING.read_text(encoding="utf-8")
+        self.sql = {k: _psycopg_sql(v) for k, v in db.parse_named(text_).items()}
+        day = periods(datetime.datetime.now(datetime.UTC), "UTC")
+        self.params: dict[str, Any] = {"org": org, "team": "team", "day": day.day}
+        self.params["week"] = day.week
+
+    def assign(self, crm_id: str) -> None:
+        self.conn.execute(self.sql["one"], {**self.params, "crm_id": crm_id}, prepare=True)
+
+    def assign_batch(self, crm_ids: list[str]) -> None:
+        self.conn.execute(self.sql["batch"], {**self.params, "crm_ids": crm_ids}, prepare=True)
+
+
 class NaiveCapsRouter(Router):
     """A CAP COUNTED OUTSIDE THE LOCK (wrong on purpose): the day and week counts are read in
     a separate snapshot before the team lock is taken, so concurrent workers all see a rep
@@ -291,6 +325,18 @@ def worker(job: Job, barrier: Any, out: Any) -> None:
                     router.assign_many([Lead(x, {}) for x in chunk], "import")
                 latencies.append(time.perf_counter() - t0)
             engine.dispose()
+        elif job.mode in ("ceiling", "ceiling_batch"):
+            with psycopg.connect(_libpq_url(job.db_url)) as conn:
+                ceiling = CeilingRouter(conn, cfg.org)
+                barrier.wait()
+                step = job.batch if job.mode == "ceiling_batch" else 1
+                for i in range(0, len(job.ids), step):
+                    t0 = time.perf_counter()
+                    if step == 1:
+                        ceiling.assign(job.ids[i])
+                    else:
+                        ceiling.assign_batch(job.ids[i : i + step])
+                    latencies.append(time.perf_counter() - t0)
         else:
             with psycopg.connect(_libpq_url(job.db_url)) as conn:
                 raw = RawRouter(conn, cfg.org)
