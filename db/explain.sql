@@ -39,3 +39,7 @@ ORDER BY h.id
 SELECT id, owner_id, state, attempts, last_error, found_owner, replaces_owners, created_at,
        finished_at
 FROM outbox WHERE lead_id = :lead_id ORDER BY id
+
+-- name: members
+-- Who the member ids of compactly recorded picks are (connector/routing/decisions.py `expand`).
+SELECT id, crm_user_id, name FROM members WHERE id = ANY(CAST(:ids AS bigint[]))

@@ -104,3 +104,17 @@ RETURNING lead_id
 
 -- name: mark_unassigned
 UPDATE leads SET unassigned_reason = :reason WHERE id = ANY(CAST(:lead_ids AS bigint[]))
+
+-- name: route_lead
+-- One new lead of a rotation rule, decided and recorded in ONE call (migration 0012): the team
+-- row is locked for this statement plus the commit. What only the config knows is passed in.
+SELECT status, lead_id, team, owner_id, owner_name, reason, cand_ids, cand_skips
+FROM route_lead(
+    CAST(:org AS text), CAST(:crm_object AS text), CAST(:source AS text),
+    CAST(:crm_id AS text), CAST(:fields AS jsonb), CAST(:parent_id AS text),
+    CAST(:team AS text), CAST(:rule_index AS integer), CAST(:rule_name AS text),
+    CAST(:now AS timestamptz), CAST(:day AS date), CAST(:week AS date),
+    CAST(:users AS text[]), CAST(:blocked AS text[]), CAST(:per_day AS integer[]),
+    CAST(:per_week AS integer[]), CAST(:team_per_day AS integer),
+    CAST(:team_per_week AS integer), CAST(:max_in_a_row AS integer),
+    CAST(:detail AS jsonb), CAST(:sla_minutes AS integer))

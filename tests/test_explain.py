@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
+import pytest
 from sqlalchemy import Engine
 
 from connector.intake.receivers import create_app
@@ -211,3 +212,97 @@ def test_build_explanation_is_pure() -> None:
         "owner now: none (unassigned)",
         "write-back: none",
     ]
+
+
+# A pick as written before migration 0012 (every candidate in full) and the same pick written
+# compactly (parallel lists, names looked up when explained): explained the same.
+FULL_DECISION: dict[str, Any] = {
+    "source": "api",
+    "rules": [],
+    "values": {},
+    "team": "na",
+    "epoch": 2,
+    "outcome": "assigned",
+    "candidates": [
+        {
+            "member_id": 11,
+            "crm_user_id": "005A",
+            "name": "Ada",
+            "weight": 2,
+            "count": 4,
+            "skip": None,
+        },
+        {
+            "member_id": 12,
+            "crm_user_id": "005B",
+            "name": "Bob",
+            "weight": 1,
+            "count": 1,
+            "skip": "capped",
+        },
+        {
+            "member_id": 13,
+            "crm_user_id": "005C",
+            "name": "Cy",
+            "weight": 1,
+            "count": 2,
+            "skip": None,
+        },
+        {
+            "member_id": 14,
+            "crm_user_id": "005D",
+            "name": "Di",
+            "weight": 1,
+            "count": 0,
+            "skip": "inactive",
+        },
+    ],
+    "chosen": {
+        "member_id": 13,
+        "crm_user_id": "005C",
+        "name": "Cy",
+        "weight": 1,
+        "total_weight": 3,
+        "count_before": 2,
+        "team_total_before": 6,
+        "share_before": 2.0,
+        "share_after": 2.3333,
+    },
+}
+COMPACT_DECISION: dict[str, Any] = {
+    "source": "api",
+    "rules": [],
+    "values": {},
+    "team": "na",
+    "epoch": 2,
+    "outcome": "assigned",
+    "seats": {
+        "ids": [11, 12, 13, 14],
+        "weights": [2, 1, 1, 1],
+        "counts": [4, 1, 2, 0],
+        "skips": [None, "capped", None, "inactive"],
+    },
+    "chosen_id": 13,
+}
+WHO = {11: ("005A", "Ada"), 12: ("005B", "Bob"), 13: ("005C", "Cy"), 14: ("005D", "Di")}
+
+
+@pytest.mark.parametrize("detail", [FULL_DECISION, COMPACT_DECISION], ids=["full", "compact"])
+def test_old_full_and_compact_decisions_explain_the_same(detail: dict[str, Any]) -> None:
+    lead: dict[str, Any] = {
+        "id": 7,
+        "crm_id": "c1",
+        "crm_object": "Lead",
+        "source": "api",
+        "received_at": None,
+        "unassigned_reason": None,
+    }
+    decision = {"kind": "route", "made_at": None, "detail": detail}
+    e = build_explanation("o", lead, [], [], [decision], None, [], [], WHO)
+    [d] = e["decisions"]
+    assert "seats" not in d and "chosen_id" not in d
+    assert d["candidates"] == FULL_DECISION["candidates"]
+    assert d["chosen"] == FULL_DECISION["chosen"]
+    text_ = format_explanation(e)
+    assert "    - Bob (005B), weight 1, count 1: skipped (capped)" in text_
+    assert "  chosen: Cy (005C): count 2 -> 3, weighted share 2.00 -> 2.33" in text_

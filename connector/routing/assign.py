@@ -48,6 +48,7 @@ from connector.routing.availability import (
 from connector.routing.decisions import DecisionRecorder
 from connector.routing.rotation import Seat, Turn, pick_available
 from connector.routing.rules import Match, compile_rules, match
+from connector.routing.single import call_params, single_teams
 from crm_adapters.salesforce_ids import id_key
 
 log = logging.getLogger(__name__)
@@ -236,14 +237,65 @@ class Router:
         self.parent_key = cfg.crm.parent_key
         # One record, one lead: Salesforce ids are stored in their 18-character form.
         self.salesforce_ids = cfg.crm.kind == "salesforce"
+        # Teams whose single leads are assigned in one call (connector.routing.single).
+        self.single = single_teams(cfg)
 
     def stored_crm_id(self, value: str) -> str:
         """The stored form of a CRM id: 18-character for well-formed Salesforce ids."""
         return id_key(value) if self.salesforce_ids else value
 
     def assign(self, lead: Lead, source: str) -> Outcome:
-        """Store and assign one lead in its own short transaction."""
-        return self.assign_many([lead], source)[0]
+        """Store and assign one lead in its own short transaction.
+
+        A lead of a rotation rule is one call in autocommit (the call is the transaction: one
+        round trip, the team row locked for that statement only); any other goes through
+        ``assign_many``.
+        """
+        if source not in SOURCES:
+            raise ValueError(f"unknown source {source!r}")
+        params = self._single_params(lead, source)
+        if params is None:
+            return self.assign_many([lead], source)[0]
+        for attempt in range(RECONNECT_ATTEMPTS):
+            try:
+                with self.engine.connect() as conn:
+                    conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+                    return self._route_single(conn, params)
+            except DatabaseUnavailable as exc:
+                if not exc.connection_invalidated or attempt == RECONNECT_ATTEMPTS - 1:
+                    raise
+                log.warning("database connection lost; retrying (attempt %d)", attempt + 2)
+        raise AssertionError("unreachable")
+
+    def _single_params(self, lead: Lead, source: str) -> dict[str, Any] | None:
+        """The ``route_lead`` call for a lead that can take it (a rotation rule matched and
+        its team has no overflow team), else None: the general path decides it."""
+        m = match(self.rules, lead.fields)
+        if m is None or self.cfg.rules[m.rule_index].route_to != "team":
+            return None
+        inputs = self.single.get(m.team)
+        if inputs is None:
+            return None
+        key = (self.stored_crm_id(lead.crm_id), lead.fields, self._parent(lead))
+        return call_params(self.cfg, self.rules, inputs, key, m, source, self.clock())
+
+    def _route_single(self, conn: Connection, params: Mapping[str, Any]) -> Outcome:
+        """One ``route_lead`` call on ``conn`` (in the caller's transaction, or autocommit)."""
+        row = conn.execute(_SQL["route_lead"], params).one()
+        cid = params["crm_id"]
+        if row.status == "no_team":
+            raise RoutingError(
+                f"team {params['team']!r} of org {self.cfg.org!r} is not in the database: "
+                "run `connector migrate` with this config"
+            )
+        if row.status == "duplicate":
+            return Outcome(cid, "duplicate", row.team, row.owner_id, row.owner_name, row.reason)
+        candidates = tuple(zip(row.cand_ids, row.cand_skips, strict=True))
+        if row.status == "unassigned":
+            return Outcome(cid, "unassigned", row.team, reason=row.reason, candidates=candidates)
+        return Outcome(
+            cid, "assigned", row.team, row.owner_id, row.owner_name, candidates=candidates
+        )
 
     def assign_many(self, leads: Sequence[Lead], source: str) -> list[Outcome]:
         """Store and assign a batch in one transaction, with the same guarantees.
@@ -268,6 +320,10 @@ class Router:
         """Assign ``leads`` inside the caller's open transaction; outcomes in input order."""
         if source not in SOURCES:
             raise ValueError(f"unknown source {source!r}")
+        if len(leads) == 1:
+            params = self._single_params(leads[0], source)
+            if params is not None:
+                return [self._route_single(conn, params)]
         keys = [self.stored_crm_id(lead.crm_id) for lead in leads]
         first: dict[str, Lead] = {}
         for key, lead in zip(keys, leads, strict=True):
@@ -410,16 +466,16 @@ class Router:
                 _SQL["record_assignments"], self._record_params(team, placed, batch.source)
             )
         views = _StandingViews(members)
+        turns = {r.id: r.turns for r in members}
+        weight = {r.id: r.weight for r in members}
         for (lead_id, cid, m), turn, seat in placed.rows:
-            batch.recorder.team_pick(
-                team_name,
-                team.epoch,
-                views.rows(),
-                turn.candidates,
-                [lead_id],
-                [seat.id],
-                [m.rule_index],
-            )
+            ids = [mid for mid, _ in turn.candidates]
+            skips = [why for _, why in turn.candidates]
+            counts = [turns[mid] for mid in ids]
+            seats = (ids, [weight[mid] for mid in ids], counts, skips)
+            batch.recorder.seat_pick(lead_id, team_name, team.epoch, seats)
+            batch.recorder.picked(lead_id, team_name, seat.id, m.rule_index)
+            turns[seat.id] += 1
             views.advance(seat.id)
             batch.results[cid] = Outcome(
                 cid, "assigned", team_name, seat.crm_user_id, seat.name, candidates=turn.candidates

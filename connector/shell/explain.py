@@ -16,6 +16,7 @@ from sqlalchemy import Engine, text
 
 import db
 from connector.core.config import OrgConfig
+from connector.routing.decisions import expand, member_ids
 from crm_adapters.salesforce_ids import id_key
 
 
@@ -44,8 +45,11 @@ def build_explanation(
     current: Mapping[Any, Any] | None,
     history: Sequence[Mapping[Any, Any]],
     writes: Sequence[Mapping[Any, Any]],
+    who: Mapping[int, tuple[str, str]] | None = None,
 ) -> dict[str, Any]:
-    """The explanation as plain data (the `--json` output)."""
+    """The explanation as plain data (the `--json` output); ``who`` names the members of
+    compactly recorded picks (member id -> (CRM user id, name))."""
+    who = who or {}
     return {
         "org": org,
         "crm_id": lead["crm_id"],
@@ -69,7 +73,7 @@ def build_explanation(
             "skipped": [_row(s) for s in skips],
         },
         "decisions": [
-            {"kind": d["kind"], "made_at": _plain(d["made_at"]), **dict(d["detail"])}
+            {"kind": d["kind"], "made_at": _plain(d["made_at"]), **expand(d["detail"], who)}
             for d in decisions
         ],
         "owner": _row(current) if current else None,
@@ -232,13 +236,17 @@ def load_explanation(engine: Engine, cfg: OrgConfig, crm_id: str) -> dict[str, A
         if lead is None:
             raise NotFound(f"lead {key} is not known to org {cfg.org!r}")
         lid = {"lead_id": lead["id"]}
+        decisions = conn.execute(q["decisions"], lid).mappings().all()
+        ids = sorted({i for d in decisions for i in member_ids(d["detail"])})
+        who = {r.id: (r.crm_user_id, r.name) for r in conn.execute(q["members"], {"ids": ids})}
         return build_explanation(
             cfg.org,
             lead,
             conn.execute(q["events"], {**params, "salesforce": salesforce}).mappings().all(),
             conn.execute(q["skips"], params).mappings().all(),
-            conn.execute(q["decisions"], lid).mappings().all(),
+            decisions,
             conn.execute(q["current"], lid).mappings().one_or_none(),
             conn.execute(q["history"], lid).mappings().all(),
             conn.execute(q["writes"], lid).mappings().all(),
+            who,
         )

@@ -1,0 +1,118 @@
+"""One lead in one round trip: what the config decides, computed before the team lock.
+
+A single new lead of a rotation rule whose team has no overflow team is assigned by ONE call
+of the server-side function ``route_lead`` (migration 0012): it inserts the lead, locks the
+team row, reads the members with their turns, CLI time off and caps counters, picks with a
+mirror of ``connector.routing.rotation.pick_available`` (``rotation_pick``), and records the
+assignment, counts, caps counters, outbox row and decision. So the team row is locked for one
+statement plus the commit. What only the config knows is computed here (pure, clock
+injected) and passed in: each configured member's working hours and YAML time off at ``now``
+(as ``away``/``off_shift``), its caps, catch-up's K, the rules tried and the SLA.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from connector.core.config import OrgConfig, Team
+from connector.core.hours import WeeklyHours
+from connector.routing.availability import Window, config_windows, periods
+from connector.routing.decisions import trace_rules
+from connector.routing.rules import CompiledRule, Match
+
+
+@dataclass(frozen=True)
+class TeamInputs:
+    """A team's configured members as the single-lead call needs them (from the config)."""
+
+    name: str
+    timezone: str
+    users: tuple[str, ...]
+    windows: tuple[tuple[Window, ...], ...]
+    hours: tuple[WeeklyHours | None, ...]
+    per_day: tuple[int | None, ...]
+    per_week: tuple[int | None, ...]
+    team_per_day: int | None
+    team_per_week: int | None
+    max_in_a_row: int | None
+
+
+def team_inputs(team: Team) -> TeamInputs:
+    caps = [team.caps_of(m) for m in team.members]
+    return TeamInputs(
+        name=team.name,
+        timezone=team.timezone,
+        users=tuple(m.crm_user_id for m in team.members),
+        windows=tuple(config_windows(team, m) for m in team.members),
+        hours=tuple(m.hours for m in team.members),
+        per_day=tuple(c.per_day for c in caps),
+        per_week=tuple(c.per_week for c in caps),
+        team_per_day=team.caps.per_day,
+        team_per_week=team.caps.per_week,
+        max_in_a_row=team.max_in_a_row,
+    )
+
+
+def single_teams(cfg: OrgConfig) -> dict[str, TeamInputs]:
+    """The teams whose leads may take the single-call path: those without an overflow team
+    (a lead they cannot place moves on to another team's lock, which the general path takes
+    in name order)."""
+    return {t.name: team_inputs(t) for t in cfg.teams if t.overflow_team is None}
+
+
+def config_blocked(inputs: TeamInputs, now: datetime) -> list[str | None]:
+    """Per configured member: ``away`` (YAML time off), ``off_shift`` (outside its hours) or
+    None, at ``now``; time off set from the command line is read under the lock."""
+    out: list[str | None] = []
+    for windows, hours in zip(inputs.windows, inputs.hours, strict=True):
+        if any(w.covers(now) for w in windows):
+            out.append("away")
+        elif hours is not None and not hours.is_open(now):
+            out.append("off_shift")
+        else:
+            out.append(None)
+    return out
+
+
+def call_params(
+    cfg: OrgConfig,
+    rules: Sequence[CompiledRule],
+    inputs: TeamInputs,
+    lead: tuple[str, Mapping[str, Any], str | None],
+    m: Match,
+    source: str,
+    now: datetime,
+) -> dict[str, Any]:
+    """The parameters of one ``route_lead`` call; ``lead`` is (stored CRM id, fields,
+    stored parent id)."""
+    crm_id, fields, parent_id = lead
+    p = periods(now, inputs.timezone)
+    tried, values = trace_rules(rules, fields)
+    sla = cfg.sla_for(m.rule_index, m.team)
+    return {
+        "org": cfg.org,
+        "crm_object": cfg.crm_object,
+        "source": source,
+        "crm_id": crm_id,
+        "fields": json.dumps(fields),
+        "parent_id": parent_id,
+        "team": m.team,
+        "rule_index": m.rule_index,
+        "rule_name": m.rule_name,
+        "now": now,
+        "day": p.day,
+        "week": p.week,
+        "users": list(inputs.users),
+        "blocked": config_blocked(inputs, now),
+        "per_day": list(inputs.per_day),
+        "per_week": list(inputs.per_week),
+        "team_per_day": inputs.team_per_day,
+        "team_per_week": inputs.team_per_week,
+        "max_in_a_row": inputs.max_in_a_row,
+        "detail": json.dumps({"source": source, "rules": tried, "values": values}),
+        "sla_minutes": sla.minutes if sla else None,
+    }

@@ -1,0 +1,308 @@
+-- One round trip per lead: the common single-lead assignment as one server-side call.
+-- `route_lead` inserts the lead, locks its team row, reads the members with their turns,
+-- CLI time off and caps counters, picks with `rotation_pick` (a mirror of
+-- connector/routing/rotation.py `pick_available` for one lead, property-tested against it),
+-- records the assignment, counts, credits, caps counters, outbox row and decision, and
+-- returns the outcome: the team row stays locked for this one statement plus the commit.
+-- It is VOLATILE plpgsql, so at READ COMMITTED each statement inside takes a fresh snapshot:
+-- the member read that follows the lock sees what the previous lock holder committed
+-- (tests/test_route_lead.py checks this). What only the config knows (working hours and YAML
+-- time off at the caller's `now`, the caps' values, the rules tried) is computed by the
+-- caller before the call and passed in.
+
+-- One pick of the weighted Pfair rotation (earliest deadline first) over a team's ACTIVE
+-- seats, with caps, credits and catch-up, exactly as pick_available picks one lead.
+-- blocked: 'away' or 'off_shift' (NULL: may take a lead); room: leads its caps still allow
+-- (NULL: no cap); max_in_a_row: K of catch_up, NULL for catch_up none; recent: the team's
+-- latest owners, newest first. Returns the pick (NULL: nobody can take the lead), every seat
+-- in rotation order with its skip reason, and the turns credited to passed-over seats.
+CREATE FUNCTION rotation_pick(
+    ids bigint[], weights integer[], turns bigint[], positions integer[], blocked text[],
+    room integer[], max_in_a_row integer, recent bigint[],
+    OUT member_id bigint, OUT cand_ids bigint[], OUT cand_skips text[],
+    OUT credit_ids bigint[], OUT credit_ns bigint[]
+)
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+AS $$
+DECLARE
+    n      integer := coalesce(array_length(ids, 1), 0);
+    ord    integer[];
+    t      bigint[] := turns;
+    why    text[];
+    credit boolean[];
+    gave   bigint[];
+    total  bigint := 0;
+    slot   bigint := 0;
+    able   integer := 0;
+    excl   integer;
+    best   integer;
+    dl     bigint;
+    best_dl bigint;
+    i      integer;
+BEGIN
+    cand_ids := '{}'; cand_skips := '{}'; credit_ids := '{}'; credit_ns := '{}';
+    IF n = 0 THEN
+        RETURN;
+    END IF;
+    SELECT array_agg(x.i ORDER BY weights[x.i] DESC, positions[x.i], ids[x.i]) INTO ord
+    FROM generate_subscripts(ids, 1) AS x (i);
+    why := array_fill(NULL::text, ARRAY[n]);
+    credit := array_fill(false, ARRAY[n]);
+    gave := array_fill(0::bigint, ARRAY[n]);
+    FOREACH i IN ARRAY ord LOOP
+        total := total + weights[i];
+        slot := slot + t[i];
+        why[i] := coalesce(blocked[i], CASE WHEN room[i] = 0 THEN 'capped' END);
+        credit[i] := why[i] IN ('capped', 'off_shift')
+                     OR (why[i] = 'away' AND max_in_a_row IS NULL);
+        IF why[i] IS NULL THEN
+            able := able + 1;
+        END IF;
+        cand_ids := cand_ids || ids[i];
+        cand_skips := cand_skips || why[i];
+    END LOOP;
+    IF able = 0 THEN
+        RETURN;
+    END IF;
+    -- catch-up: no (K+1)-th lead in a row while another rep can take it, unless that rep is
+    -- already ahead of its share
+    IF max_in_a_row IS NOT NULL AND able > 1
+       AND coalesce(array_length(recent, 1), 0) >= max_in_a_row
+       AND recent[1:max_in_a_row] <@ ARRAY[recent[1]] THEN
+        excl := array_position(ids, recent[1]);
+        IF excl IS NOT NULL
+           AND NOT (why[excl] IS NULL AND slot * weights[excl] >= t[excl] * total) THEN
+            excl := NULL;
+        END IF;
+    END IF;
+    LOOP
+        best := NULL;
+        FOREACH i IN ARRAY ord LOOP
+            CONTINUE WHEN i = excl OR NOT (why[i] IS NULL OR credit[i])
+                          OR t[i] * total / weights[i] > slot;
+            dl := ((t[i] + 1) * total + weights[i] - 1) / weights[i];
+            IF best IS NULL OR dl < best_dl THEN
+                best := i;
+                best_dl := dl;
+            END IF;
+        END LOOP;
+        IF best IS NOT NULL THEN
+            IF credit[best] THEN  -- passed over: its turn is credited, the schedule moves on
+                t[best] := t[best] + 1;
+                gave[best] := gave[best] + 1;
+                slot := slot + 1;
+                CONTINUE;
+            END IF;
+        ELSE  -- the away reps' share is not consumed: serve the earliest deadline
+            FOREACH i IN ARRAY ord LOOP
+                CONTINUE WHEN i = excl OR why[i] IS NOT NULL;
+                dl := ((t[i] + 1) * total + weights[i] - 1) / weights[i];
+                IF best IS NULL OR dl < best_dl THEN
+                    best := i;
+                    best_dl := dl;
+                END IF;
+            END LOOP;
+        END IF;
+        EXIT;
+    END LOOP;
+    member_id := ids[best];
+    FOREACH i IN ARRAY ord LOOP
+        IF gave[i] > 0 THEN
+            credit_ids := credit_ids || ids[i];
+            credit_ns := credit_ns || gave[i];
+        END IF;
+    END LOOP;
+END
+$$;
+
+-- Assign one new lead of a rotation rule (no overflow team): see the top of this file.
+-- users/blocked/per_day/per_week describe the configured members (by CRM user id); a member
+-- row the config does not name gets the team's caps (team_per_day, team_per_week).
+-- Returns status 'assigned', 'unassigned' (reason set), 'duplicate' (the stored outcome of
+-- the existing lead) or 'no_team' (nothing written: the team is not in the database).
+CREATE FUNCTION route_lead(
+    p_org text, p_crm_object text, p_source text, p_crm_id text, p_fields jsonb,
+    p_parent_id text, p_team text, p_rule_index integer, p_rule_name text,
+    p_now timestamptz, p_day date, p_week date,
+    p_users text[], p_blocked text[], p_per_day integer[], p_per_week integer[],
+    p_team_per_day integer, p_team_per_week integer, p_max_in_a_row integer,
+    p_detail jsonb, p_sla_minutes integer
+)
+RETURNS TABLE (
+    status text, lead_id bigint, team text, owner_id text, owner_name text, reason text,
+    cand_ids bigint[], cand_skips text[]
+)
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_lead    bigint;
+    v_team    bigint;
+    v_epoch   integer;
+    m         record;
+    v_reason  text;
+    v_weights integer[];
+    v_counts  bigint[];
+    v_owner   text;
+    v_name    text;
+    v_detail  jsonb;
+BEGIN
+    team := p_team;
+    PERFORM FROM teams t WHERE t.org = p_org AND t.name = p_team AND t.in_config;
+    IF NOT FOUND THEN
+        status := 'no_team';
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    INSERT INTO leads (org, crm_object, crm_id, fields, parent_id, source)
+    VALUES (p_org, p_crm_object, p_crm_id, p_fields, p_parent_id, p_source)
+    ON CONFLICT (org, crm_object, crm_id) WHERE merged_into IS NULL DO NOTHING
+    RETURNING id INTO v_lead;
+    IF v_lead IS NULL THEN
+        status := 'duplicate';
+        SELECT l.id, a.crm_user_id, t.name, mm.name,
+               CASE WHEN a.crm_user_id IS NULL THEN l.unassigned_reason END
+        INTO lead_id, owner_id, team, owner_name, reason
+        FROM leads l
+        LEFT JOIN assignments a ON a.lead_id = l.id
+        LEFT JOIN teams t ON t.id = a.team_id
+        LEFT JOIN members mm ON mm.id = a.member_id
+        WHERE l.org = p_org AND l.crm_object = p_crm_object AND l.crm_id = p_crm_id
+          AND l.merged_into IS NULL;
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    lead_id := v_lead;
+    SELECT t.id, t.epoch INTO v_team, v_epoch
+    FROM teams t WHERE t.org = p_org AND t.name = p_team AND t.in_config FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'team of org is no longer in the database' USING ERRCODE = 'P0002';
+    END IF;
+    -- A new statement, so a fresh snapshot: the counts, caps counters and latest owners the
+    -- previous lock holder committed. The pick is made in the same statement.
+    SELECT x.*, p.member_id AS pick, p.cand_ids AS seat_ids, p.cand_skips AS seat_skips,
+           p.credit_ids, p.credit_ns
+    INTO m
+    FROM (
+        -- every array is aggregated from the same row stream, so they stay aligned; the
+        -- rotation sorts its seats itself
+        SELECT array_agg(y.id) AS ids, array_agg(y.weight) AS weights,
+               array_agg(y.turns) AS turns, array_agg(y.active) AS active,
+               array_agg(y.crm_user_id) AS users, array_agg(y.name) AS names,
+               array_agg(y.position) AS positions,
+               coalesce(array_agg(y.id) FILTER (WHERE y.active), '{}') AS s_ids,
+               coalesce(array_agg(y.weight) FILTER (WHERE y.active), '{}') AS s_weights,
+               coalesce(array_agg(y.turns) FILTER (WHERE y.active), '{}') AS s_turns,
+               coalesce(array_agg(y.position) FILTER (WHERE y.active), '{}') AS s_positions,
+               coalesce(array_agg(y.why) FILTER (WHERE y.active), '{}') AS s_why,
+               coalesce(array_agg(y.room) FILTER (WHERE y.active), '{}') AS s_room
+        FROM (
+            SELECT mb.id, mb.weight, mb.assigned_in_epoch + mb.credited_in_epoch AS turns,
+                   mb.position, mb.active, mb.crm_user_id, mb.name,
+                   CASE WHEN o.starts_at <= p_now AND p_now < o.until THEN 'away'
+                        ELSE p_blocked[c.i] END AS why,
+                   CASE WHEN cap.day IS NOT NULL OR cap.week IS NOT NULL THEN
+                   greatest(0, least(cap.day - coalesce(d.assigned, 0),
+                                     cap.week - coalesce(w.assigned, 0))) END AS room
+            FROM members mb
+            CROSS JOIN LATERAL (SELECT array_position(p_users, mb.crm_user_id) AS i) c
+            -- a member the config does not name has the team's caps; NULL: no cap (least
+            -- and greatest skip NULLs, so a NULL room is left only when neither is set)
+            CROSS JOIN LATERAL (
+                SELECT CASE WHEN c.i IS NULL THEN p_team_per_day ELSE p_per_day[c.i] END AS day,
+                       CASE WHEN c.i IS NULL THEN p_team_per_week ELSE p_per_week[c.i] END
+                           AS week
+            ) cap
+            LEFT JOIN rep_time_off o ON o.org = p_org AND o.crm_user_id = mb.crm_user_id
+            LEFT JOIN member_load d
+                   ON d.member_id = mb.id AND d.period = 'day' AND d.starts_on = p_day
+            LEFT JOIN member_load w
+                   ON w.member_id = mb.id AND w.period = 'week' AND w.starts_on = p_week
+            WHERE mb.team_id = v_team AND mb.in_config
+        ) y
+    ) x
+    CROSS JOIN LATERAL rotation_pick(
+        x.s_ids, x.s_weights, x.s_turns, x.s_positions, x.s_why, x.s_room,
+        p_max_in_a_row,
+        (SELECT coalesce(array_agg(r.member_id ORDER BY r.id DESC), '{}')
+         FROM (SELECT a.id, a.member_id FROM assignments a WHERE a.team_id = v_team
+               ORDER BY a.id DESC LIMIT coalesce(p_max_in_a_row, 0)) r)
+    ) p;
+    -- Every configured member as the decision records it (the rotation's seats in its
+    -- order, then the inactive ones by position), with its weight and count, compactly:
+    -- connector/routing/decisions.py `expand` turns this into the full form for explain.
+    SELECT coalesce(array_agg(u.id ORDER BY u.o), '{}'),
+           coalesce(array_agg(u.why ORDER BY u.o), '{}'),
+           coalesce(array_agg(mm.w ORDER BY u.o), '{}'),
+           coalesce(array_agg(mm.t ORDER BY u.o), '{}'),
+           max(mm.u) FILTER (WHERE u.id = m.pick),
+           max(mm.nm) FILTER (WHERE u.id = m.pick)
+    INTO cand_ids, cand_skips, v_weights, v_counts, v_owner, v_name
+    FROM unnest(
+            m.seat_ids || coalesce((SELECT array_agg(i.id ORDER BY i.p)
+                                    FROM unnest(m.ids, m.active, m.positions) i (id, a, p)
+                                    WHERE NOT i.a), '{}'),
+            m.seat_skips || coalesce((SELECT array_agg('inactive'::text)
+                                      FROM unnest(m.active) i (a) WHERE NOT i.a), '{}'))
+         WITH ORDINALITY u (id, why, o)
+    JOIN unnest(m.ids, m.users, m.names, m.weights, m.turns) mm (id, u, nm, w, t)
+      ON mm.id = u.id;
+    v_detail := p_detail || jsonb_build_object(
+        'team', p_team,
+        'seats', jsonb_build_object('ids', cand_ids, 'weights', v_weights, 'counts', v_counts,
+                                    'skips', cand_skips));
+    IF m.pick IS NULL THEN
+        v_reason := CASE
+            WHEN NOT (true = ANY (coalesce(m.active, '{}'))) THEN 'no_active_member'
+            WHEN 'capped' = ANY (m.seat_skips) THEN 'all_capped'
+            ELSE 'none_available' END;
+        UPDATE leads SET unassigned_reason = v_reason WHERE id = v_lead;
+        INSERT INTO routing_decisions (org, lead_id, kind, detail)
+        VALUES (p_org, v_lead, 'route',
+                v_detail || jsonb_build_object('outcome', 'unassigned', 'reason', v_reason));
+        status := 'unassigned';
+        reason := v_reason;
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    -- every write in one statement (like record_assignments and record_decisions)
+    WITH bump AS (
+        UPDATE members mb
+        SET assigned_in_epoch = mb.assigned_in_epoch
+                                + CASE WHEN mb.id = m.pick THEN 1 ELSE 0 END,
+            credited_in_epoch = mb.credited_in_epoch + c.n
+        FROM (SELECT m.pick AS id, 0::bigint AS n
+              UNION ALL
+              SELECT u.id, u.n FROM unnest(m.credit_ids, m.credit_ns) u (id, n)) c
+        WHERE mb.id = c.id
+        RETURNING mb.id
+    ), load AS (
+        INSERT INTO member_load (member_id, period, starts_on, assigned)
+        VALUES (m.pick, 'day', p_day, 1), (m.pick, 'week', p_week, 1)
+        ON CONFLICT (member_id, period, starts_on)
+        DO UPDATE SET assigned = member_load.assigned + 1
+        RETURNING member_id
+    ), assigned AS (
+        INSERT INTO assignments (lead_id, org, team_id, member_id, crm_user_id, epoch,
+                                 rule_index, rule_name, source, sla_due_at)
+        VALUES (v_lead, p_org, v_team, m.pick, v_owner, v_epoch, p_rule_index,
+                p_rule_name, p_source, now() + make_interval(mins => p_sla_minutes))
+        RETURNING id
+    ), outbox AS (
+        INSERT INTO outbox (org, lead_id, assignment_id, crm_object, crm_id, owner_id,
+                            parent_id)
+        SELECT p_org, v_lead, assigned.id, p_crm_object, p_crm_id, v_owner, p_parent_id
+        FROM assigned
+        RETURNING id
+    )
+    INSERT INTO routing_decisions (org, lead_id, kind, detail)
+    VALUES (p_org, v_lead, 'route',
+            v_detail || jsonb_build_object('epoch', v_epoch, 'outcome', 'assigned',
+                                           'chosen_id', m.pick)
+            || CASE WHEN p_sla_minutes IS NULL THEN '{}'::jsonb
+                    ELSE jsonb_build_object('sla_minutes', p_sla_minutes) END);
+    status := 'assigned';
+    owner_id := v_owner;
+    owner_name := v_name;
+    RETURN NEXT;
+END
+$$;
