@@ -141,7 +141,8 @@ teams:
       - {{crm_user_id: "005A", name: Ada, weight: 2}}
       - {{crm_user_id: "005B", name: Bob, caps: {{per_day: 3, per_week: 5}},
          hours: {{timezone: America/New_York, mon-fri: "09:00-17:30"}}}}
-      - {{crm_user_id: "005C", name: Cy, time_off: [{{from: "2026-12-07T15:00", until: "2026-12-07T18:00"}}]}}
+      - {{crm_user_id: "005C", name: Cy,
+         time_off: [{{from: "2026-12-07T15:00", until: "2026-12-07T18:00"}}]}}
       - {{crm_user_id: "005D", name: Di, active: false}}
   - name: k
     catch_up: {{max_in_a_row: 2}}
