@@ -16,7 +16,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from connector.routing.rotation import Seat, Turn, next_owners, pick_available
+from connector.routing.rotation import Seat, Turn, _picks, next_owners, pick_available
 
 AWAY_OR_OFF = st.sampled_from(["away", "off_shift"])
 
@@ -337,3 +337,27 @@ def test_the_picker_equals_the_reference_rule(
     expected, credited = _reference(team, blocked, room, count, k, recent)
     assert [t.member_id for t in picks.turns] == expected
     assert picks.credited == credited
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.integers(1, 6), min_size=1, max_size=8),
+    st.data(),
+    st.integers(1, 60),
+)
+def test_unconstrained_fast_path_equals_the_lead_by_lead_loop(
+    weights: list[int], data: st.DataObject, count: int
+) -> None:
+    """With nobody blocked, no cap that can bind and no catch-up, pick_available takes the
+    plain rotation (next_owners); the lead-by-lead loop must pick exactly the same."""
+    n = len(weights)
+    turns = data.draw(st.lists(st.integers(0, 40), min_size=n, max_size=n))
+    positions = data.draw(st.permutations(list(range(n))))
+    rows = zip(weights, turns, positions, strict=True)
+    team = [Seat(100 + i, w, t, p) for i, (w, t, p) in enumerate(rows)]
+    room = {
+        s.member_id: data.draw(st.one_of(st.none(), st.integers(count, count + 3))) for s in team
+    }
+    fast = pick_available(team, {}, room, count)
+    loop = _picks(team, {}, room, count, None, ())
+    assert fast == loop

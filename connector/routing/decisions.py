@@ -197,17 +197,31 @@ class DecisionRecorder:
         self.rules = rules
         self.kind = kind
         self._by_lead: dict[int, _Pending] = {}
+        self._fields = sorted({f for r in rules for f, _ in r.conditions})
+        self._slas: dict[tuple[int, str], int | None] = {}
+        self._traces: dict[tuple[object, ...], tuple[list[dict[str, Any]], dict[str, Any]]] = {}
 
     def _entry(self, lead_id: int) -> _Pending:
-        return self._by_lead.setdefault(lead_id, _Pending({}))
+        p = self._by_lead.get(lead_id)
+        if p is None:
+            p = self._by_lead[lead_id] = _Pending({})
+        return p
 
     def detail(self, lead_id: int) -> dict[str, Any]:
         """The decision recorded so far for one lead (a live reference)."""
         return self._entry(lead_id).detail
 
     def started(self, lead_id: int, source: str, fields: Mapping[str, object]) -> None:
-        """The lead is new and its rules are about to be matched: trace them."""
-        tried, values = trace_rules(self.rules, fields)
+        """The lead is new and its rules are about to be matched: trace them (a trace depends
+        only on the values of the fields the rules look at, so a batch traces each distinct
+        combination once)."""
+        key = tuple(fields.get(f) for f in self._fields)
+        try:
+            tried, values = self._traces[key]
+        except KeyError:
+            tried, values = self._traces.setdefault(key, trace_rules(self.rules, fields))
+        except TypeError:  # an unhashable value (a list or an object): no cache
+            tried, values = trace_rules(self.rules, fields)
         d = self._entry(lead_id).detail
         d.update({"source": source, "rules": tried, "values": values})
 
@@ -263,10 +277,13 @@ class DecisionRecorder:
         p.detail["chosen_id"] = member_id
         p.detail["outcome"] = "assigned"
         if rule_index is not None:
-            sla = self.cfg.sla_for(rule_index, team)
-            p.sla_minutes = sla.minutes if sla else None
-            if sla:
-                p.detail["sla_minutes"] = sla.minutes
+            key = (rule_index, team)
+            if key not in self._slas:
+                sla = self.cfg.sla_for(rule_index, team)
+                self._slas[key] = sla.minutes if sla else None
+            p.sla_minutes = self._slas[key]
+            if p.sla_minutes is not None:
+                p.detail["sla_minutes"] = p.sla_minutes
 
     def unassigned(
         self,
