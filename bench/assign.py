@@ -1,10 +1,13 @@
-"""Benchmark: assignment speed and fairness vs a raw-SQL ceiling and the naive rotation.
+"""Benchmark: assignment speed and fairness vs the one-statement ceiling and the naive rotation.
 
     .venv/bin/python -m bench.assign [--quick] [--only MODE:WORKERS[:LEADS[:BATCH]] ...]
 
 Every configuration runs in a fresh database on the same server in the same run (the
 embedded PostgreSQL, or BENCH_DATABASE_URL), one team of 10 equal-weight reps, workers as
-separate processes released together. Prints a table and writes bench/results/assign.json.
+separate processes released together. The ceiling (``ceiling``, ``ceiling_batch``) is the same
+work as one prepared statement a call (bench/ceiling.sql, see bench/harness.py). Prints a
+table and the ratios project / ceiling, and writes bench/results/assign.json (with the load
+average before and after, since other work on the machine moves these figures).
 """
 
 from __future__ import annotations
@@ -94,12 +97,13 @@ def main() -> None:
     factory = DatabaseFactory(url)
     rows: list[dict[str, Any]] = []
     t0 = time.time()
+    load_before = os.getloadavg()
     try:
         for workers in (1, 4, 16):
-            for mode in ("raw", "project", "naive"):
+            for mode in ("ceiling", "project", "naive"):
                 rows.append(one(factory, mode, workers, per_lead))
         for workers in (1, 4, 16):
-            for mode in ("raw_batch", "project_batch"):
+            for mode in ("ceiling_batch", "project_batch"):
                 rows.append(one(factory, mode, workers, batched, batch=500))
     finally:
         factory.drop_all()
@@ -109,16 +113,16 @@ def main() -> None:
 
     ratios = {}
     for workers in (1, 4, 16):
-        ratios[f"per_lead_vs_raw_x{workers}"] = round(
-            find("project", workers)["leads_per_s"] / find("raw", workers)["leads_per_s"], 3
+        ratios[f"per_lead_vs_ceiling_x{workers}"] = round(
+            find("project", workers)["leads_per_s"] / find("ceiling", workers)["leads_per_s"], 3
         )
-        ratios[f"batch_vs_raw_batch_x{workers}"] = round(
+        ratios[f"batch_vs_ceiling_batch_x{workers}"] = round(
             find("project_batch", workers)["leads_per_s"]
-            / find("raw_batch", workers)["leads_per_s"],
+            / find("ceiling_batch", workers)["leads_per_s"],
             3,
         )
     print(
-        "ratios (project / raw ceiling, same run):",
+        "ratios (project / one-statement ceiling, same run):",
         ", ".join(f"{k}={v}" for k, v in ratios.items()),
     )
     RESULTS.mkdir(exist_ok=True)
@@ -130,6 +134,7 @@ def main() -> None:
         "quick": args.quick,
         "rows": rows,
         "ratios": ratios,
+        "load_average": {"before": load_before, "after": os.getloadavg()},
         "seconds_total": round(time.time() - t0, 1),
     }
     path = RESULTS / "assign.json"

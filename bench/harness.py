@@ -8,8 +8,6 @@ a barrier. Three ways to do the same work are measured side by side:
   work per lead (lead, team lock, pick, assignment, counts, outbox row, a compact decision
   row) as one prepared statement in autocommit, one round trip: what the project is compared
   against;
-* ``raw``/``raw_batch``: the project's routing statements replayed through psycopg (BEGIN,
-  insert, lock, read, record, COMMIT; no decision row), for comparison with the older runs;
 * ``naive_caps``: **DELIBERATELY WRONG, kept to prove the cap test can fail.** The project's
   Router, except that each member's leads of the day and week are read before the team lock
   is taken (in their own snapshot), not under it: a cap counted outside the lock.
@@ -44,8 +42,6 @@ MODES = (
     "project_batch",
     "ceiling",
     "ceiling_batch",
-    "raw",
-    "raw_batch",
     "naive",
     "naive_caps",
 )
@@ -75,10 +71,11 @@ rules:
 
 
 ENV = {"BENCH_TOKEN": "unused"}
-# record_assignments' rotation credits and cap counters, for callers that use neither
+# record_assignments' rotation credits, cap counters and decisions, for callers that use none
 NO_CREDITS: dict[str, Any] = {
     "credit_ids": [],
     "credit_ns": [],
+    "details": "[]",
     "day": datetime.date(2000, 1, 3),
     "week": datetime.date(2000, 1, 3),
 }
@@ -150,7 +147,11 @@ def _naive_assign(conn: psycopg.Connection[Any], org: str, crm_id: str) -> None:
                 "team_id": team_id,
                 "epoch": epoch,
                 "source": "api",
+                "crm_object": "Lead",
                 "lead_ids": [row[0]],
+                "crm_ids": [crm_id],
+                "parent_ids": [None],
+                "sla_minutes": [None],
                 "member_ids": [member_id],
                 "rule_indexes": [0],
                 "rule_names": ["rule 0: default"],
@@ -164,95 +165,6 @@ def _psycopg_sql(sql: str) -> str:
     import re
 
     return re.sub(r"(?<![:\w]):([a-z_]+)\b(?!:)", r"%(\1)s", sql)
-
-
-class RawRouter:
-    """The ceiling: the project's statements, prepared, straight through psycopg."""
-
-    def __init__(self, conn: psycopg.Connection[Any], org: str) -> None:
-        q = db.queries("routing")
-        self.conn, self.org = conn, org
-        self.sql = {k: _psycopg_sql(v) for k, v in q.items()}
-
-    def assign(self, crm_id: str) -> None:
-        s, c = self.sql, self.conn
-        with c.transaction():
-            rows = c.execute(
-                s["insert_leads"],
-                {
-                    "org": self.org,
-                    "crm_object": "Lead",
-                    "source": "api",
-                    "crm_ids": [crm_id],
-                    "fields": ["{}"],
-                    "parent_ids": [None],
-                },
-                prepare=True,
-            ).fetchall()
-            if not rows:
-                return
-            team_id, epoch = c.execute(
-                s["lock_team"], {"org": self.org, "name": "team"}, prepare=True
-            ).fetchone()
-            seats = c.execute(s["active_seats"], {"team_id": team_id}, prepare=True).fetchall()
-            # minimal pick: equal-weight round robin (least count, then position)
-            member_id = min(seats, key=lambda r: (r[2], r[3]))[0]
-            c.execute(
-                s["record_assignments"],
-                {
-                    "org": self.org,
-                    "team_id": team_id,
-                    "epoch": epoch,
-                    "source": "api",
-                    "lead_ids": [rows[0][0]],
-                    "member_ids": [member_id],
-                    "rule_indexes": [0],
-                    "rule_names": ["rule 0: default"],
-                    **NO_CREDITS,
-                },
-                prepare=True,
-            )
-
-    def assign_batch(self, crm_ids: list[str]) -> None:
-        """The batched ceiling: the same four statements for a whole batch."""
-        s, c = self.sql, self.conn
-        with c.transaction():
-            rows = c.execute(
-                s["insert_leads"],
-                {
-                    "org": self.org,
-                    "crm_object": "Lead",
-                    "source": "import",
-                    "crm_ids": crm_ids,
-                    "fields": ["{}"] * len(crm_ids),
-                    "parent_ids": [None] * len(crm_ids),
-                },
-                prepare=True,
-            ).fetchall()
-            if not rows:
-                return
-            team_id, epoch = c.execute(
-                s["lock_team"], {"org": self.org, "name": "team"}, prepare=True
-            ).fetchone()
-            seats = c.execute(s["active_seats"], {"team_id": team_id}, prepare=True).fetchall()
-            # minimal pick: equal-weight round robin continuing from the current counts
-            order = sorted(seats, key=lambda r: (r[2], r[3]))
-            members = [order[i % len(order)][0] for i in range(len(rows))]
-            c.execute(
-                s["record_assignments"],
-                {
-                    "org": self.org,
-                    "team_id": team_id,
-                    "epoch": epoch,
-                    "source": "import",
-                    "lead_ids": [r[0] for r in rows],
-                    "member_ids": members,
-                    "rule_indexes": [0] * len(rows),
-                    "rule_names": ["rule 0: default"] * len(rows),
-                    **NO_CREDITS,
-                },
-                prepare=True,
-            )
 
 
 class CeilingRouter:
@@ -339,17 +251,10 @@ def worker(job: Job, barrier: Any, out: Any) -> None:
                     latencies.append(time.perf_counter() - t0)
         else:
             with psycopg.connect(_libpq_url(job.db_url)) as conn:
-                raw = RawRouter(conn, cfg.org)
                 barrier.wait()
-                step = job.batch if job.mode == "raw_batch" else 1
-                for i in range(0, len(job.ids), step):
+                for crm_id in job.ids:
                     t0 = time.perf_counter()
-                    if job.mode == "raw":
-                        raw.assign(job.ids[i])
-                    elif job.mode == "raw_batch":
-                        raw.assign_batch(job.ids[i : i + step])
-                    else:
-                        _naive_assign(conn, cfg.org, job.ids[i])
+                    _naive_assign(conn, cfg.org, crm_id)
                     latencies.append(time.perf_counter() - t0)
         out.put((latencies, None))
     except Exception as exc:  # reported to the parent, which fails loudly

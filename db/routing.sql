@@ -1,7 +1,8 @@
 -- Named SQL for assignment. Statement order inside one transaction matters:
 --   insert_leads (sorted by CRM id) -> lock_team (teams sorted by name, overflow teams
---   included) -> team_candidates [-> recent_owners] -> record_assignments
---   -> record_decisions (decisions.sql) -> COMMIT.
+--   included) -> team_candidates [-> recent_owners] -> record_assignments (with the picks'
+--   decisions) -> record_decisions (decisions.sql: the other leads' decisions) -> COMMIT.
+-- A single lead of a rotation rule takes route_lead instead: all of it in one call.
 -- team_candidates (like active_seats, which bench/harness.py uses) must be its own statement: under
 -- READ COMMITTED each statement takes a fresh
 -- snapshot, so reading the seats AFTER lock_team returned sees the counts the previous lock
@@ -58,11 +59,20 @@ SELECT member_id FROM assignments WHERE team_id = :team_id ORDER BY id DESC LIMI
 -- name: record_assignments
 -- Assignment ids follow the order of the picks (WITH ORDINALITY ... ORDER BY ord), so ordering
 -- a team's assignments by id replays its rotation exactly (`connector simulate` relies on it).
+-- The picks' decisions are written by the same statement: :details is ONE JSON array zipped
+-- with the picks by position (a caller may send fewer, e.g. '[]': the rest get none), and
+-- :sla_minutes sets each assignment's SLA check time as it is inserted. The outbox row takes
+-- the lead's id and parent from the picks, not from a join with leads.
 WITH picks AS (
     SELECT *
-    FROM unnest(CAST(:lead_ids AS bigint[]), CAST(:member_ids AS bigint[]),
-                CAST(:rule_indexes AS integer[]), CAST(:rule_names AS text[]))
-         WITH ORDINALITY AS p (lead_id, member_id, rule_index, rule_name, ord)
+    FROM ROWS FROM (unnest(CAST(:lead_ids AS bigint[])), unnest(CAST(:member_ids AS bigint[])),
+                    unnest(CAST(:rule_indexes AS integer[])), unnest(CAST(:rule_names AS text[])),
+                    unnest(CAST(:crm_ids AS text[])), unnest(CAST(:parent_ids AS text[])),
+                    unnest(CAST(:sla_minutes AS integer[])),
+                    jsonb_array_elements(CAST(:details AS jsonb)))
+         WITH ORDINALITY AS p (lead_id, member_id, rule_index, rule_name, crm_id, parent_id,
+                               sla_minutes, detail, ord)
+    WHERE p.lead_id IS NOT NULL
 ), per_member AS (
     SELECT member_id, count(*) AS n FROM picks GROUP BY member_id
 ), credits AS (
@@ -89,17 +99,21 @@ WITH picks AS (
     RETURNING member_id
 ), assigned AS (
     INSERT INTO assignments (lead_id, org, team_id, member_id, crm_user_id, epoch,
-                             rule_index, rule_name, source)
+                             rule_index, rule_name, source, sla_due_at)
     SELECT p.lead_id, :org, :team_id, p.member_id, m.crm_user_id, :epoch,
-           p.rule_index, p.rule_name, :source
+           p.rule_index, p.rule_name, :source, now() + make_interval(mins => p.sla_minutes)
     FROM picks p JOIN members m ON m.id = p.member_id
     ORDER BY p.ord
     RETURNING id, lead_id, crm_user_id
+), decided AS (
+    INSERT INTO routing_decisions (org, lead_id, kind, detail)
+    SELECT :org, p.lead_id, 'route', p.detail FROM picks p WHERE p.detail IS NOT NULL
+    ORDER BY p.lead_id
+    RETURNING lead_id
 )
 INSERT INTO outbox (org, lead_id, assignment_id, crm_object, crm_id, owner_id, parent_id)
-SELECT :org, assigned.lead_id, assigned.id, l.crm_object, l.crm_id, assigned.crm_user_id,
-       l.parent_id
-FROM assigned JOIN leads l ON l.id = assigned.lead_id
+SELECT :org, a.lead_id, a.id, :crm_object, p.crm_id, a.crm_user_id, p.parent_id
+FROM assigned a JOIN picks p ON p.lead_id = a.lead_id
 RETURNING lead_id
 
 -- name: mark_unassigned

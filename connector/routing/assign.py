@@ -202,6 +202,7 @@ class _Batch:
     conn: Connection
     source: str
     recorder: DecisionRecorder
+    parents: dict[str, str | None] = field(default_factory=dict)  # stored CRM id -> parent
     results: dict[str, Outcome] = field(default_factory=dict)
     unassigned: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
     by_team: dict[str, list[tuple[int, str, Match]]] = field(
@@ -329,6 +330,7 @@ class Router:
         for key, lead in zip(keys, leads, strict=True):
             first.setdefault(key, lead)
         batch = _Batch(conn, source, DecisionRecorder(self.cfg, self.rules))
+        batch.parents = {cid: self._parent(lead) for cid, lead in first.items()}
         new_ids = self._insert(batch, first)
         picked = self._match_rules(batch, first, new_ids)
         matched, fallbacks = self._route_accounts(batch, picked, first)
@@ -359,7 +361,7 @@ class Router:
                 "source": batch.source,
                 "crm_ids": [cid for cid, _ in unique],
                 "fields": [json.dumps(x.fields) for _, x in unique],
-                "parent_ids": [self._parent(x) for _, x in unique],
+                "parent_ids": [batch.parents[cid] for cid, _ in unique],
             },
         ).all()
         new_ids = {r.crm_id: r.id for r in rows}
@@ -461,10 +463,6 @@ class Router:
         unassigned with the reason."""
         group = batch.by_team[team_name]
         placed, left, reason, members = self._pick(batch.conn, team_name, team.id, group, now)
-        if placed.rows:
-            batch.conn.execute(
-                _SQL["record_assignments"], self._record_params(team, placed, batch.source)
-            )
         views = _StandingViews(members)
         turns = {r.id: r.turns for r in members}
         weight = {r.id: r.weight for r in members}
@@ -480,6 +478,9 @@ class Router:
             batch.results[cid] = Outcome(
                 cid, "assigned", team_name, seat.crm_user_id, seat.name, candidates=turn.candidates
             )
+        if placed.rows:  # the assignments and their decisions, in one statement
+            params = self._record_params(team, placed, batch)
+            batch.conn.execute(_SQL["record_assignments"], params)
         overflow = self.cfg.team(team_name).overflow_team
         for item, turn in left:
             if overflow is not None:
@@ -584,13 +585,20 @@ class Router:
         """Each member's leads in this day and week, as read under the team lock."""
         return {r.id: (r.day_count, r.week_count) for r in rows}
 
-    def _record_params(self, team: Any, placed: _Placed, source: str) -> dict[str, Any]:
+    def _record_params(self, team: Any, placed: _Placed, batch: _Batch) -> dict[str, Any]:
+        lead_ids = [item[0] for item, _, _ in placed.rows]
+        details, sla_minutes = batch.recorder.take(lead_ids)
         return {
             "org": self.cfg.org,
             "team_id": team.id,
             "epoch": team.epoch,
-            "source": source,
-            "lead_ids": [item[0] for item, _, _ in placed.rows],
+            "source": batch.source,
+            "crm_object": self.cfg.crm_object,
+            "crm_ids": [item[1] for item, _, _ in placed.rows],
+            "parent_ids": [batch.parents.get(item[1]) for item, _, _ in placed.rows],
+            "details": details,
+            "sla_minutes": sla_minutes,
+            "lead_ids": lead_ids,
             "member_ids": [turn.member_id for _, turn, _ in placed.rows],
             "rule_indexes": [item[2].rule_index for item, _, _ in placed.rows],
             "rule_names": [item[2].rule_name for item, _, _ in placed.rows],

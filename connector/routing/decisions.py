@@ -325,6 +325,13 @@ class DecisionRecorder:
             }
         )
 
+    def take(self, lead_ids: Sequence[int]) -> tuple[str, list[int | None]]:
+        """Hand these leads' decisions to a statement that writes them with their assignments
+        (``record_assignments``): one JSON array and the SLA minutes, in the order given; they
+        are no longer flushed here."""
+        taken = [self._by_lead.pop(i) for i in lead_ids]
+        return json.dumps([p.detail for p in taken]), [p.sla_minutes for p in taken]
+
     def flush(self, conn: Connection) -> int:
         """Write every decision (one statement); set SLA due times on new assignments."""
         if not self._by_lead:
