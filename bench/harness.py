@@ -189,7 +189,12 @@ class CeilingRouter:
 class NaiveCapsRouter(Router):
     """A CAP COUNTED OUTSIDE THE LOCK (wrong on purpose): the day and week counts are read in
     a separate snapshot before the team lock is taken, so concurrent workers all see a rep
-    below its cap and all give it a lead."""
+    below its cap and all give it a lead. It takes the general path for every lead (the
+    single-lead call reads the counts under the lock, which is what is broken here)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.single = {}
 
     def assign_in(self, conn: Any, leads: Any, source: str) -> Any:
         with self.engine.connect() as other:

@@ -9,14 +9,18 @@ the day and week with a fresh snapshot, judges who can take a lead at the inject
 ``now`` (``connector.routing.availability``), picks owners with the rotation in
 ``connector.routing.rotation`` (leads nobody can take go to the overflow team, else stay
 unassigned with the reason), and records the assignments, the members' counts and credits,
-the caps' counters and one outbox row per assignment in a single statement. A lead whose
+the caps' counters, one outbox row per assignment and the picks' decisions in a single
+statement. A lead whose
 rule says ``route_to: account_owner`` goes to its account's owner when
 ``connector.routing.accounts`` finds one (that is not a turn of any rotation: no count
 moves), else on to the rule's team rotation. For Salesforce
 orgs a lead's id (and its parent's) is stored in the 18-character form, so a record sent by
 its 15-character id and later by its 18-character id (in any case) is one lead. The team row
-lock is what serialises a team's rotation across any number of processes; it is held only for
-two statements (three with catch-up) and the commit, and never while a CRM is called.
+lock is what serialises a team's rotation across any number of processes; in a batch it is
+held for the read of the members, the pick, one recording statement and the commit, and
+never while a CRM is called. A single new lead of a rotation rule (team without an overflow
+team) is one call of ``route_lead`` (``connector.routing.single``): the lock is held for
+that statement plus the commit, and ``assign`` sends it in autocommit, one round trip.
 """
 
 from __future__ import annotations
