@@ -27,6 +27,15 @@ def parse_named(text: str) -> dict[str, str]:
     return queries
 
 
+_BIND = re.compile(r"(?<![:\w]):([a-z_][a-z0-9_]*)\b(?!:)")
+
+
+def pyformat(sql: str) -> str:
+    """A named query with its ``:name`` binds as ``%(name)s``, for the driver itself
+    (``connector.core.errors.one_statement``); ``::`` casts are left alone."""
+    return _BIND.sub(r"%(\1)s", sql.replace("%", "%%"))
+
+
 @cache
 def queries(concern: str) -> dict[str, str]:
     """The named queries of one concern, e.g. ``queries("routing")["insert_leads"]``."""

@@ -21,6 +21,7 @@ from connector.core.errors import (
     create_engine,
     error_class,
     is_boundary_engine,
+    one_statement,
 )
 from connector.routing import assign
 from connector.routing.assign import Lead, Router
@@ -343,3 +344,47 @@ def test_a_conflict_is_not_retried_by_assign_many(
         assert _owners(engine) == []
     finally:
         engine.dispose()
+
+
+# --- the single-lead call: one statement straight through the driver ---------------------------
+
+
+def test_assign_single_call_retries_once_on_a_terminated_backend(
+    databases: DatabaseFactory,
+    db_url: str,
+    sample_cfg: OrgConfig,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Router.assign sends one statement through the driver (one_statement); a dead pooled
+    connection is translated, dropped from the pool and retried, as assign_many's is."""
+    engine = make_engine(db_url, pool_size=1)
+    try:
+        apply_teams(engine, sample_cfg)
+        pid = _backend_pid(engine)
+        _terminate(databases, pid)
+        with caplog.at_level(logging.WARNING, logger="connector.routing.assign"):
+            outcome = Router(engine, sample_cfg).assign(
+                Lead("00Q5g00000Retry2", {"Country": "US"}), "api"
+            )
+        retries = [r.getMessage() for r in caplog.records if "retrying" in r.getMessage()]
+        assert retries == ["database connection lost; retrying (attempt 2)"]
+        assert (outcome.status, outcome.team) == ("assigned", "na_ae")
+        assert _owners(engine) == [(outcome.crm_id, 1, 1)]
+        assert _backend_pid(engine) != pid
+    finally:
+        engine.dispose()
+
+
+def test_one_statement_translates_errors_and_gives_back_a_transactional_connection(
+    boundary_engine: Engine,
+) -> None:
+    with pytest.raises(DatabaseError) as info:
+        one_statement(boundary_engine, "SELECT 1 / %(zero)s", {"zero": 0})
+    assert type(info.value) is DatabaseError and info.value.sqlstate == "22012"
+    assert str(info.value) == "database error: DivisionByZero (SQLSTATE 22012)"
+    assert one_statement(boundary_engine, "SELECT %(x)s::int + 1", {"x": 41}) == (42,)
+    # the pool's next user gets its own transaction, not the autocommit the call used
+    with boundary_engine.connect() as conn:
+        conn.execute(text("SELECT 1"))
+        assert conn.connection.driver_connection.autocommit is False  # type: ignore[union-attr]
+        conn.rollback()

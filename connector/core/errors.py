@@ -16,6 +16,7 @@ driver's exception stays reachable as ``__cause__``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import psycopg
@@ -178,6 +179,37 @@ def create_engine(url: str | URL, **kwargs: Any) -> Engine:
     engine = sqlalchemy.create_engine(url, **kwargs)
     event.listen(engine, "handle_error", _on_error)
     return engine
+
+
+def one_statement(engine: Engine, sql: str, params: Mapping[str, Any]) -> tuple[Any, ...] | None:
+    """Run ONE statement (``%(name)s`` placeholders) on a pooled connection in autocommit, as
+    a prepared statement straight through the driver, and return its first row.
+
+    For a hot path that is one statement (the single-lead assignment): the statement is its
+    own transaction, one round trip, without SQLAlchemy's execution layer (which costs about
+    as much as the round trip). Errors are translated here as ``handle_error`` translates
+    them; a connection that broke is dropped from the pool (``connection_invalidated``).
+    """
+    try:
+        pooled = engine.raw_connection()
+    except sa_exc.DBAPIError as exc:
+        raise translate(exc.orig or exc, connecting=True) from exc
+    except psycopg.Error as exc:
+        raise translate(exc, connecting=True) from exc
+    driver: psycopg.Connection[Any] = pooled.driver_connection  # type: ignore[assignment]
+    lost = False
+    try:
+        driver.autocommit = True
+        return driver.execute(sql, params, prepare=True).fetchone()
+    except psycopg.Error as exc:
+        lost = driver.closed or driver.broken
+        if lost:
+            pooled.invalidate(exc)
+        raise translate(exc, connection_lost=lost) from exc
+    finally:
+        if not lost:
+            driver.autocommit = False  # the pool's next user expects a transaction
+        pooled.close()
 
 
 def is_boundary_engine(engine: Engine) -> bool:

@@ -37,7 +37,7 @@ from sqlalchemy import Connection, Engine, TextClause, text
 
 import db
 from connector.core.config import Member, OrgConfig, Team
-from connector.core.errors import DatabaseUnavailable
+from connector.core.errors import DatabaseUnavailable, one_statement
 from connector.routing import accounts
 from connector.routing.availability import (
     Candidate,
@@ -63,6 +63,8 @@ MAX_FIELDS_BYTES = 64 * 1024
 RECONNECT_ATTEMPTS = 3
 
 _SQL: dict[str, TextClause] = {k: text(v) for k, v in db.queries("routing").items()}
+# the single-lead call as the driver takes it (Router.assign sends it without SQLAlchemy)
+_ROUTE_LEAD = db.pyformat(db.queries("routing")["route_lead"])
 
 Status = Literal["assigned", "duplicate", "unassigned"]
 
@@ -263,9 +265,8 @@ class Router:
             return self.assign_many([lead], source)[0]
         for attempt in range(RECONNECT_ATTEMPTS):
             try:
-                with self.engine.connect() as conn:
-                    conn = conn.execution_options(isolation_level="AUTOCOMMIT")
-                    return self._route_single(conn, params)
+                row = one_statement(self.engine, _ROUTE_LEAD, params)
+                return self._single_outcome(row, params)
             except DatabaseUnavailable as exc:
                 if not exc.connection_invalidated or attempt == RECONNECT_ATTEMPTS - 1:
                     raise
@@ -285,22 +286,27 @@ class Router:
         return call_params(self.cfg, self.rules, inputs, key, m, source, self.clock())
 
     def _route_single(self, conn: Connection, params: Mapping[str, Any]) -> Outcome:
-        """One ``route_lead`` call on ``conn`` (in the caller's transaction, or autocommit)."""
-        row = conn.execute(_SQL["route_lead"], params).one()
+        """One ``route_lead`` call in the caller's transaction."""
+        return self._single_outcome(tuple(conn.execute(_SQL["route_lead"], params).one()), params)
+
+    def _single_outcome(self, row: Sequence[Any] | None, params: Mapping[str, Any]) -> Outcome:
+        """The outcome a ``route_lead`` row says: (status, lead id, team, owner id, owner
+        name, reason, candidate ids, their skip reasons)."""
+        if row is None:
+            raise AssertionError("route_lead returned no row")
+        status, _, team, owner_id, owner_name, reason, cand_ids, cand_skips = row
         cid = params["crm_id"]
-        if row.status == "no_team":
+        if status == "no_team":
             raise RoutingError(
                 f"team {params['team']!r} of org {self.cfg.org!r} is not in the database: "
                 "run `connector migrate` with this config"
             )
-        if row.status == "duplicate":
-            return Outcome(cid, "duplicate", row.team, row.owner_id, row.owner_name, row.reason)
-        candidates = tuple(zip(row.cand_ids, row.cand_skips, strict=True))
-        if row.status == "unassigned":
-            return Outcome(cid, "unassigned", row.team, reason=row.reason, candidates=candidates)
-        return Outcome(
-            cid, "assigned", row.team, row.owner_id, row.owner_name, candidates=candidates
-        )
+        if status == "duplicate":
+            return Outcome(cid, "duplicate", team, owner_id, owner_name, reason)
+        candidates = tuple(zip(cand_ids, cand_skips, strict=True))
+        if status == "unassigned":
+            return Outcome(cid, "unassigned", team, reason=reason, candidates=candidates)
+        return Outcome(cid, "assigned", team, owner_id, owner_name, candidates=candidates)
 
     def assign_many(self, leads: Sequence[Lead], source: str) -> list[Outcome]:
         """Store and assign a batch in one transaction, with the same guarantees.

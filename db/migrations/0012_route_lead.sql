@@ -15,12 +15,14 @@
 -- blocked: 'away' or 'off_shift' (NULL: may take a lead); room: leads its caps still allow
 -- (NULL: no cap); max_in_a_row: K of catch_up, NULL for catch_up none; recent: the team's
 -- latest owners, newest first. Returns the pick (NULL: nobody can take the lead), every seat
--- in rotation order with its skip reason, and the turns credited to passed-over seats.
+-- in rotation order with its skip reason (and its weight and turns, for the decision), and
+-- the turns credited to passed-over seats.
 CREATE FUNCTION rotation_pick(
     ids bigint[], weights integer[], turns bigint[], positions integer[], blocked text[],
     room integer[], max_in_a_row integer, recent bigint[],
     OUT member_id bigint, OUT cand_ids bigint[], OUT cand_skips text[],
-    OUT credit_ids bigint[], OUT credit_ns bigint[]
+    OUT credit_ids bigint[], OUT credit_ns bigint[],
+    OUT cand_weights integer[], OUT cand_turns bigint[]
 )
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 AS $$
@@ -41,6 +43,7 @@ DECLARE
     i      integer;
 BEGIN
     cand_ids := '{}'; cand_skips := '{}'; credit_ids := '{}'; credit_ns := '{}';
+    cand_weights := '{}'; cand_turns := '{}';
     IF n = 0 THEN
         RETURN;
     END IF;
@@ -60,6 +63,8 @@ BEGIN
         END IF;
         cand_ids := cand_ids || ids[i];
         cand_skips := cand_skips || why[i];
+        cand_weights := cand_weights || weights[i];
+        cand_turns := cand_turns || turns[i];
     END LOOP;
     IF able = 0 THEN
         RETURN;
@@ -180,7 +185,9 @@ BEGIN
     -- A new statement, so a fresh snapshot: the counts, caps counters and latest owners the
     -- previous lock holder committed. The pick is made in the same statement.
     SELECT x.*, p.member_id AS pick, p.cand_ids AS seat_ids, p.cand_skips AS seat_skips,
-           p.credit_ids, p.credit_ns
+           p.cand_weights AS seat_weights, p.cand_turns AS seat_turns, p.credit_ids, p.credit_ns,
+           x.users[array_position(x.ids, p.member_id)] AS owner,
+           x.names[array_position(x.ids, p.member_id)] AS owner_name
     INTO m
     FROM (
         -- every array is aggregated from the same row stream, so they stay aligned; the
@@ -212,7 +219,12 @@ BEGIN
                        CASE WHEN c.i IS NULL THEN p_team_per_week ELSE p_per_week[c.i] END
                            AS week
             ) cap
-            LEFT JOIN rep_time_off o ON o.org = p_org AND o.crm_user_id = mb.crm_user_id
+            -- time off set from the command line, looked up only when the org has some
+            LEFT JOIN LATERAL (
+                SELECT t.starts_at, t.until FROM rep_time_off t
+                WHERE (SELECT EXISTS (SELECT FROM rep_time_off a WHERE a.org = p_org))
+                  AND t.org = p_org AND t.crm_user_id = mb.crm_user_id
+            ) o ON true
             -- a count is read only for a cap that is set (the test gates the index probe)
             LEFT JOIN LATERAL (
                 SELECT l.assigned FROM member_load l
@@ -234,25 +246,24 @@ BEGIN
          FROM (SELECT a.id, a.member_id FROM assignments a WHERE a.team_id = v_team
                ORDER BY a.id DESC LIMIT coalesce(p_max_in_a_row, 0)) r)
     ) p;
+    v_owner := m.owner;
+    v_name := m.owner_name;
     -- Every configured member as the decision records it (the rotation's seats in its
     -- order, then the inactive ones by position), with its weight and count, compactly:
     -- connector/routing/decisions.py `expand` turns this into the full form for explain.
-    SELECT coalesce(array_agg(u.id ORDER BY u.o), '{}'),
-           coalesce(array_agg(u.why ORDER BY u.o), '{}'),
-           coalesce(array_agg(mm.w ORDER BY u.o), '{}'),
-           coalesce(array_agg(mm.t ORDER BY u.o), '{}'),
-           max(mm.u) FILTER (WHERE u.id = m.pick),
-           max(mm.nm) FILTER (WHERE u.id = m.pick)
-    INTO cand_ids, cand_skips, v_weights, v_counts, v_owner, v_name
-    FROM unnest(
-            m.seat_ids || coalesce((SELECT array_agg(i.id ORDER BY i.p)
-                                    FROM unnest(m.ids, m.active, m.positions) i (id, a, p)
-                                    WHERE NOT i.a), '{}'),
-            m.seat_skips || coalesce((SELECT array_agg('inactive'::text)
-                                      FROM unnest(m.active) i (a) WHERE NOT i.a), '{}'))
-         WITH ORDINALITY u (id, why, o)
-    JOIN unnest(m.ids, m.users, m.names, m.weights, m.turns) mm (id, u, nm, w, t)
-      ON mm.id = u.id;
+    cand_ids := m.seat_ids;
+    cand_skips := m.seat_skips;
+    v_weights := m.seat_weights;
+    v_counts := m.seat_turns;
+    IF false = ANY (m.active) THEN
+        SELECT cand_ids || array_agg(u.id ORDER BY u.p),
+               cand_skips || array_agg('inactive'::text ORDER BY u.p),
+               v_weights || array_agg(u.w ORDER BY u.p),
+               v_counts || array_agg(u.t ORDER BY u.p)
+        INTO cand_ids, cand_skips, v_weights, v_counts
+        FROM unnest(m.ids, m.active, m.positions, m.weights, m.turns) u (id, a, p, w, t)
+        WHERE NOT u.a;
+    END IF;
     v_detail := p_detail || jsonb_build_object(
         'team', p_team,
         'seats', jsonb_build_object('ids', cand_ids, 'weights', v_weights, 'counts', v_counts,
