@@ -3,10 +3,11 @@
 --   included) -> team_candidates [-> recent_owners] -> record_assignments (with the picks'
 --   decisions) -> record_decisions (decisions.sql: the other leads' decisions) -> COMMIT.
 -- A single lead of a rotation rule takes route_lead instead: all of it in one call.
--- team_candidates (like active_seats, which bench/harness.py uses) must be its own statement: under
--- READ COMMITTED each statement takes a fresh
--- snapshot, so reading the seats AFTER lock_team returned sees the counts the previous lock
--- holder committed. Reading them in the locking statement would see stale counts.
+-- team_candidates must be its own statement: under READ COMMITTED each statement takes a
+-- fresh snapshot, so reading the seats AFTER lock_team returned sees the counts the previous
+-- lock holder committed. Reading them in the locking statement would see stale counts
+-- (route_lead does the same inside its function: a VOLATILE function's statements each take
+-- a fresh snapshot).
 
 -- name: insert_leads
 INSERT INTO leads (org, crm_object, crm_id, fields, parent_id, source)
@@ -30,12 +31,6 @@ WHERE l.org = :org AND l.crm_object = :crm_object AND l.crm_id = ANY(CAST(:crm_i
 
 -- name: lock_team
 SELECT id, epoch FROM teams WHERE org = :org AND name = :name AND in_config FOR UPDATE
-
--- name: active_seats
-SELECT id, weight, assigned_in_epoch, position, crm_user_id, name
-FROM members
-WHERE team_id = :team_id AND active AND in_config
-ORDER BY position
 
 -- name: team_candidates
 -- Every configured member (inactive ones too, so a pick can say why each was skipped), its
