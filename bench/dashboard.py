@@ -1,14 +1,20 @@
 """Benchmark: time to first byte of the dashboard's pages with 1,000,000 stored leads.
 
-    .venv/bin/python -m bench.dashboard [--quick] [--leads N]
+    .venv/bin/python -m bench.dashboard [--quick] [--leads N] [--runs N] [--keep NAME]
 
 One org, two teams of 10 reps, 1,000,000 leads received over 30 days, each assigned, with
 its outbox row (sent within a few seconds; 0.1 % dead, 0.5 % superseded, the newest 1,000
 still pending). The rows are generated in SQL (the routing path is measured by bench.assign),
 then VACUUM ANALYZE. The admin app runs in this process (uvicorn in a thread, as under
 `connector run`); each page is fetched several times over HTTP and the time to the first byte
-of the answer is reported. EXPLAIN (ANALYZE, BUFFERS) of every dashboard query is written
+of the answer is reported (median and p95). EXPLAIN (ANALYZE, BUFFERS) of every query the
+dashboard's pages run (the totals page's are `connector status`'s, db/status.sql) is written
 to bench/results/dashboard_plans.txt. Prints a table and writes bench/results/dashboard.json.
+
+Seeding 1,000,000 leads takes minutes. With ``--keep NAME`` the data goes into the database
+NAME on the server, which is kept: a later run with the same NAME and lead count migrates it
+(new migrations, e.g. an index) and reuses the rows instead of seeding again. Without it, a
+throw-away database is created and dropped.
 """
 
 from __future__ import annotations
@@ -30,14 +36,15 @@ from sqlalchemy import Engine, text
 import db
 from bench.harness import ENV
 from connector.core.config import OrgConfig, parse_config
+from connector.core.errors import create_engine
 from connector.core.metrics import Metrics
 from connector.routing.teams import apply_teams
 from connector.shell.admin import create_admin_app
 from connector.shell.dashboard import data
 from connector.shell.dashboard.figures import hour_slots, start_of_day
 from connector.shell.service import serve_in_thread
-from connector.shell.store import make_engine
-from tests.pg import DatabaseFactory, server_url
+from connector.shell.store import make_engine, migrate, sqlalchemy_url
+from tests.pg import DatabaseFactory, server_url, with_database
 
 RESULTS = Path(__file__).parent / "results"
 ORG = "bench"
@@ -156,27 +163,129 @@ def plans(engine: Engine, now: datetime, lead_id: int) -> str:
             rows = conn.execute(text("EXPLAIN (ANALYZE, BUFFERS) " + q[name]), p).all()
             out.append(f"-- {name}\n" + "\n".join(r[0] for r in rows) + "\n")
         today = {"org": ORG, "since": start_of_day(now)}
-        rows = conn.execute(text("EXPLAIN (ANALYZE, BUFFERS) " + q["window_counts"]), today)
+        rows = conn.execute(text("EXPLAIN (ANALYZE, BUFFERS) " + q["window_counts"]), today).all()
         out.append("-- window_counts (today)\n" + "\n".join(r[0] for r in rows) + "\n")
+        # the totals page: `connector status` (connector/shell/status.py)
+        for name, sql in db.queries("status").items():
+            rows = conn.execute(text("EXPLAIN (ANALYZE, BUFFERS) " + sql), {"org": ORG}).all()
+            out.append(f"-- status.{name}\n" + "\n".join(r[0] for r in rows) + "\n")
     return "\n".join(out)
+
+
+def query_times(plan_text: str) -> dict[str, float]:
+    """Each query's "Execution Time" from the EXPLAIN ANALYZE text, in ms."""
+    times: dict[str, float] = {}
+    name = ""
+    for ln in plan_text.splitlines():
+        if ln.startswith("-- "):
+            name = ln[3:].strip()
+        elif ln.startswith("Execution Time:"):
+            times[name] = float(ln.split()[2])
+    return times
+
+
+def kept_database(url: str, name: str, leads: int) -> tuple[str, bool]:
+    """The URL of the kept database NAME, and whether it already holds ``leads`` seeded leads
+    (then it is migrated and reused); otherwise it is (re)created empty and migrated."""
+    if not name.isidentifier() or not name.islower():
+        raise SystemExit(f"--keep: {name!r} is not a plain lower-case database name")
+    admin = create_engine(sqlalchemy_url(url), isolation_level="AUTOCOMMIT", pool_size=1)
+    target = with_database(url, name)
+    try:
+        with admin.connect() as conn:
+            exists = conn.execute(
+                text("SELECT 1 FROM pg_database WHERE datname = :n"), {"n": name}
+            ).first()
+        if exists:
+            engine = make_engine(target, pool_size=1)
+            try:
+                with engine.connect() as conn:
+                    found = conn.execute(
+                        text("SELECT count(*) FROM leads WHERE org = :org"), {"org": ORG}
+                    ).scalar_one()
+                if found == leads:
+                    migrate(engine)
+                    return target, True
+            finally:
+                engine.dispose()
+            print(f"{name} holds {found:,} leads, not {leads:,}: seeding it again", flush=True)
+        with admin.connect() as conn:
+            conn.execute(text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+            conn.execute(text(f"CREATE DATABASE {name}"))
+        engine = make_engine(target, pool_size=1)
+        migrate(engine)
+        engine.dispose()
+        return target, False
+    finally:
+        admin.dispose()
+
+
+def p95(samples: list[float]) -> float:
+    """The 95th percentile (linear interpolation between the closest ranks)."""
+    if len(samples) < 2:
+        return samples[0]
+    return statistics.quantiles(samples, n=20, method="inclusive")[18]
+
+
+def measure(base: str, label: str, path: str, runs: int) -> dict[str, Any]:
+    ttfb(base, path)  # warm: connections, plans, templates
+    samples = []
+    for _ in range(runs):
+        first, status, size = ttfb(base, path)
+        assert status == 200, (path, status)
+        samples.append(first)
+    row = {
+        "page": label,
+        "path": path,
+        "runs": len(samples),
+        "ttfb_ms_median": round(statistics.median(samples) * 1000, 1),
+        "ttfb_ms_p95": round(p95(samples) * 1000, 1),
+        "ttfb_ms_min": round(min(samples) * 1000, 1),
+        "ttfb_ms_max": round(max(samples) * 1000, 1),
+        "bytes": size,
+    }
+    print(
+        f"{label:<28} median {row['ttfb_ms_median']:>8.1f} ms  p95 {row['ttfb_ms_p95']:>8.1f} ms"
+        f"  min {row['ttfb_ms_min']:>8.1f} ms  max {row['ttfb_ms_max']:>8.1f} ms"
+        f"  {size:>7,} bytes",
+        flush=True,
+    )
+    return row
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="100,000 leads (a smoke run)")
     ap.add_argument("--leads", type=int, default=None)
-    ap.add_argument("--runs", type=int, default=7)
+    ap.add_argument("--runs", type=int, default=20, help="requests per page (after one warm-up)")
+    ap.add_argument(
+        "--keep",
+        metavar="NAME",
+        help="seed into the database NAME and keep it; reuse it when it holds the same leads",
+    )
     args = ap.parse_args()
     leads = args.leads or (100_000 if args.quick else 1_000_000)
     url = os.environ.get("BENCH_DATABASE_URL") or server_url()
-    factory = DatabaseFactory(url)
     t_start = time.time()
+    load_start = os.getloadavg()
+    factory = None if args.keep else DatabaseFactory(url)
     try:
-        engine = make_engine(factory.new(), pool_size=4)
+        if args.keep:
+            target, reused = kept_database(url, args.keep, leads)
+        else:
+            assert factory is not None
+            target, reused = factory.new(), False
+        engine = make_engine(target, pool_size=4)
         cfg = config()
         apply_teams(engine, cfg)
-        seeded = seed(engine, leads)
-        print(f"seeded {leads:,} leads (+ assignments, outbox) in {seeded:.1f} s", flush=True)
+        if reused:
+            seeded = None
+            with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+                conn.execute(text("VACUUM ANALYZE"))  # cheap when nothing changed
+            print(f"reused {args.keep} ({leads:,} leads)", flush=True)
+        else:
+            seeded = seed(engine, leads)
+            print(f"seeded {leads:,} leads (+ assignments, outbox) in {seeded:.1f} s", flush=True)
         app = create_admin_app(engine, Metrics(), configs={ORG: cfg})
         lead_id = leads // 2
         pages = {
@@ -185,36 +294,13 @@ def main() -> None:
             "totals (= connector status)": f"/dashboard/org/{ORG}/totals",
             "index": "/dashboard/",
         }
-        rows = []
         with serve_in_thread(app) as base:
-            for label, path in pages.items():
-                ttfb(base, path)  # warm: connections, plans, templates
-                samples = []
-                # the totals page runs `status`'s full counts: seconds each; two samples do
-                for _ in range(min(args.runs, 2) if "totals" in label else args.runs):
-                    first, status, size = ttfb(base, path)
-                    assert status == 200, (path, status)
-                    samples.append(first)
-                row = {
-                    "page": label,
-                    "path": path,
-                    "runs": len(samples),
-                    "ttfb_ms_median": round(statistics.median(samples) * 1000, 1),
-                    "ttfb_ms_min": round(min(samples) * 1000, 1),
-                    "ttfb_ms_max": round(max(samples) * 1000, 1),
-                    "bytes": size,
-                }
-                rows.append(row)
-                print(
-                    f"{label:<28} median {row['ttfb_ms_median']:>8.1f} ms  "
-                    f"min {row['ttfb_ms_min']:>8.1f} ms  max {row['ttfb_ms_max']:>8.1f} ms  "
-                    f"{size:>7,} bytes",
-                    flush=True,
-                )
+            rows = [measure(base, label, path, args.runs) for label, path in pages.items()]
         plan_text = plans(engine, datetime.now(UTC), lead_id)
         engine.dispose()
     finally:
-        factory.drop_all()
+        if factory is not None:
+            factory.drop_all()
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "dashboard_plans.txt").write_text(plan_text)
     big = ("leads", "assignments", "outbox")  # teams, members: a few rows; read whole
@@ -231,12 +317,15 @@ def main() -> None:
         "machine": {
             "cpus": os.cpu_count(),
             "python": platform.python_version(),
+            "loadavg_at_start": [round(x, 1) for x in load_start],
             "loadavg_at_end": [round(x, 1) for x in load],
         },
         "database": "BENCH_DATABASE_URL" if os.environ.get("BENCH_DATABASE_URL") else "embedded",
+        "kept_database": args.keep,
         "leads": leads,
-        "seed_seconds": round(seeded, 1),
+        "seed_seconds": round(seeded, 1) if seeded is not None else None,
         "rows": rows,
+        "query_ms": query_times(plan_text),
         "seq_scans": seq,
         "seconds_total": round(time.time() - t_start, 1),
     }
