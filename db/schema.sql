@@ -19,7 +19,8 @@ INSERT INTO schema_migrations (version, name) VALUES
     (9, 'assignment_history'),
     (10, 'dashboard'),
     (11, 'queue_indexes'),
-    (12, 'status_counts');
+    (12, 'status_counts'),
+    (13, 'outbox_lead_received_at');
 
 -- 0001_routing.sql
 -- Routing state: teams, members, leads, assignments and the write-back outbox.
@@ -416,3 +417,12 @@ CREATE INDEX leads_org_merged ON leads (org, merged_into);
 -- counted from assignments_member).
 CREATE INDEX assignments_account_matched ON assignments (member_id)
     WHERE account_match->>'result' = 'matched';
+
+
+-- 0013_outbox_lead_received_at.sql
+-- The lead's received_at, copied onto each outbox row when it is written (the statements that
+-- write outbox rows read the lead anyway), so the dashboard's lead->CRM latency reads only
+-- the outbox rows of its window instead of looking up every one's lead by primary key (31,000
+-- lookups a day at 1,000,000 leads). Rows written before this migration have NULL here; the
+-- dashboard looks their lead up as before.
+ALTER TABLE outbox ADD COLUMN lead_received_at timestamptz;
