@@ -153,6 +153,15 @@ def member_candidate(
     )
 
 
+def away_by_command(rows: Sequence[Any], now: datetime) -> list[str]:
+    """The members away at ``now`` by `connector rep away` (table rep_time_off)."""
+    return [
+        r.crm_user_id
+        for r in rows
+        if r.away_until is not None and Window(r.away_from, r.away_until).covers(now)
+    ]
+
+
 @dataclass(frozen=True)
 class _Standing:
     """A member as a decision records it: its rotation turns at the moment of one pick."""
@@ -282,6 +291,8 @@ class Router:
         needed = {t for name in batch.by_team for t in self.cfg.overflow_chain(name)}
         locked = self._lock_teams(batch, needed, matched)
         now = self.clock()
+        if new_ids:
+            batch.recorder.judged_at(list(new_ids.values()), now, min(new_ids.values()))
         for team_name in overflow_order(self.cfg, needed):
             if batch.by_team.get(team_name):
                 self._route_team(batch, team_name, locked[team_name], now)
@@ -410,6 +421,9 @@ class Router:
                 _SQL["record_assignments"], self._record_params(team, placed, batch.source)
             )
         views = _StandingViews(members)
+        away = away_by_command(members, now)
+        for lead_id, _, _ in group:
+            batch.recorder.away_by_command(lead_id, away)
         for (lead_id, cid, m), turn, seat in placed.rows:
             batch.recorder.team_pick(
                 team_name,
