@@ -24,7 +24,9 @@ LEFT JOIN LATERAL (
 LEFT JOIN LATERAL (
     SELECT r.id, r.detail ->> 'at' AS at, (r.detail ->> 'batch')::bigint AS batch,
            r.detail ->> 'team' AS team,
-           jsonb_path_query_array(r.detail, '$.overflow_from[*].team') AS overflow_from,
+           CASE WHEN r.detail ? 'overflow_from'
+                THEN jsonb_path_query_array(r.detail, '$.overflow_from[*].team')
+           END AS overflow_from,
            (r.detail -> 'chosen' ->> 'by') IS NOT DISTINCT FROM 'account_owner' AS by_account,
            CASE WHEN r.detail ? 'at' THEN COALESCE(r.detail -> 'away_by_command', '[]')
                 ELSE jsonb_path_query_array(

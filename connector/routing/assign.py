@@ -6,10 +6,12 @@ org, object and CRM id: a repeat changes nothing and reports the existing owner)
 rules, locks each team row it routes to and the teams they overflow into (teams in name
 order, so two batches never deadlock), reads every member with its time off and its leads of
 the day and week with a fresh snapshot, judges who can take a lead at the injected clock's
-``now`` (``connector.routing.availability``), picks owners with the rotation in
-``connector.routing.rotation`` (leads nobody can take go to the overflow team, else stay
-unassigned with the reason), and records the assignments, the members' counts and credits,
-the caps' counters and one outbox row per assignment in a single statement. A lead whose
+``now`` (``connector.routing.availability``; every decision records that instant, the batch
+and the reps away by `connector rep away`, which `connector simulate` replays by), picks
+owners with the rotation in ``connector.routing.rotation`` (leads nobody can take go to the
+overflow team, else stay unassigned with the reason), and records the assignments, the
+members' counts and credits, the caps' counters and one outbox row per assignment in a
+single statement. A lead whose
 rule says ``route_to: account_owner`` goes to its account's owner when
 ``connector.routing.accounts`` finds one (that is not a turn of any rotation: no count
 moves), else on to the rule's team rotation. For Salesforce

@@ -8,7 +8,10 @@ transaction as the assignment, so a decision is on record exactly when its assig
 
 Skip reasons are named values: ``inactive``, ``capped``, ``away``, ``off_shift`` (from
 ``connector.routing.availability``) and ``current_owner`` (a re-route), passed in each lead's
-candidate list. Building the records is pure (``trace_rules``, ``pick_standings``).
+candidate list. A routed lead's decision also holds ``at`` (the instant availability was
+judged at), ``batch`` (the first lead id of its batch) and ``away_by_command`` (reps away by
+`connector rep away` then): `connector simulate` replays by them. Building the records is pure
+(``trace_rules``, ``pick_standings``).
 """
 
 from __future__ import annotations
