@@ -29,6 +29,7 @@ from connector.routing.simulate import (
     TeamRotation,
     format_report,
     load_history,
+    replay_batches,
     replay_order,
     report,
     simulate,
@@ -341,6 +342,17 @@ def test_replay_order_keeps_each_teams_lock_order_in_arrival_slots() -> None:
     order = [x.lead_id for x in replay_order(leads)]
     # na's slots (1, 3, 5) are refilled in assignment order 10, 12, 13 -> leads 3, 1, 5
     assert order == [3, 2, 1, 4, 5]
+
+
+def test_replay_batches_puts_recorded_batches_in_decision_order_and_picks_first() -> None:
+    def b(i: int, batch: int | None, decision: int, aid: int | None = None) -> HistoryLead:
+        return dc_replace(hl(i, "US"), batch=batch, decision_id=decision, assignment_id=aid)
+
+    leads = [b(1, 5, 20, aid=9), b(2, 5, 21), b(3, 5, 22, aid=8), b(4, 3, 30, aid=7),
+             b(5, None, 1), b(6, 3, 31, aid=6)]  # fmt: skip
+    # the legacy lead first; batch 5 (decisions 20-22) before batch 3 (30-31); inside a
+    # batch, assignment id order with the lead nobody took last
+    assert [[x.lead_id for x in u] for u in replay_batches(leads)] == [[5], [3, 1, 2], [6, 4]]
 
 
 def test_unchanged_rotation_continues_from_the_counts_before_the_window() -> None:

@@ -246,6 +246,7 @@ class _Replay:
         self.rules = compile_rules(cfg.rules)
         self.result = Simulation(outcomes=[])
         self.loads: Counter[LoadKey] = Counter(history.loads_before)
+        self.epochs = _start_epochs(history)
         self.states = {t.name: self._start(t) for t in cfg.teams}
         self.index = {
             t.name: {m.crm_user_id: i for i, m in enumerate(t.members)} for t in cfg.teams
@@ -271,7 +272,7 @@ class _Replay:
             self.result.rotations[team.name] = "restarted"
             return _TeamState(team, [0] * len(team.members), recent)
         self.result.rotations[team.name] = "continued"
-        epoch, changed = _start_epochs(h)[team.name]
+        epoch, changed = self.epochs[team.name]
         if changed:
             self.result.restarted_in_window.append(team.name)
         start = h.turns_start.get(team.name)
