@@ -113,6 +113,7 @@ def test_explain_rule_miss_inactive_rep_and_repeat_push(
     )
     lines = format_explanation(e).splitlines()
     assert lines[0] == f"lead {ca} (Lead, org acme)"
+    assert d["at"] and f"  caps, hours and time off judged at {d['at']}" in lines
     first_at = e["arrival"]["events"][0]["received_at"]
     assert lines[2].endswith(f"04l000000000001AAA:{ca} received {first_at}, done")
     assert lines[3].endswith(", done: already routed (a repeat: nothing new was decided)")

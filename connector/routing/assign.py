@@ -6,10 +6,12 @@ org, object and CRM id: a repeat changes nothing and reports the existing owner)
 rules, locks each team row it routes to and the teams they overflow into (teams in name
 order, so two batches never deadlock), reads every member with its time off and its leads of
 the day and week with a fresh snapshot, judges who can take a lead at the injected clock's
-``now`` (``connector.routing.availability``), picks owners with the rotation in
-``connector.routing.rotation`` (leads nobody can take go to the overflow team, else stay
-unassigned with the reason), and records the assignments, the members' counts and credits,
-the caps' counters and one outbox row per assignment in a single statement. A lead whose
+``now`` (``connector.routing.availability``; every decision records that instant, the batch
+and the reps away by `connector rep away`, which `connector simulate` replays by), picks
+owners with the rotation in ``connector.routing.rotation`` (leads nobody can take go to the
+overflow team, else stay unassigned with the reason), and records the assignments, the
+members' counts and credits, the caps' counters and one outbox row per assignment in a
+single statement. A lead whose
 rule says ``route_to: account_owner`` goes to its account's owner when
 ``connector.routing.accounts`` finds one (that is not a turn of any rotation: no count
 moves), else on to the rule's team rotation. For Salesforce
@@ -153,6 +155,15 @@ def member_candidate(
     )
 
 
+def away_by_command(rows: Sequence[Any], now: datetime) -> list[str]:
+    """The members away at ``now`` by `connector rep away` (table rep_time_off)."""
+    return [
+        r.crm_user_id
+        for r in rows
+        if r.away_until is not None and Window(r.away_from, r.away_until).covers(now)
+    ]
+
+
 @dataclass(frozen=True)
 class _Standing:
     """A member as a decision records it: its rotation turns at the moment of one pick."""
@@ -282,6 +293,8 @@ class Router:
         needed = {t for name in batch.by_team for t in self.cfg.overflow_chain(name)}
         locked = self._lock_teams(batch, needed, matched)
         now = self.clock()
+        if new_ids:
+            batch.recorder.judged_at(list(new_ids.values()), now, min(new_ids.values()))
         for team_name in overflow_order(self.cfg, needed):
             if batch.by_team.get(team_name):
                 self._route_team(batch, team_name, locked[team_name], now)
@@ -410,6 +423,9 @@ class Router:
                 _SQL["record_assignments"], self._record_params(team, placed, batch.source)
             )
         views = _StandingViews(members)
+        away = away_by_command(members, now)
+        for lead_id, _, _ in group:
+            batch.recorder.away_by_command(lead_id, away)
         for (lead_id, cid, m), turn, seat in placed.rows:
             batch.recorder.team_pick(
                 team_name,

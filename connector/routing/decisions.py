@@ -8,7 +8,10 @@ transaction as the assignment, so a decision is on record exactly when its assig
 
 Skip reasons are named values: ``inactive``, ``capped``, ``away``, ``off_shift`` (from
 ``connector.routing.availability``) and ``current_owner`` (a re-route), passed in each lead's
-candidate list. Building the records is pure (``trace_rules``, ``pick_standings``).
+candidate list. A routed lead's decision also holds ``at`` (the instant availability was
+judged at), ``batch`` (the first lead id of its batch) and ``away_by_command`` (reps away by
+`connector rep away` then): `connector simulate` replays by them. Building the records is pure
+(``trace_rules``, ``pick_standings``).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Protocol
 
 from sqlalchemy import Connection, TextClause, text
@@ -160,6 +164,20 @@ class DecisionRecorder:
         tried, values = trace_rules(self.rules, fields)
         d = self._entry(lead_id).detail
         d.update({"source": source, "rules": tried, "values": values})
+
+    def judged_at(self, lead_ids: Sequence[int], at: datetime, batch: int) -> None:
+        """The instant availability (caps, hours, time off) was judged at for these leads, and
+        their batch (its first lead id): `connector simulate` replays each batch at its instant."""
+        stamp = at.isoformat()
+        for lead_id in lead_ids:
+            self._entry(lead_id).detail.update({"at": stamp, "batch": batch})
+
+    def away_by_command(self, lead_id: int, crm_user_ids: Sequence[str]) -> None:
+        """Reps away by `connector rep away` when this lead was judged (the table keeps only
+        each rep's latest absence, so the replay reads past ones here)."""
+        if crm_user_ids:
+            d = self._entry(lead_id).detail
+            d["away_by_command"] = sorted({*d.get("away_by_command", ()), *crm_user_ids})
 
     def account(self, lead_id: int, entry: Mapping[str, Any]) -> None:
         """An account match decided the lead (or was tried): which account, whose owner."""
