@@ -20,6 +20,7 @@ writes bench/results/webhook-run.json.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import platform
@@ -27,10 +28,10 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 from sqlalchemy import text
@@ -93,81 +94,172 @@ rules:
 """
 
 
-def step(
-    client: httpx.Client, urls: list[str], ids: list[str], rate: float, threads: int = 48
-) -> dict[str, Any]:
-    """Send len(ids) one-event webhooks at `rate` per second, round robin over the receivers
-    in `urls` (a load balancer's job); return ACK figures."""
-    due = {rid: 0.0 for rid in ids}
+def _request_bytes(url: str, body: bytes, ts: int) -> tuple[str, int, bytes]:
+    """(host, port, the whole HTTP/1.1 request) for one signed webhook, built once."""
+    parts = urlsplit(url)
+    host, port = parts.hostname or "127.0.0.1", parts.port or 80
+    head = (
+        f"POST {parts.path} HTTP/1.1\r\n"
+        f"Host: {parts.netloc}\r\n"
+        "Content-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n"
+        f"X-HubSpot-Signature-v3: {sign_v3(SECRET, 'POST', url, body, ts)}\r\n"
+        f"X-HubSpot-Request-Timestamp: {ts}\r\n\r\n"
+    )
+    return host, port, head.encode() + body
+
+
+def _event_body(rid: str, ts: int) -> bytes:
+    return json.dumps(
+        [
+            {
+                "eventId": 10_000_000 + int(rid),
+                "subscriptionId": 1,
+                "portalId": PORTAL,
+                "appId": 1,
+                "occurredAt": ts,
+                "subscriptionType": "contact.creation",
+                "attemptNumber": 0,
+                "objectId": int(rid),
+                "changeSource": "CRM",
+            }
+        ]
+    ).encode()
+
+
+Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+
+
+async def _exchange(conn: Conn, request: bytes) -> tuple[int, bool]:
+    """Send one request on a keep-alive connection; (status, whether it may be reused)."""
+    reader, writer = conn
+    writer.write(request)
+    head = await reader.readuntil(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split(" ", 2)[1])
+    length, reuse = 0, True
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        name = name.strip().lower()
+        if name == "content-length":
+            length = int(value)
+        elif name == "connection" and value.strip().lower() == "close":
+            reuse = False
+    if length:
+        await reader.readexactly(length)
+    return status, reuse
+
+
+async def _open_loop(
+    prepared: list[tuple[str, int, bytes]], rate: float, max_connections: int = 256
+) -> tuple[list[float], list[float], list[int]]:
+    """Send each prepared request at its due time (t0 + i / rate) whatever the answers do;
+    (due times, ACK latencies in ms, non-200 statuses, 0 for a transport error)."""
+    idle: dict[tuple[str, int], list[Conn]] = {}
+    slots = asyncio.Semaphore(max_connections)
     lat: list[float] = []
     errors: list[int] = []
-    lock = threading.Lock()
-    nxt = iter(range(len(ids)))
-    # Sign every request before the clock starts (a signature stays valid for 5 minutes), so
-    # the generator spends its share of the two cores sending, not hashing.
-    ts = int(time.time() * 1000)
-    prepared: list[tuple[str, bytes, dict[str, str]]] = []
-    for n, rid in enumerate(ids):
-        url = urls[n % len(urls)]
-        body = json.dumps(
-            [
-                {
-                    "eventId": 10_000_000 + int(rid),
-                    "subscriptionId": 1,
-                    "portalId": PORTAL,
-                    "appId": 1,
-                    "occurredAt": ts,
-                    "subscriptionType": "contact.creation",
-                    "attemptNumber": 0,
-                    "objectId": int(rid),
-                    "changeSource": "CRM",
-                }
-            ]
-        ).encode()
-        prepared.append(
-            (
-                url,
-                body,
-                {
-                    "Content-Type": "application/json",
-                    "X-HubSpot-Signature-v3": sign_v3(SECRET, "POST", url, body, ts),
-                    "X-HubSpot-Request-Timestamp": str(ts),
-                },
-            )
-        )
-    t0 = time.time() + 0.2
+    loop = asyncio.get_running_loop()
+    t0 = loop.time() + 0.2
+    wall0 = time.time() + 0.2
+    due = [wall0 + i / rate for i in range(len(prepared))]
 
-    def loop() -> None:
-        while True:
-            with lock:
-                i = next(nxt, None)
-            if i is None:
-                return
-            when = t0 + i / rate
-            delay = when - time.time()
-            if delay > 0:
-                time.sleep(delay)
-            rid = ids[i]
-            url, body, headers = prepared[i]
+    async def one(i: int) -> None:
+        host, port, request = prepared[i]
+        when = t0 + i / rate
+        async with slots:
+            pool = idle.setdefault((host, port), [])
+            conn = pool.pop() if pool else None
             try:
-                r = client.post(url, content=body, headers=headers)
-                code = r.status_code
-            except httpx.HTTPError:
-                code = 0
-            done = time.time()
-            with lock:
-                due[rid] = when
-                lat.append((done - when) * 1000)
-                if code != 200:
-                    errors.append(code)
+                if conn is None:
+                    conn = await asyncio.open_connection(host, port)
+                status, reuse = await _exchange(conn, request)
+            except (OSError, asyncio.IncompleteReadError, ValueError, IndexError):
+                status, reuse = 0, False
+            lat.append((loop.time() - when) * 1000)
+            if status != 200:
+                errors.append(status)
+            if conn is not None:
+                if reuse:
+                    pool.append(conn)
+                else:
+                    conn[1].close()
 
-    ts_ = [threading.Thread(target=loop) for _ in range(threads)]
-    for t in ts_:
-        t.start()
-    for t in ts_:
-        t.join()
-    elapsed = time.time() - t0
-    return {"due": due, "ack_ms": lat, "errors": errors, "achieved_rps": len(ids) / elapsed}
+    tasks = []
+    for i in range(len(prepared)):
+        delay = t0 + i / rate - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(one(i)))
+    await asyncio.gather(*tasks)
+    for pool in idle.values():
+        for _, writer in pool:
+            writer.close()
+    return due, lat, errors
+
+
+def step(urls: list[str], ids: list[str], rate: float) -> dict[str, Any]:
+    """Send len(ids) one-event webhooks at `rate` per second, round robin over the receivers
+    in `urls` (a load balancer's job); return ACK figures.
+
+    Every request is signed and rendered to bytes before the clock starts (a signature stays
+    valid for 5 minutes), and the generator is one asyncio loop on raw sockets (uvloop when
+    installed): it shares the two cores with the system under test, so it must stay cheap.
+    """
+    ts = int(time.time() * 1000)
+    prepared = [
+        _request_bytes(urls[n % len(urls)], _event_body(rid, ts), ts) for n, rid in enumerate(ids)
+    ]
+    started = time.time()
+    due, lat, errors = _run(_open_loop(prepared, rate))
+    elapsed = time.time() - started - 0.2
+    return {
+        "due": dict(zip(ids, due, strict=True)),
+        "ack_ms": lat,
+        "errors": errors,
+        "achieved_rps": len(ids) / elapsed,
+    }
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process has used so far (Linux /proc), 0 if gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def backend_pids(engine: Any) -> list[int]:
+    """The PostgreSQL server processes serving the benchmark's database (a local server)."""
+    with engine.connect() as conn:
+        return list(
+            conn.execute(
+                text(
+                    "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND pid <> pg_backend_pid()"
+                )
+            ).scalars()
+        )
+
+
+def cpu_shares(
+    roles: dict[str, list[int]], before: dict[int, float], seconds: float
+) -> dict[str, float]:
+    """Per role, the percentage of one core its processes used over ``seconds``."""
+    return {
+        role: round(sum(cpu_seconds(pid) - before.get(pid, 0.0) for pid in pids) / seconds * 100, 1)
+        for role, pids in roles.items()
+    }
+
+
+def _run(coro: Any) -> Any:
+    try:
+        import uvloop
+
+        return uvloop.run(coro)
+    except ImportError:
+        return asyncio.run(coro)
 
 
 def main() -> None:
@@ -185,9 +277,24 @@ def main() -> None:
         help="`connector run` processes (receiver, inbox worker and dispatchers in one process, "
         "sharing one HubSpot rate budget) instead of `serve` + a separate `dispatch`",
     )
+    ap.add_argument(
+        "--rates",
+        default=None,
+        help="comma-separated target req/s (default 50,100,200,300,500; --quick 50,100,200)",
+    )
+    ap.add_argument("--seconds", type=float, default=None, help="seconds per rate (15; quick 5)")
+    ap.add_argument(
+        "--connector-root",
+        type=Path,
+        default=None,
+        help="run the connector processes from this checkout and its .venv (e.g. main's, to "
+        "compare two versions with the same generator); default: this one",
+    )
+    ap.add_argument("--out", type=Path, default=None, help="results file (default below)")
     args = ap.parse_args()
-    rates = [50, 100, 200] if args.quick else [50, 100, 200, 300]
-    seconds = 5 if args.quick else 15
+    default_rates = "50,100,200" if args.quick else "50,100,200,300,500"
+    rates = [int(r) for r in (args.rates or default_rates).split(",")]
+    seconds = args.seconds or (5 if args.quick else 15)
     url = os.environ.get("BENCH_DATABASE_URL") or server_url()
     factory = DatabaseFactory(url)
     db_url = factory.new()
@@ -200,7 +307,9 @@ def main() -> None:
         "BENCH_HS_SECRET": SECRET,
         "CONNECTOR_LOG_LEVEL": "WARNING",
     }
-    cli = [sys.executable, "-m", "connector"]
+    root = args.connector_root.resolve() if args.connector_root else None
+    python = str(root / ".venv" / "bin" / "python") if root else sys.executable
+    cli = [python, "-m", "connector"]
     rows = []
     try:
         sb_port = free_port()
@@ -208,6 +317,7 @@ def main() -> None:
             subprocess.Popen(
                 [*cli, "sandbox", "hubspot", "--port", str(sb_port)],
                 env=env,
+                cwd=root,
                 stderr=subprocess.DEVNULL,
             )
         )
@@ -239,6 +349,7 @@ def main() -> None:
                         str(admin),
                     ],
                     env=env,
+                    cwd=root,
                 )
             )
         for admin in admin_ports:
@@ -246,83 +357,95 @@ def main() -> None:
         if not args.run:
             procs.append(
                 subprocess.Popen(
-                    [*cli, "--config", str(tmp), "dispatch", "--concurrency", "2"], env=env
+                    [*cli, "--config", str(tmp), "dispatch", "--concurrency", "2"],
+                    env=env,
+                    cwd=root,
                 )
             )
         hooks = [f"http://127.0.0.1:{port}/webhooks/hubspot/bench-hs" for port in ports]
         engine = make_engine(db_url)
         ids: list[str] = seeded["records"]
         offset = 0
-        limits = httpx.Limits(
-            max_connections=64, max_keepalive_connections=64, keepalive_expiry=2.0
-        )
-        with httpx.Client(timeout=30, limits=limits) as client:
-            for rate in rates:
-                chunk = ids[offset : offset + int(rate * seconds)]
-                offset += len(chunk)
-                res = step(client, hooks, chunk, rate)
-                deadline = time.time() + 60
-                while time.time() < deadline:
-                    with engine.connect() as conn:
-                        # events not yet read back and routed, then owner writes not yet sent
-                        left = conn.execute(
-                            text(
-                                "SELECT (SELECT count(*) FROM intake_events "
-                                "WHERE state IN ('pending','claimed')) + (SELECT count(*) "
-                                "FROM outbox WHERE state IN ('pending','claimed'))"
-                            )
-                        ).scalar_one()
-                    if left == 0:
-                        break
-                    time.sleep(0.2)
+        for rate in rates:
+            chunk = ids[offset : offset + int(rate * seconds)]
+            offset += len(chunk)
+            roles = {
+                "generator": [os.getpid()],
+                "sandbox": [procs[0].pid],
+                "receiver": [p.pid for p in procs[1 : 1 + args.receivers]],
+                "dispatcher": [p.pid for p in procs[1 + args.receivers :]],
+                "postgres": backend_pids(engine),
+            }
+            before = {pid: cpu_seconds(pid) for pids in roles.values() for pid in pids}
+            began = time.time()
+            res = step(hooks, chunk, rate)
+            roles["postgres"] = sorted({*roles["postgres"], *backend_pids(engine)})
+            cpu = cpu_shares(roles, before, time.time() - began)
+            deadline = time.time() + 60
+            while time.time() < deadline:
                 with engine.connect() as conn:
-                    finished = dict(
-                        conn.execute(
-                            text(
-                                "SELECT l.crm_id, extract(epoch FROM o.finished_at) FROM outbox o "
-                                "JOIN leads l ON l.id = o.lead_id WHERE o.state = 'sent' "
-                                "AND l.crm_id = ANY(:ids)"
-                            ),
-                            {"ids": chunk},
-                        ).all()
-                    )
-                    # when the inbox worker had read the record back and routed it
-                    routed: dict[str, Any] = dict(
-                        conn.execute(
-                            text(
-                                "SELECT crm_id, extract(epoch FROM finished_at) FROM intake_events "
-                                "WHERE state = 'done' AND crm_id = ANY(:ids)"
-                            ),
-                            {"ids": chunk},
-                        ).all()
-                    )
-                l2c = [(float(finished[i]) - res["due"][i]) * 1000 for i in chunk if i in finished]
-                l2r = [(float(routed[i]) - res["due"][i]) * 1000 for i in chunk if i in routed]
-                row = {
-                    "target_rps": rate,
-                    "seconds": seconds,
-                    "requests": len(chunk),
-                    "achieved_rps": round(res["achieved_rps"], 1),
-                    "ack_p50_ms": round(pct(res["ack_ms"], 50), 1),
-                    "ack_p99_ms": round(pct(res["ack_ms"], 99), 1),
-                    "errors": len(res["errors"]),
-                    "written_back": len(finished),
-                    "routed_p50_ms": round(pct(l2r, 50), 1),
-                    "routed_p99_ms": round(pct(l2r, 99), 1),
-                    "lead_to_crm_p50_ms": round(pct(l2c, 50), 1),
-                    "lead_to_crm_p99_ms": round(pct(l2c, 99), 1),
-                }
-                rows.append(row)
-                print(
-                    f"{rate:>4} req/s x {seconds} s: achieved {row['achieved_rps']:>6}/s  "
-                    f"ACK p50 {row['ack_p50_ms']:>6} ms p99 {row['ack_p99_ms']:>7} ms  "
-                    f"errors {row['errors']}  routed p50 {row['routed_p50_ms']} ms "
-                    f"p99 {row['routed_p99_ms']} ms  "
-                    f"lead-to-CRM p50 {row['lead_to_crm_p50_ms']} ms "
-                    f"p99 {row['lead_to_crm_p99_ms']} ms  ({row['written_back']}/"
-                    f"{len(chunk)} written back)",
-                    flush=True,
+                    # events not yet read back and routed, then owner writes not yet sent
+                    left = conn.execute(
+                        text(
+                            "SELECT (SELECT count(*) FROM intake_events "
+                            "WHERE state IN ('pending','claimed')) + (SELECT count(*) "
+                            "FROM outbox WHERE state IN ('pending','claimed'))"
+                        )
+                    ).scalar_one()
+                if left == 0:
+                    break
+                time.sleep(0.2)
+            with engine.connect() as conn:
+                finished = dict(
+                    conn.execute(
+                        text(
+                            "SELECT l.crm_id, extract(epoch FROM o.finished_at) FROM outbox o "
+                            "JOIN leads l ON l.id = o.lead_id WHERE o.state = 'sent' "
+                            "AND l.crm_id = ANY(:ids)"
+                        ),
+                        {"ids": chunk},
+                    ).all()
                 )
+                # when the inbox worker had read the record back and routed it
+                routed: dict[str, Any] = dict(
+                    conn.execute(
+                        text(
+                            "SELECT crm_id, extract(epoch FROM finished_at) FROM intake_events "
+                            "WHERE state = 'done' AND crm_id = ANY(:ids)"
+                        ),
+                        {"ids": chunk},
+                    ).all()
+                )
+            l2c = [(float(finished[i]) - res["due"][i]) * 1000 for i in chunk if i in finished]
+            l2r = [(float(routed[i]) - res["due"][i]) * 1000 for i in chunk if i in routed]
+            row = {
+                "target_rps": rate,
+                "seconds": seconds,
+                "requests": len(chunk),
+                "achieved_rps": round(res["achieved_rps"], 1),
+                "ack_p50_ms": round(pct(res["ack_ms"], 50), 1),
+                "ack_p99_ms": round(pct(res["ack_ms"], 99), 1),
+                "errors": len(res["errors"]),
+                "written_back": len(finished),
+                "routed_p50_ms": round(pct(l2r, 50), 1),
+                "routed_p99_ms": round(pct(l2r, 99), 1),
+                "lead_to_crm_p50_ms": round(pct(l2c, 50), 1),
+                "lead_to_crm_p99_ms": round(pct(l2c, 99), 1),
+                "cpu_pct": cpu,
+                "load_avg": os.getloadavg()[0],
+            }
+            rows.append(row)
+            print(
+                f"{rate:>4} req/s x {seconds} s: achieved {row['achieved_rps']:>6}/s  "
+                f"ACK p50 {row['ack_p50_ms']:>6} ms p99 {row['ack_p99_ms']:>7} ms  "
+                f"errors {row['errors']}  routed p50 {row['routed_p50_ms']} ms "
+                f"p99 {row['routed_p99_ms']} ms  "
+                f"lead-to-CRM p50 {row['lead_to_crm_p50_ms']} ms "
+                f"p99 {row['lead_to_crm_p99_ms']} ms  ({row['written_back']}/"
+                f"{len(chunk)} written back)\n      CPU % of one core: {cpu}  "
+                f"load {row['load_avg']:.2f}",
+                flush=True,
+            )
         counters = httpx.get(f"{sandbox}/_sandbox/counters").json()
         engine.dispose()
     finally:
@@ -341,11 +464,12 @@ def main() -> None:
         "quick": args.quick,
         "receivers": args.receivers,
         "mode": "run" if args.run else "serve+dispatch",
+        "connector_root": str(root) if root else None,
         "rows": rows,
         "sandbox_counters": counters,
     }
     RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / ("webhook-run.json" if args.run else "webhook.json")
+    path = args.out or RESULTS / ("webhook-run.json" if args.run else "webhook.json")
     path.write_text(json.dumps(out, indent=2) + "\n")
     print(f"HubSpot 429s: {counters.get('rate_limited', 0)}; wrote {path}")
 
