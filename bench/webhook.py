@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -128,6 +129,8 @@ def _event_body(rid: str, ts: int) -> bytes:
 
 
 Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+KEEP_ALIVE_SECONDS = 2.0
+"""An idle connection older than this is not reused (the receiver closes them after 5 s)."""
 
 
 async def _exchange(conn: Conn, request: bytes) -> tuple[int, bool]:
@@ -155,7 +158,7 @@ async def _open_loop(
 ) -> tuple[list[float], list[float], list[int]]:
     """Send each prepared request at its due time (t0 + i / rate) whatever the answers do;
     (due times, ACK latencies in ms, non-200 statuses, 0 for a transport error)."""
-    idle: dict[tuple[str, int], list[Conn]] = {}
+    idle: dict[tuple[str, int], list[tuple[Conn, float]]] = {}
     slots = asyncio.Semaphore(max_connections)
     lat: list[float] = []
     errors: list[int] = []
@@ -169,7 +172,12 @@ async def _open_loop(
         when = t0 + i / rate
         async with slots:
             pool = idle.setdefault((host, port), [])
-            conn = pool.pop() if pool else None
+            conn = None
+            while pool and conn is None:
+                conn, used = pool.pop()
+                if loop.time() - used > KEEP_ALIVE_SECONDS:  # the server may be closing it
+                    conn[1].close()
+                    conn = None
             try:
                 if conn is None:
                     conn = await asyncio.open_connection(host, port)
@@ -181,7 +189,7 @@ async def _open_loop(
                 errors.append(status)
             if conn is not None:
                 if reuse:
-                    pool.append(conn)
+                    pool.append((conn, loop.time()))
                 else:
                     conn[1].close()
 
@@ -193,7 +201,7 @@ async def _open_loop(
         tasks.append(asyncio.create_task(one(i)))
     await asyncio.gather(*tasks)
     for pool in idle.values():
-        for _, writer in pool:
+        for (_, writer), _ in pool:
             writer.close()
     return due, lat, errors
 
@@ -290,6 +298,12 @@ def main() -> None:
         help="run the connector processes from this checkout and its .venv (e.g. main's, to "
         "compare two versions with the same generator); default: this one",
     )
+    ap.add_argument(
+        "--spans",
+        action="store_true",
+        help="run the receivers under bench/webhook_spans.py (timing spans per step, event "
+        "loop lag); their summaries go beside --out as *-spans-N.json",
+    )
     ap.add_argument("--out", type=Path, default=None, help="results file (default below)")
     args = ap.parse_args()
     default_rates = "50,100,200" if args.quick else "50,100,200,300,500"
@@ -335,11 +349,18 @@ def main() -> None:
         (tmp / "bench.yaml").write_text(config_yaml(sandbox, seeded["owners"]))
         ports = [free_port() for _ in range(args.receivers)]
         admin_ports = [free_port() for _ in range(args.receivers)]
-        for port, admin in zip(ports, admin_ports, strict=True):
+        out_path = args.out or RESULTS / ("webhook-run.json" if args.run else "webhook.json")
+        for n, (port, admin) in enumerate(zip(ports, admin_ports, strict=True)):
+            spans = out_path.with_name(f"{out_path.stem}-spans-{n}.json")
+            receiver_cli = (
+                [python, str(Path(__file__).with_name("webhook_spans.py")), str(spans), "--"]
+                if args.spans
+                else cli
+            )
             procs.append(
                 subprocess.Popen(
                     [
-                        *cli,
+                        *receiver_cli,
                         "--config",
                         str(tmp),
                         "run" if args.run else "serve",
@@ -426,6 +447,7 @@ def main() -> None:
                 "ack_p50_ms": round(pct(res["ack_ms"], 50), 1),
                 "ack_p99_ms": round(pct(res["ack_ms"], 99), 1),
                 "errors": len(res["errors"]),
+                "error_statuses": dict(Counter(res["errors"])),
                 "written_back": len(finished),
                 "routed_p50_ms": round(pct(l2r, 50), 1),
                 "routed_p99_ms": round(pct(l2r, 99), 1),
@@ -438,7 +460,8 @@ def main() -> None:
             print(
                 f"{rate:>4} req/s x {seconds} s: achieved {row['achieved_rps']:>6}/s  "
                 f"ACK p50 {row['ack_p50_ms']:>6} ms p99 {row['ack_p99_ms']:>7} ms  "
-                f"errors {row['errors']}  routed p50 {row['routed_p50_ms']} ms "
+                f"errors {row['errors']} {row['error_statuses'] or ''}  "
+                f"routed p50 {row['routed_p50_ms']} ms "
                 f"p99 {row['routed_p99_ms']} ms  "
                 f"lead-to-CRM p50 {row['lead_to_crm_p50_ms']} ms "
                 f"p99 {row['lead_to_crm_p99_ms']} ms  ({row['written_back']}/"
@@ -469,7 +492,15 @@ def main() -> None:
         "sandbox_counters": counters,
     }
     RESULTS.mkdir(exist_ok=True)
+    (args.out or RESULTS).parent.mkdir(parents=True, exist_ok=True)
     path = args.out or RESULTS / ("webhook-run.json" if args.run else "webhook.json")
+    if args.spans:
+        for n in range(args.receivers):
+            spans = path.with_name(f"{path.stem}-spans-{n}.json")
+            if spans.exists():
+                print(f"receiver {n} spans ({spans}):")
+                for name, fig in json.loads(spans.read_text()).items():
+                    print(f"  {name:>22}: " + "  ".join(f"{k} {v}" for k, v in fig.items()))
     path.write_text(json.dumps(out, indent=2) + "\n")
     print(f"HubSpot 429s: {counters.get('rate_limited', 0)}; wrote {path}")
 

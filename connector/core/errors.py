@@ -229,31 +229,40 @@ class AsyncPool:
 
     async def fetch_all(self, sql: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
         """Run one statement (``%(name)s`` parameters) and return its rows."""
+        slots = await self._acquire()
+        try:
+            return await self._run(sql, params)
+        finally:
+            slots.release()
+
+    async def _acquire(self) -> asyncio.Semaphore:
+        """A slot (one of ``max_size``) within ``timeout``, else ``DatabaseUnavailable``."""
         if self._slots is None:
             self._slots = asyncio.Semaphore(self.max_size)
+        slots = self._slots
         try:
             async with asyncio.timeout(self.timeout):
-                await self._slots.acquire()
+                await slots.acquire()
         except TimeoutError:
             raise DatabaseUnavailable(
                 "database unavailable: no pooled connection became free in time"
             ) from None
+        return slots
+
+    async def _run(self, sql: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+        conn, born = await self._checkout()
         try:
-            conn, born = await self._checkout()
-            try:
-                cur = await conn.execute(sql, params)
-                rows = await cur.fetchall() if cur.description is not None else []
-            except psycopg.Error as exc:
-                lost = conn.broken or conn.closed
-                if lost:
-                    await conn.close()
-                else:
-                    self._idle.append((conn, born))
-                raise translate(exc, connection_lost=lost) from exc
-            self._idle.append((conn, born))
-            return rows
-        finally:
-            self._slots.release()
+            cur = await conn.execute(sql, params)
+            rows = await cur.fetchall() if cur.description is not None else []
+        except psycopg.Error as exc:
+            lost = conn.broken or conn.closed
+            if lost:
+                await conn.close()
+            else:
+                self._idle.append((conn, born))
+            raise translate(exc, connection_lost=lost) from exc
+        self._idle.append((conn, born))
+        return rows
 
     async def _checkout(self) -> tuple[AsyncConn, float]:
         while self._idle:

@@ -55,7 +55,7 @@ from connector.core.errors import (
 from connector.core.metrics import Metrics
 from connector.intake.http_server import DEFAULT_BODY_TIMEOUT, BodyError, read_body
 from connector.intake.hubspot_events import EventError, dedupe_latest, lead_events, parse_events
-from connector.intake.inbox import AdapterSource, InboxWorker, store_events_now
+from connector.intake.inbox import AdapterSource, EventWriter, InboxWorker
 from connector.intake.senders import (
     IPNetwork,
     client_address,
@@ -176,6 +176,7 @@ class _App:
     ) -> None:
         self.engine = engine
         self.store_pool = store_pool or async_pool_for(engine, max_size=STORE_POOL_SIZE)
+        self.writer = EventWriter(self.store_pool, max_in_flight=STORE_POOL_SIZE // 2)
         self.configs = dict(configs)
         self.clock = clock
         self.public_base_url = public_base_url
@@ -207,9 +208,10 @@ class _App:
         self.metrics.webhook_latency.labels(endpoint).observe(time.perf_counter() - started)
 
     async def _store(self, cfg: OrgConfig, keys: list[str], ids: list[str]) -> int:
-        """Store a delivery's events (one autocommit statement); the number that were new."""
+        """Store a delivery's events (committed with those of the deliveries that arrived
+        meanwhile, see ``EventWriter``); the number that were new."""
         try:
-            return await store_events_now(self.store_pool, cfg, keys, ids)
+            return await self.writer.store(cfg, keys, ids)
         except Exception as exc:
             mapped = db_errors(exc)
             if mapped is None:
