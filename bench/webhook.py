@@ -229,13 +229,14 @@ def step(urls: list[str], ids: list[str], rate: float) -> dict[str, Any]:
     }
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds a process has used so far (Linux /proc), 0 if gone."""
+def cpu_seconds(pid: int) -> tuple[int, float]:
+    """(start time, user + system CPU seconds so far) of a process (Linux /proc); (0, 0.0)
+    if it is gone. The start time tells a reused pid apart."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
     except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return 0, 0.0
+    return int(fields[19]), (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def backend_pids(engine: Any) -> list[int]:
@@ -252,13 +253,21 @@ def backend_pids(engine: Any) -> list[int]:
 
 
 def cpu_shares(
-    roles: dict[str, list[int]], before: dict[int, float], seconds: float
+    roles: dict[str, list[int]], before: dict[int, tuple[int, float]], seconds: float
 ) -> dict[str, float]:
-    """Per role, the percentage of one core its processes used over ``seconds``."""
-    return {
-        role: round(sum(cpu_seconds(pid) - before.get(pid, 0.0) for pid in pids) / seconds * 100, 1)
-        for role, pids in roles.items()
-    }
+    """Per role, the percentage of one core its processes used over ``seconds`` (a process
+    gone meanwhile cannot be read any more and is left out)."""
+    shares = {}
+    for role, pids in roles.items():
+        used = 0.0
+        for pid in pids:
+            started, now = cpu_seconds(pid)
+            if not started:
+                continue
+            was_started, was = before.get(pid, (started, 0.0))
+            used += now - (was if was_started == started else 0.0)
+        shares[role] = round(used / seconds * 100, 1)
+    return shares
 
 
 def _run(coro: Any) -> Any:
@@ -500,7 +509,8 @@ def main() -> None:
             if spans.exists():
                 print(f"receiver {n} spans ({spans}):")
                 for name, fig in json.loads(spans.read_text()).items():
-                    print(f"  {name:>22}: " + "  ".join(f"{k} {v}" for k, v in fig.items()))
+                    figures = fig.items() if name != "heap" else [("", fig)]
+                    print(f"  {name:>22}: " + "  ".join(f"{k} {v}" for k, v in figures))
     path.write_text(json.dumps(out, indent=2) + "\n")
     print(f"HubSpot 429s: {counters.get('rate_limited', 0)}; wrote {path}")
 

@@ -5,8 +5,9 @@
 Started by ``bench/webhook.py --spans`` in place of ``python -m connector``. It wraps the
 receiver module's steps (body read, signature check, JSON parse, the database insert) and
 the whole handler with timers, samples the event loop's lag (how late a 10 ms timer fires:
-CPU starvation, GIL waits, blocking calls) and garbage-collector pauses, runs the command, and
-on exit writes the percentiles of each to OUT.json. The wrappers cost about a microsecond a
+CPU starvation, GIL waits, blocking calls) and garbage-collector pauses while the app serves,
+runs the command, and on exit writes the percentiles of each, and what the collector still
+tracks, to OUT.json. The wrappers cost about a microsecond a
 call; the production code is unchanged.
 """
 
@@ -60,7 +61,12 @@ async def _lag_sampler() -> None:
         SPANS["loop_lag"].append((loop.time() - t - LAG_INTERVAL) * 1000)
 
 
+SERVING: list[bool] = []  # non-empty while the app runs (start-up collections are not counted)
+
+
 def _gc_callback(phase: str, info: dict[str, Any]) -> None:
+    if not SERVING:
+        return
     if phase == "start":
         _gc_callback.started = time.perf_counter()  # type: ignore[attr-defined]
     else:
@@ -96,10 +102,12 @@ def instrument() -> None:
         class _Ctx:
             async def __aenter__(self_inner) -> None:
                 sampler.append(asyncio.get_running_loop().create_task(_lag_sampler()))
+                SERVING.append(True)
                 self_inner.inner = original_lifespan(self, app)
                 await self_inner.inner.__aenter__()
 
             async def __aexit__(self_inner, *exc: Any) -> None:
+                SERVING.clear()
                 for task in sampler:
                     task.cancel()
                 await self_inner.inner.__aexit__(*exc)
@@ -115,8 +123,17 @@ def pct(xs: list[float], p: float) -> float:
     return s[min(len(s) - 1, int(p / 100 * len(s)))] if s else float("nan")
 
 
-def summary() -> dict[str, dict[str, float]]:
-    return {
+def heap() -> dict[str, Any]:
+    """What the collector still tracks at exit (after ``gc.freeze`` hid start-up's objects)."""
+    from collections import Counter
+
+    objs = gc.get_objects()
+    kinds = Counter(type(o).__name__ for o in objs)
+    return {"tracked": len(objs), "frozen": gc.get_freeze_count(), "top": kinds.most_common(8)}
+
+
+def summary() -> dict[str, Any]:
+    return {"heap": heap()} | {
         name: {
             "count": len(xs),
             "mean_ms": round(sum(xs) / len(xs), 3),
