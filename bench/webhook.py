@@ -1,20 +1,28 @@
 """Benchmark: sustained signed HubSpot webhook load against `connector serve`.
 
-    .venv/bin/python -m bench.webhook [--quick] [--receivers N] [--run]
+    .venv/bin/python -m bench.webhook [--quick] [--receivers N] [--run] [--rates 100,500]
+        [--seconds S] [--spans] [--connector-root CHECKOUT] [--out FILE]
 
 Four separate processes on this machine: the HubSpot sandbox (`connector sandbox hubspot`,
 its real 100-per-10-s limit), `connector serve` (the receiver), `connector dispatch` (the
 write-back), and this load generator. The generator is open-loop: request i is due at
 t0 + i / rate and its latency is measured from that due time, so a slow server cannot hide
-its queueing (no coordinated omission). Each request is one signed webhook with one
+its queueing (no coordinated omission). It is one asyncio loop on raw sockets with every
+request signed and rendered before the clock starts, so that it takes little of the two
+cores it shares with the system under test. Each request is one signed webhook with one
 contact.creation event, i.e. one new lead. The receiver stores the event and acks; its inbox
 worker reads the contact back from the sandbox (batch read) and routes it; the dispatcher reads
 the current owners again and writes. Lead-to-CRM is measured from the due time to the moment
 the sandbox accepted the owner write (outbox.finished_at). Each `serve` process gets its own
-admin port (/healthz, readiness). Writes bench/results/webhook.json. With ``--run`` the
+admin port (/healthz, readiness). Each row also reports the CPU each process used during the
+step (% of one core, from /proc; "postgres" is the server backends of the benchmark's
+database) and the load average. Writes bench/results/webhook.json. With ``--run`` the
 receivers are `connector run` processes (receiver, inbox worker and dispatchers sharing one
 HubSpot rate budget, the production default) and no separate dispatch process runs; that
-writes bench/results/webhook-run.json.
+writes bench/results/webhook-run.json. ``--spans`` runs the receivers under
+bench/webhook_spans.py (time per handler step, event-loop lag, GC pauses);
+``--connector-root`` runs the connector processes from another checkout (its .venv) with this
+generator, to compare two versions in one sitting.
 """
 
 from __future__ import annotations

@@ -24,8 +24,8 @@ The protocol is uvicorn's httptools implementation (llhttp, in C; a dependency o
 project) with the limits above added by ``HeaderTimeoutHttpToolsProtocol``; ``http="h11"``
 selects the pure-Python h11 one (``HeaderTimeoutH11Protocol``), which enforces the same
 limits. The event loop is uvloop when it is installed (uvicorn's ``loop="auto"``; uvloop is a
-dependency). Measured in BENCHMARKS.md "Webhooks": httptools and uvloop roughly halve the
-server's CPU per request against h11 on asyncio.
+dependency). BENCHMARKS.md "Webhooks" has what an ACK costs with them (measured together with
+the receivers' other changes, not apart).
 """
 
 from __future__ import annotations
