@@ -21,7 +21,7 @@ WITH lead AS (
     INSERT INTO leads (org, crm_object, crm_id, fields, parent_id, source)
     VALUES (:org, 'Lead', :crm_id, '{}', NULL, 'api')
     ON CONFLICT (org, crm_object, crm_id) WHERE merged_into IS NULL DO NOTHING
-    RETURNING id, crm_object, crm_id, parent_id
+    RETURNING id, crm_object, crm_id, parent_id, received_at
 ), team AS (
     SELECT t.id, t.epoch FROM teams t
     WHERE t.org = :org AND t.name = :team AND t.in_config AND EXISTS (SELECT FROM lead)
@@ -62,9 +62,10 @@ WITH lead AS (
     FROM lead, team, pick
     RETURNING id, lead_id, crm_user_id
 ), outbox AS (
-    INSERT INTO outbox (org, lead_id, assignment_id, crm_object, crm_id, owner_id, parent_id)
+    INSERT INTO outbox (org, lead_id, assignment_id, crm_object, crm_id, owner_id, parent_id,
+                        lead_received_at)
     SELECT :org, assigned.lead_id, assigned.id, lead.crm_object, lead.crm_id,
-           assigned.crm_user_id, lead.parent_id
+           assigned.crm_user_id, lead.parent_id, lead.received_at
     FROM assigned, lead
     RETURNING id
 )
@@ -86,7 +87,7 @@ WITH lead AS (
     FROM unnest(CAST(:crm_ids AS text[])) AS t (crm_id)
     ORDER BY t.crm_id
     ON CONFLICT (org, crm_object, crm_id) WHERE merged_into IS NULL DO NOTHING
-    RETURNING id, crm_object, crm_id, parent_id
+    RETURNING id, crm_object, crm_id, parent_id, received_at
 ), team AS (
     SELECT t.id, t.epoch FROM teams t
     WHERE t.org = :org AND t.name = :team AND t.in_config AND EXISTS (SELECT FROM lead)
@@ -102,7 +103,8 @@ WITH lead AS (
            count(*) OVER () AS k
     FROM seats s
 ), picks AS (
-    SELECT l.id AS lead_id, l.crm_object, l.crm_id, l.parent_id, r.id AS member_id,
+    SELECT l.id AS lead_id, l.crm_object, l.crm_id, l.parent_id, l.received_at,
+           r.id AS member_id,
            r.crm_user_id, r.turns + l.ord / r.k AS turns_before, l.ord
     FROM (SELECT lead.*, row_number() OVER (ORDER BY lead.crm_id) - 1 AS ord FROM lead) l
     JOIN ranked r ON r.rk = mod(l.ord, r.k)
@@ -130,8 +132,10 @@ WITH lead AS (
     ORDER BY p.ord
     RETURNING id, lead_id, crm_user_id
 ), outbox AS (
-    INSERT INTO outbox (org, lead_id, assignment_id, crm_object, crm_id, owner_id, parent_id)
-    SELECT :org, p.lead_id, a.id, p.crm_object, p.crm_id, a.crm_user_id, p.parent_id
+    INSERT INTO outbox (org, lead_id, assignment_id, crm_object, crm_id, owner_id, parent_id,
+                        lead_received_at)
+    SELECT :org, p.lead_id, a.id, p.crm_object, p.crm_id, a.crm_user_id, p.parent_id,
+           p.received_at
     FROM assigned a JOIN picks p ON p.lead_id = a.lead_id
     RETURNING id
 )

@@ -1,14 +1,23 @@
 """Benchmark: time to first byte of the dashboard's pages with 1,000,000 stored leads.
 
-    .venv/bin/python -m bench.dashboard [--quick] [--leads N]
+    .venv/bin/python -m bench.dashboard [--quick] [--leads N] [--runs N] [--keep NAME]
 
-One org, two teams of 10 reps, 1,000,000 leads received over 30 days, each assigned, with
-its outbox row (sent within a few seconds; 0.1 % dead, 0.5 % superseded, the newest 1,000
-still pending). The rows are generated in SQL (the routing path is measured by bench.assign),
-then VACUUM ANALYZE. The admin app runs in this process (uvicorn in a thread, as under
-`connector run`); each page is fetched several times over HTTP and the time to the first byte
-of the answer is reported. EXPLAIN (ANALYZE, BUFFERS) of every dashboard query is written
-to bench/results/dashboard_plans.txt. Prints a table and writes bench/results/dashboard.json.
+One org, two teams of 10 reps, 1,000,000 leads received over 30 days (each with a few CRM
+fields, about 150 bytes, as routed leads carry), each assigned, with its outbox row (sent
+within a few seconds; 0.1 % dead, 0.5 % superseded, the newest 1,000 still pending). The
+rows are generated in SQL (the routing path is measured by bench.assign), then VACUUM
+ANALYZE. The admin app runs in this process (uvicorn in a thread, as under `connector run`);
+each page is fetched several times over HTTP and the time to the first byte of the answer
+is reported (median and p95). EXPLAIN (ANALYZE, BUFFERS) of every query the dashboard's
+pages run (the totals page's are `connector status`'s, db/status.sql) is written to
+bench/results/dashboard_plans.txt, and each query is then run QUERY_RUNS more times on its
+own (median and fastest). Prints tables and writes bench/results/dashboard.json.
+
+Seeding 1,000,000 leads takes minutes. With ``--keep NAME`` the data goes into the database
+NAME on the server, which is kept and labelled (a database comment: seed version, lead
+count): a later run with the same NAME and lead count migrates it (new migrations, e.g. an
+index) and reuses the rows instead of seeding again. Without it, a
+throw-away database is created and dropped.
 """
 
 from __future__ import annotations
@@ -25,19 +34,20 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from sqlalchemy import Engine, text
+from sqlalchemy import Connection, Engine, text
 
 import db
 from bench.harness import ENV
 from connector.core.config import OrgConfig, parse_config
+from connector.core.errors import create_engine
 from connector.core.metrics import Metrics
 from connector.routing.teams import apply_teams
 from connector.shell.admin import create_admin_app
 from connector.shell.dashboard import data
 from connector.shell.dashboard.figures import hour_slots, start_of_day
 from connector.shell.service import serve_in_thread
-from connector.shell.store import make_engine
-from tests.pg import DatabaseFactory, server_url
+from connector.shell.store import make_engine, migrate, sqlalchemy_url
+from tests.pg import DatabaseFactory, server_url, with_database
 
 RESULTS = Path(__file__).parent / "results"
 ORG = "bench"
@@ -66,7 +76,12 @@ SEED = [
     # leads: evenly over the last DAYS days, the newest now
     """
     INSERT INTO leads (org, crm_object, crm_id, fields, source, received_at)
-    SELECT 'bench', 'Lead', '00Q' || lpad(g::text, 15, '0'), '{}'::jsonb, 'import',
+    SELECT 'bench', 'Lead', '00Q' || lpad(g::text, 15, '0'),
+           jsonb_build_object('Company', 'Company ' || g, 'Country',
+                              CASE WHEN g % 4 = 0 THEN 'DE' ELSE 'US' END,
+                              'Email', 'lead' || g || '@example.com', 'LeadSource', 'Web',
+                              'Status', 'Open - Not Contacted', 'Title', 'Head of Operations'),
+           'import',
            now() - (:n - g) * make_interval(secs => :step)
     FROM generate_series(1, :n) AS g
     """,
@@ -87,14 +102,16 @@ SEED = [
     # outbox: sent within 0.2-3 s; a few dead and superseded; the newest 1,000 pending
     """
     INSERT INTO outbox (org, lead_id, assignment_id, crm_object, crm_id, owner_id, state,
-                        attempts, available_at, created_at, finished_at, last_error, found_owner)
+                        attempts, available_at, created_at, finished_at, last_error, found_owner,
+                        lead_received_at)
     SELECT 'bench', a.lead_id, a.id, 'Lead', l.crm_id, a.crm_user_id, x.state,
            CASE WHEN x.state = 'pending' THEN 0 ELSE 1 END,
            a.assigned_at, a.assigned_at,
            CASE WHEN x.state = 'pending' THEN NULL
                 ELSE a.assigned_at + make_interval(secs => 0.2 + (a.lead_id % 97) / 35.0) END,
            CASE WHEN x.state = 'dead' THEN 'ENTITY_IS_DELETED: entity is deleted' END,
-           CASE WHEN x.state = 'superseded' THEN '005999999999999999' END
+           CASE WHEN x.state = 'superseded' THEN '005999999999999999' END,
+           l.received_at
     FROM assignments a JOIN leads l ON l.id = a.lead_id
     CROSS JOIN LATERAL (SELECT CASE
         WHEN a.lead_id > :n - 1000 THEN 'pending'
@@ -133,9 +150,14 @@ def ttfb(base: str, path: str) -> tuple[float, int, int]:
         conn.close()
 
 
-def plans(engine: Engine, now: datetime, lead_id: int) -> str:
+QUERY_RUNS = 7
+
+
+def dashboard_queries(now: datetime, lead_id: int) -> list[tuple[str, str, dict[str, Any]]]:
+    """(label, SQL, parameters) of every query the pages run, as the pages run them."""
     q = db.queries("dashboard")
     slots = hour_slots(now, data.LATENCY_HOURS)
+    crm_id = {"org": ORG, "crm_id": "00Q000000000000001", "crm_object": "Lead"}
     params: dict[str, dict[str, Any]] = {
         "members": {"org": ORG},
         "window_counts": {"org": ORG, "since": now - timedelta(days=7)},
@@ -147,36 +169,179 @@ def plans(engine: Engine, now: datetime, lead_id: int) -> str:
         "lead": {"org": ORG, "lead_id": lead_id},
         "lead_assignment": {"lead_id": lead_id},
         "lead_outbox": {"lead_id": lead_id},
-        "lead_events": {"org": ORG, "crm_id": "00Q000000000000001", "crm_object": "Lead"},
-        "lead_skipped": {"org": ORG, "crm_id": "00Q000000000000001", "crm_object": "Lead"},
+        "lead_events": crm_id,
+        "lead_skipped": crm_id,
     }
+    out = [(name, q[name], p) for name, p in params.items()]
+    today = {"org": ORG, "since": start_of_day(now)}
+    out.insert(2, ("window_counts (today)", q["window_counts"], today))
+    # the totals page: `connector status` (connector/shell/status.py)
+    out += [(f"status.{name}", sql, {"org": ORG}) for name, sql in db.queries("status").items()]
+    return out
+
+
+def on_page_terms(conn: Connection, name: str) -> Connection:
+    """The dashboard's queries run with JIT off, as the org page runs them (db/dashboard.sql
+    no_jit; the lead page's are far below jit_above_cost anyway); `status`'s as it runs them."""
+    if not name.startswith("status."):
+        conn.execute(text(db.queries("dashboard")["no_jit"]))
+    return conn
+
+
+def plans(engine: Engine, queries: list[tuple[str, str, dict[str, Any]]]) -> str:
     out = []
-    with engine.connect() as conn:
-        for name, p in params.items():
-            rows = conn.execute(text("EXPLAIN (ANALYZE, BUFFERS) " + q[name]), p).all()
-            out.append(f"-- {name}\n" + "\n".join(r[0] for r in rows) + "\n")
-        today = {"org": ORG, "since": start_of_day(now)}
-        rows = conn.execute(text("EXPLAIN (ANALYZE, BUFFERS) " + q["window_counts"]), today)
-        out.append("-- window_counts (today)\n" + "\n".join(r[0] for r in rows) + "\n")
+    for name, sql, p in queries:
+        with engine.connect() as conn:
+            on_page_terms(conn, name)
+            rows = conn.execute(text("EXPLAIN (ANALYZE, BUFFERS) " + sql), p).all()
+        out.append(f"-- {name}\n" + "\n".join(r[0] for r in rows) + "\n")
     return "\n".join(out)
+
+
+def query_times(
+    engine: Engine, queries: list[tuple[str, str, dict[str, Any]]]
+) -> dict[str, dict[str, float]]:
+    """Each query run QUERY_RUNS times, rows fetched: median and fastest ms (without
+    EXPLAIN's per-node clock reads)."""
+    times: dict[str, dict[str, float]] = {}
+    for name, sql, p in queries:
+        samples = []
+        with engine.connect() as conn:
+            on_page_terms(conn, name)
+            for _ in range(QUERY_RUNS):
+                t0 = time.perf_counter()
+                conn.execute(text(sql), p).all()
+                samples.append((time.perf_counter() - t0) * 1000)
+        median, fastest = statistics.median(samples), min(samples)
+        times[name] = {"median": round(median, 2), "min": round(fastest, 2)}
+        print(
+            f"  {name:<24} median {times[name]['median']:>8.2f} ms  min "
+            f"{times[name]['min']:>8.2f} ms",
+            flush=True,
+        )
+    return times
+
+
+SEED_VERSION = 3  # bump when SEED changes: a kept database of another version is re-seeded
+
+
+def seed_label(leads: int) -> str:
+    return f"bench.dashboard seed {SEED_VERSION}: {leads} leads"
+
+
+def kept_database(url: str, name: str, leads: int) -> tuple[str, bool]:
+    """The URL of the kept database NAME, and whether it already holds this seed of
+    ``leads`` leads (its comment says so; it is then migrated and reused). Otherwise it is
+    (re)created empty and migrated; ``label_kept`` marks it once seeded."""
+    if not name.isidentifier() or not name.islower():
+        raise SystemExit(f"--keep: {name!r} is not a plain lower-case database name")
+    admin = create_engine(sqlalchemy_url(url), isolation_level="AUTOCOMMIT", pool_size=1)
+    target = with_database(url, name)
+    try:
+        with admin.connect() as conn:
+            label = conn.execute(
+                text(
+                    "SELECT coalesce(shobj_description(oid, 'pg_database'), '') "
+                    "FROM pg_database WHERE datname = :n"
+                ),
+                {"n": name},
+            ).scalar()
+        if label == seed_label(leads):
+            engine = make_engine(target, pool_size=1)
+            migrate(engine)
+            engine.dispose()
+            return target, True
+        if label is not None:
+            print(f"{name} holds {label or 'something else'!r}: seeding it again", flush=True)
+        with admin.connect() as conn:
+            conn.execute(text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+            conn.execute(text(f"CREATE DATABASE {name}"))
+        engine = make_engine(target, pool_size=1)
+        migrate(engine)
+        engine.dispose()
+        return target, False
+    finally:
+        admin.dispose()
+
+
+def label_kept(url: str, name: str, leads: int) -> None:
+    admin = create_engine(sqlalchemy_url(url), isolation_level="AUTOCOMMIT", pool_size=1)
+    try:
+        with admin.connect() as conn:
+            # the name was checked by kept_database; a comment takes no bind parameter
+            conn.execute(text(f"COMMENT ON DATABASE {name} IS '{seed_label(leads)}'"))
+    finally:
+        admin.dispose()
+
+
+def p95(samples: list[float]) -> float:
+    """The 95th percentile (linear interpolation between the closest ranks)."""
+    if len(samples) < 2:
+        return samples[0]
+    return statistics.quantiles(samples, n=20, method="inclusive")[18]
+
+
+def measure(base: str, label: str, path: str, runs: int) -> dict[str, Any]:
+    ttfb(base, path)  # warm: connections, plans, templates
+    samples = []
+    for _ in range(runs):
+        first, status, size = ttfb(base, path)
+        assert status == 200, (path, status)
+        samples.append(first)
+    row = {
+        "page": label,
+        "path": path,
+        "runs": len(samples),
+        "ttfb_ms_median": round(statistics.median(samples) * 1000, 1),
+        "ttfb_ms_p95": round(p95(samples) * 1000, 1),
+        "ttfb_ms_min": round(min(samples) * 1000, 1),
+        "ttfb_ms_max": round(max(samples) * 1000, 1),
+        "bytes": size,
+    }
+    print(
+        f"{label:<28} median {row['ttfb_ms_median']:>8.1f} ms  p95 {row['ttfb_ms_p95']:>8.1f} ms"
+        f"  min {row['ttfb_ms_min']:>8.1f} ms  max {row['ttfb_ms_max']:>8.1f} ms"
+        f"  {size:>7,} bytes",
+        flush=True,
+    )
+    return row
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="100,000 leads (a smoke run)")
     ap.add_argument("--leads", type=int, default=None)
-    ap.add_argument("--runs", type=int, default=7)
+    ap.add_argument("--runs", type=int, default=20, help="requests per page (after one warm-up)")
+    ap.add_argument(
+        "--keep",
+        metavar="NAME",
+        help="seed into the database NAME and keep it; reuse it when it holds the same leads",
+    )
     args = ap.parse_args()
     leads = args.leads or (100_000 if args.quick else 1_000_000)
     url = os.environ.get("BENCH_DATABASE_URL") or server_url()
-    factory = DatabaseFactory(url)
     t_start = time.time()
+    load_start = os.getloadavg()
+    factory = None if args.keep else DatabaseFactory(url)
     try:
-        engine = make_engine(factory.new(), pool_size=4)
+        if args.keep:
+            target, reused = kept_database(url, args.keep, leads)
+        else:
+            assert factory is not None
+            target, reused = factory.new(), False
+        engine = make_engine(target, pool_size=4)
         cfg = config()
         apply_teams(engine, cfg)
-        seeded = seed(engine, leads)
-        print(f"seeded {leads:,} leads (+ assignments, outbox) in {seeded:.1f} s", flush=True)
+        if reused:
+            seeded = None
+            with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+                conn.execute(text("VACUUM ANALYZE"))  # cheap when nothing changed
+            print(f"reused {args.keep} ({leads:,} leads)", flush=True)
+        else:
+            seeded = seed(engine, leads)
+            if args.keep:
+                label_kept(url, args.keep, leads)
+            print(f"seeded {leads:,} leads (+ assignments, outbox) in {seeded:.1f} s", flush=True)
         app = create_admin_app(engine, Metrics(), configs={ORG: cfg})
         lead_id = leads // 2
         pages = {
@@ -185,36 +350,16 @@ def main() -> None:
             "totals (= connector status)": f"/dashboard/org/{ORG}/totals",
             "index": "/dashboard/",
         }
-        rows = []
         with serve_in_thread(app) as base:
-            for label, path in pages.items():
-                ttfb(base, path)  # warm: connections, plans, templates
-                samples = []
-                # the totals page runs `status`'s full counts: seconds each; two samples do
-                for _ in range(min(args.runs, 2) if "totals" in label else args.runs):
-                    first, status, size = ttfb(base, path)
-                    assert status == 200, (path, status)
-                    samples.append(first)
-                row = {
-                    "page": label,
-                    "path": path,
-                    "runs": len(samples),
-                    "ttfb_ms_median": round(statistics.median(samples) * 1000, 1),
-                    "ttfb_ms_min": round(min(samples) * 1000, 1),
-                    "ttfb_ms_max": round(max(samples) * 1000, 1),
-                    "bytes": size,
-                }
-                rows.append(row)
-                print(
-                    f"{label:<28} median {row['ttfb_ms_median']:>8.1f} ms  "
-                    f"min {row['ttfb_ms_min']:>8.1f} ms  max {row['ttfb_ms_max']:>8.1f} ms  "
-                    f"{size:>7,} bytes",
-                    flush=True,
-                )
-        plan_text = plans(engine, datetime.now(UTC), lead_id)
+            rows = [measure(base, label, path, args.runs) for label, path in pages.items()]
+        queries = dashboard_queries(datetime.now(UTC), lead_id)
+        plan_text = plans(engine, queries)
+        print(f"each query alone ({QUERY_RUNS} runs):", flush=True)
+        timings = query_times(engine, queries)
         engine.dispose()
     finally:
-        factory.drop_all()
+        if factory is not None:
+            factory.drop_all()
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "dashboard_plans.txt").write_text(plan_text)
     big = ("leads", "assignments", "outbox")  # teams, members: a few rows; read whole
@@ -231,12 +376,15 @@ def main() -> None:
         "machine": {
             "cpus": os.cpu_count(),
             "python": platform.python_version(),
+            "loadavg_at_start": [round(x, 1) for x in load_start],
             "loadavg_at_end": [round(x, 1) for x in load],
         },
         "database": "BENCH_DATABASE_URL" if os.environ.get("BENCH_DATABASE_URL") else "embedded",
+        "kept_database": args.keep,
         "leads": leads,
-        "seed_seconds": round(seeded, 1),
+        "seed_seconds": round(seeded, 1) if seeded is not None else None,
         "rows": rows,
+        "query_ms": timings,
         "seq_scans": seq,
         "seconds_total": round(time.time() - t_start, 1),
     }

@@ -3,9 +3,12 @@
     .venv/bin/python -m bench.simulate [--leads N]
 
 Routes N leads (default 100,000) into a fresh database through the project's batched path, two
-teams and three rules, then times the what-if replay the way the command runs it: the READ ONLY
-read of the window (load_history), the replay with the config that ran (which must reproduce
-every recorded owner) and with a changed config, and the report. The floor it is compared
+teams and three rules, a daily cap on one team that overflows into the other and working hours
+for one rep (the router's clock moves 15 minutes a batch from a Monday 00:00 UTC, so the caps
+are hit and reset and the rep goes off shift), then times the what-if replay the way the
+command runs it: the READ ONLY read of the window (load_history), the replay with the config
+that ran (which must reproduce every recorded owner and unassigned reason) and with a changed
+config, and the report. The floor it is compared
 against in the same run is reading the same rows with psycopg alone (no Python objects built):
 what any replay has to pay. Prints a table and writes bench/results/simulate.json.
 """
@@ -36,13 +39,19 @@ ENV = {"BENCH_TOKEN": "unused"}
 COUNTRIES = ("US", "DE", "CA", "FR", "US", "JP", "US", "BR", "GB", "US")
 
 
-def org_yaml(na_weights: tuple[int, ...], row_reps: int) -> str:
+START = datetime(2026, 12, 7, 0, 0, tzinfo=UTC)  # a Monday
+STEP = timedelta(minutes=15)  # the router's clock, per batch
+HOURS = ', hours: {timezone: UTC, mon-fri: "08:00-18:00"}'
+
+
+def org_yaml(na_weights: tuple[int, ...], row_reps: int, cap: int = 7000) -> str:
     na = "\n".join(
         f'      - {{crm_user_id: "005{i:015d}", name: "NA {i}", weight: {w}}}'
         for i, w in enumerate(na_weights)
     )
     row = "\n".join(
-        f'      - {{crm_user_id: "005{100 + i:015d}", name: "ROW {i}"}}' for i in range(row_reps)
+        f'      - {{crm_user_id: "005{100 + i:015d}", name: "ROW {i}"{HOURS if i == 0 else ""}}}'
+        for i in range(row_reps)
     )
     return f"""
 org: bench
@@ -53,6 +62,8 @@ crm:
   object: Lead
 teams:
   - name: na
+    caps: {{per_day: {cap}}}
+    overflow_team: row
     members:
 {na}
   - name: row
@@ -63,6 +74,15 @@ rules:
   - {{team: row, when: {{Country: [DE, FR, GB]}}}}
   - {{team: row}}
 """
+
+
+class StepClock:
+    def __init__(self) -> None:
+        self.n = 0
+
+    def __call__(self) -> datetime:
+        self.n += 1
+        return START + self.n * STEP
 
 
 def fill(router: Router, n: int, batch: int = 1000) -> float:
@@ -103,6 +123,9 @@ def timed_replay(engine: Any, cfg: OrgConfig, since: datetime) -> dict[str, Any]
         "total_s": round(t3 - t0, 3),
         "changed_rep": rep["changed_rep"],
         "leads": rep["leads"],
+        "unassigned_before": rep["unassigned"]["before"],
+        "unassigned_after": rep["unassigned"]["after"],
+        "overflowed": rep["overflowed"],
     }
 
 
@@ -117,12 +140,15 @@ def main() -> None:
         engine = make_engine(db_url, pool_size=2)
         ran = parse_config(org_yaml((1, 2, 1, 1), 6), "bench.yaml", ENV)
         apply_teams(engine, ran)
-        fill_s = fill(Router(engine, ran), args.leads)
+        fill_s = fill(Router(engine, ran, clock=StepClock()), args.leads)
         since = datetime.now(UTC) - timedelta(days=1)
         floor = min(raw_read(db_url, since) for _ in range(3))
         same = min((timed_replay(engine, ran, since) for _ in range(3)), key=lambda r: r["total_s"])
-        if same["changed_rep"] != 0:
-            raise SystemExit(f"replay with the config that ran changed {same['changed_rep']} reps")
+        if same["changed_rep"] != 0 or same["unassigned_before"] != same["unassigned_after"]:
+            raise SystemExit(
+                f"replay with the config that ran changed {same['changed_rep']} reps, "
+                f"unassigned {same['unassigned_before']} -> {same['unassigned_after']}"
+            )
         proposed = parse_config(org_yaml((1, 1, 1, 1, 1), 5), "proposed.yaml", ENV)
         changed = min(
             (timed_replay(engine, proposed, since) for _ in range(3)), key=lambda r: r["total_s"]
@@ -140,6 +166,11 @@ def main() -> None:
             f"report {r['report_s']:6.3f} s  total {r['total_s']:6.3f} s  "
             f"changed reps {r['changed_rep']:,}"
         )
+    print(
+        f"recorded: unassigned {same['unassigned_before']}, overflowed "
+        f"{same['overflowed']['before']}; changed config: unassigned "
+        f"{changed['unassigned_after']}, overflowed {changed['overflowed']['after']}"
+    )
     print(f"per lead {per_lead_us:.1f} us; simulate / floor = {ratio}x (same run)")
     RESULTS.mkdir(exist_ok=True)
     out = {

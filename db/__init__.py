@@ -27,19 +27,20 @@ def parse_named(text: str) -> dict[str, str]:
     return queries
 
 
-_BIND = re.compile(r"(?<![:\w]):([a-z_][a-z0-9_]*)\b(?!:)")
-
-
-def pyformat(sql: str) -> str:
-    """A named query with its ``:name`` binds as ``%(name)s``, for the driver itself
-    (``connector.core.errors.one_statement``); ``::`` casts are left alone."""
-    return _BIND.sub(r"%(\1)s", sql.replace("%", "%%"))
-
-
 @cache
 def queries(concern: str) -> dict[str, str]:
     """The named queries of one concern, e.g. ``queries("routing")["insert_leads"]``."""
     return parse_named((HERE / f"{concern}.sql").read_text(encoding="utf-8"))
+
+
+_BIND = re.compile(r"(?<![:\w]):([a-z_][a-z0-9_]*)")
+
+
+def pyformat(sql: str) -> str:
+    """A named query's ``:name`` parameters as the driver's ``%(name)s`` (``%`` doubled), for
+    code that runs it on a bare psycopg connection. ``::`` casts are left alone; the query
+    files use ``CAST`` and have no colons inside string literals."""
+    return _BIND.sub(r"%(\1)s", sql.replace("%", "%%"))
 
 
 @dataclass(frozen=True)

@@ -72,9 +72,10 @@ WITH picks AS (
     FROM picks p JOIN members m ON m.id = p.member_id
     RETURNING id, lead_id, crm_user_id
 )
-INSERT INTO outbox (org, lead_id, assignment_id, crm_object, crm_id, owner_id, parent_id)
+INSERT INTO outbox (org, lead_id, assignment_id, crm_object, crm_id, owner_id, parent_id,
+                    lead_received_at)
 SELECT :org, assigned.lead_id, assigned.id, l.crm_object, l.crm_id, assigned.crm_user_id,
-       l.parent_id
+       l.parent_id, l.received_at
 FROM assigned JOIN leads l ON l.id = assigned.lead_id
 RETURNING lead_id
 

@@ -9,6 +9,18 @@ ORDER BY t.event_key
 ON CONFLICT (org, event_key) DO NOTHING
 RETURNING id
 
+-- name: insert_event_batch
+-- The receivers' group commit: the events of several deliveries (any orgs) in one statement;
+-- what each delivery had new is told by the (org, event_key) pairs returned.
+INSERT INTO intake_events (org, source, event_key, crm_object, crm_id)
+SELECT t.org, t.source, t.event_key, t.crm_object, t.crm_id
+FROM unnest(CAST(:orgs AS text[]), CAST(:sources AS text[]), CAST(:event_keys AS text[]),
+            CAST(:crm_objects AS text[]), CAST(:crm_ids AS text[]))
+     AS t (org, source, event_key, crm_object, crm_id)
+ORDER BY t.org, t.event_key
+ON CONFLICT (org, event_key) DO NOTHING
+RETURNING org, event_key
+
 -- name: claim
 UPDATE intake_events i
 SET state = 'claimed', claimed_by = :worker, attempts = i.attempts + 1,

@@ -106,8 +106,9 @@ WITH cur AS (
     RETURNING a.id, a.lead_id, a.crm_user_id
 )
 INSERT INTO outbox (org, lead_id, assignment_id, crm_object, crm_id, owner_id, parent_id,
-                    replaces_owners)
+                    lead_received_at, replaces_owners)
 SELECT l.org, moved.lead_id, moved.id, l.crm_object, l.crm_id, moved.crm_user_id, l.parent_id,
+       l.received_at,
        COALESCE((SELECT array_agg(DISTINCT owner ORDER BY owner) FROM carried
                  WHERE owner IS NOT NULL AND owner <> moved.crm_user_id), '{}')
 FROM moved JOIN leads l ON l.id = moved.lead_id

@@ -16,7 +16,7 @@ FROM unnest(CAST(:crm_ids AS text[]), CAST(:fields AS text[]), CAST(:parent_ids 
      AS t (crm_id, fields, parent_id)
 ORDER BY t.crm_id
 ON CONFLICT (org, crm_object, crm_id) WHERE merged_into IS NULL DO NOTHING
-RETURNING id, crm_id
+RETURNING id, crm_id, received_at
 
 -- name: existing_leads
 -- A merged lead (merged_into set) is a second copy of a record; its winner answers for it.
@@ -57,16 +57,18 @@ SELECT member_id FROM assignments WHERE team_id = :team_id ORDER BY id DESC LIMI
 -- The picks' decisions are written by the same statement: :details is ONE JSON array zipped
 -- with the picks by position (a caller may send fewer, e.g. '[]': the rest get none), and
 -- :sla_minutes sets each assignment's SLA check time as it is inserted. The outbox row takes
--- the lead's id and parent from the picks, not from a join with leads.
+-- the lead's id, parent and received_at (insert_leads returned it) from the picks, not from
+-- a join with leads.
 WITH picks AS (
     SELECT *
     FROM ROWS FROM (unnest(CAST(:lead_ids AS bigint[])), unnest(CAST(:member_ids AS bigint[])),
                     unnest(CAST(:rule_indexes AS integer[])), unnest(CAST(:rule_names AS text[])),
                     unnest(CAST(:crm_ids AS text[])), unnest(CAST(:parent_ids AS text[])),
+                    unnest(CAST(:received_ats AS timestamptz[])),
                     unnest(CAST(:sla_minutes AS integer[])),
                     jsonb_array_elements(CAST(:details AS jsonb)))
          WITH ORDINALITY AS p (lead_id, member_id, rule_index, rule_name, crm_id, parent_id,
-                               sla_minutes, detail, ord)
+                               received_at, sla_minutes, detail, ord)
     WHERE p.lead_id IS NOT NULL
 ), per_member AS (
     SELECT member_id, count(*) AS n FROM picks GROUP BY member_id
@@ -106,8 +108,9 @@ WITH picks AS (
     ORDER BY p.lead_id
     RETURNING lead_id
 )
-INSERT INTO outbox (org, lead_id, assignment_id, crm_object, crm_id, owner_id, parent_id)
-SELECT :org, a.lead_id, a.id, :crm_object, p.crm_id, a.crm_user_id, p.parent_id
+INSERT INTO outbox (org, lead_id, assignment_id, crm_object, crm_id, owner_id, parent_id,
+                    lead_received_at)
+SELECT :org, a.lead_id, a.id, :crm_object, p.crm_id, a.crm_user_id, p.parent_id, p.received_at
 FROM assigned a JOIN picks p ON p.lead_id = a.lead_id
 RETURNING lead_id
 
@@ -115,7 +118,7 @@ RETURNING lead_id
 UPDATE leads SET unassigned_reason = :reason WHERE id = ANY(CAST(:lead_ids AS bigint[]))
 
 -- name: route_lead
--- One new lead of a rotation rule, decided and recorded in ONE call (migration 0012): the team
+-- One new lead of a rotation rule, decided and recorded in ONE call (migration 0014): the team
 -- row is locked for this statement plus the commit. What only the config knows is passed in.
 SELECT status, lead_id, team, owner_id, owner_name, reason, cand_ids, cand_skips
 FROM route_lead(

@@ -19,7 +19,9 @@ INSERT INTO schema_migrations (version, name) VALUES
     (9, 'assignment_history'),
     (10, 'dashboard'),
     (11, 'queue_indexes'),
-    (12, 'route_lead');
+    (12, 'status_counts'),
+    (13, 'outbox_lead_received_at'),
+    (14, 'route_lead');
 
 -- 0001_routing.sql
 -- Routing state: teams, members, leads, assignments and the write-back outbox.
@@ -404,7 +406,30 @@ CREATE INDEX intake_events_record ON intake_events (org, crm_id);
 CREATE INDEX outbox_claimed_parent ON outbox (org, parent_id) WHERE state = 'claimed';
 
 
--- 0012_route_lead.sql
+-- 0012_status_counts.sql
+-- `connector status` (and the dashboard's totals page) counts every lead and assignment of an
+-- org. These indexes let each count be an index-only scan of a small index instead of a join
+-- of leads and assignments (37 s at 1,000,000 leads): see db/status.sql and BENCHMARKS.md.
+
+-- Live leads of an org (merged_into IS NULL: one deduplicated key, a few MB per million
+-- leads), and the few merged ones, whose assignments the counts leave out.
+CREATE INDEX leads_org_merged ON leads (org, merged_into);
+-- Leads each member got through their account's owner (the rest of a member's leads are
+-- counted from assignments_member).
+CREATE INDEX assignments_account_matched ON assignments (member_id)
+    WHERE account_match->>'result' = 'matched';
+
+
+-- 0013_outbox_lead_received_at.sql
+-- The lead's received_at, copied onto each outbox row when it is written (the statements that
+-- write outbox rows read the lead anyway), so the dashboard's lead->CRM latency reads only
+-- the outbox rows of its window instead of looking up every one's lead by primary key (31,000
+-- lookups a day at 1,000,000 leads). Rows written before this migration have NULL here; the
+-- dashboard looks their lead up as before.
+ALTER TABLE outbox ADD COLUMN lead_received_at timestamptz;
+
+
+-- 0014_route_lead.sql
 -- One round trip per lead: the common single-lead assignment as one server-side call.
 -- `route_lead` inserts the lead, locks its team row, reads the members with their turns,
 -- CLI time off and caps counters, picks with `rotation_pick` (a mirror of
@@ -548,6 +573,7 @@ LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
     v_lead    bigint;
+    v_received timestamptz;
     v_team    bigint;
     v_epoch   integer;
     m         record;
@@ -568,7 +594,7 @@ BEGIN
     INSERT INTO leads (org, crm_object, crm_id, fields, parent_id, source)
     VALUES (p_org, p_crm_object, p_crm_id, p_fields, p_parent_id, p_source)
     ON CONFLICT (org, crm_object, crm_id) WHERE merged_into IS NULL DO NOTHING
-    RETURNING id INTO v_lead;
+    RETURNING id, received_at INTO v_lead, v_received;
     IF v_lead IS NULL THEN
         status := 'duplicate';
         SELECT l.id, a.crm_user_id, t.name, mm.name,
@@ -603,6 +629,9 @@ BEGIN
                array_agg(y.turns) AS turns, array_agg(y.active) AS active,
                array_agg(y.crm_user_id) AS users, array_agg(y.name) AS names,
                array_agg(y.position) AS positions,
+               -- reps away by `connector rep away` now, sorted by code point (as Python sorts)
+               coalesce(array_agg(y.crm_user_id ORDER BY y.crm_user_id COLLATE "C")
+                        FILTER (WHERE y.away_cmd), '{}') AS away_cmd,
                coalesce(array_agg(y.id) FILTER (WHERE y.active), '{}') AS s_ids,
                coalesce(array_agg(y.weight) FILTER (WHERE y.active), '{}') AS s_weights,
                coalesce(array_agg(y.turns) FILTER (WHERE y.active), '{}') AS s_turns,
@@ -614,6 +643,7 @@ BEGIN
                    mb.position, mb.active, mb.crm_user_id, mb.name,
                    CASE WHEN o.starts_at <= p_now AND p_now < o.until THEN 'away'
                         ELSE p_blocked[c.i] END AS why,
+                   coalesce(o.starts_at <= p_now AND p_now < o.until, false) AS away_cmd,
                    CASE WHEN cap.day IS NOT NULL OR cap.week IS NOT NULL THEN
                    greatest(0, least(cap.day - coalesce(d.assigned, 0),
                                      cap.week - coalesce(w.assigned, 0))) END AS room
@@ -672,9 +702,12 @@ BEGIN
         WHERE NOT u.a;
     END IF;
     v_detail := p_detail || jsonb_build_object(
+        'batch', v_lead,
         'team', p_team,
         'seats', jsonb_build_object('ids', cand_ids, 'weights', v_weights, 'counts', v_counts,
-                                    'skips', cand_skips));
+                                    'skips', cand_skips))
+        || CASE WHEN cardinality(m.away_cmd) > 0
+                THEN jsonb_build_object('away_by_command', m.away_cmd) ELSE '{}'::jsonb END;
     IF m.pick IS NULL THEN
         v_reason := CASE
             WHEN NOT (true = ANY (coalesce(m.active, '{}'))) THEN 'no_active_member'
@@ -714,8 +747,9 @@ BEGIN
         RETURNING id
     ), outbox AS (
         INSERT INTO outbox (org, lead_id, assignment_id, crm_object, crm_id, owner_id,
-                            parent_id)
-        SELECT p_org, v_lead, assigned.id, p_crm_object, p_crm_id, v_owner, p_parent_id
+                            parent_id, lead_received_at)
+        SELECT p_org, v_lead, assigned.id, p_crm_object, p_crm_id, v_owner, p_parent_id,
+               v_received
         FROM assigned
         RETURNING id
     )

@@ -98,6 +98,10 @@ class DatabaseFactory:
         self.created.append(name)
         return with_database(self.url, name)
 
+    def close(self) -> None:
+        """Let go of the server without dropping anything (it is about to be thrown away)."""
+        self.admin.dispose()
+
     def drop_all(self) -> None:
         with self.admin.connect() as conn:
             for name in [*self.created, self.template]:

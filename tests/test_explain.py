@@ -114,6 +114,7 @@ def test_explain_rule_miss_inactive_rep_and_repeat_push(
     )
     lines = format_explanation(e).splitlines()
     assert lines[0] == f"lead {ca} (Lead, org acme)"
+    assert d["at"] and f"  caps, hours and time off judged at {d['at']}" in lines
     first_at = e["arrival"]["events"][0]["received_at"]
     assert lines[2].endswith(f"04l000000000001AAA:{ca} received {first_at}, done")
     assert lines[3].endswith(", done: already routed (a repeat: nothing new was decided)")
@@ -214,7 +215,7 @@ def test_build_explanation_is_pure() -> None:
     ]
 
 
-# A pick as written before migration 0012 (every candidate in full) and the same pick written
+# A pick as written before migration 0014 (every candidate in full) and the same pick written
 # compactly (parallel lists, names looked up when explained): explained the same.
 FULL_DECISION: dict[str, Any] = {
     "source": "api",

@@ -26,6 +26,7 @@ from connector.intake.http_server import (
     DEFAULT_MAX_CONNECTIONS,
     BodyError,
     HeaderTimeoutH11Protocol,
+    HeaderTimeoutHttpToolsProtocol,
     build_server,
     read_body,
     receiver_config,
@@ -36,6 +37,15 @@ HEADER_TIMEOUT = 0.4
 BODY_TIMEOUT = 0.6
 BODY_LIMIT = 1_000
 CLOSE_BOUND = 5.0  # seconds: "closed eventually", never a tight figure
+PROTOCOL = {"http": "httptools"}
+
+
+@pytest.fixture(autouse=True, params=["httptools", "h11"])
+def protocol(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Every server test runs against both protocol classes: each must enforce every limit."""
+    PROTOCOL["http"] = request.param
+    yield request.param
+    PROTOCOL["http"] = "httptools"
 
 
 def make_app(
@@ -79,6 +89,7 @@ def running(
 ) -> Iterator[int]:
     """A real server in a thread on an ephemeral port; yields the port."""
     limits.setdefault("header_timeout", HEADER_TIMEOUT)
+    limits.setdefault("http", PROTOCOL["http"])
     app = make_app([] if seen is None else seen, body_timeout, reading)
     server = build_server(app, "127.0.0.1", 0, **limits)
     thread = threading.Thread(target=server.run, name="test-http-server", daemon=True)
@@ -159,9 +170,14 @@ def post_head(length: int | None = None, *extra: str) -> bytes:
 # --- configuration ------------------------------------------------------------------------
 
 
-def test_config_flags() -> None:
+def test_config_flags(protocol: str) -> None:
     config = receiver_config(PlainTextResponse("x"), "127.0.0.1", 0)
-    assert config.http is HeaderTimeoutH11Protocol
+    assert config.http is HeaderTimeoutHttpToolsProtocol  # the default
+    assert config.max_header_bytes == 16_384
+    chosen = receiver_config(PlainTextResponse("x"), "127.0.0.1", 0, http=protocol)  # type: ignore[arg-type]
+    assert chosen.http is {"h11": HeaderTimeoutH11Protocol}.get(
+        protocol, HeaderTimeoutHttpToolsProtocol
+    )
     assert config.header_timeout == 10.0
     assert config.proxy_headers is False
     assert config.access_log is False
@@ -252,10 +268,37 @@ def test_a_body_slower_than_the_header_deadline_is_read() -> None:
 
 
 def test_oversize_pending_headers_are_refused() -> None:
-    # h11 caps the bytes buffered for a head that is not complete yet (16 KiB).
+    # A head not complete yet is capped (16 KiB by default).
     with running() as port, connect(port) as sock:
         sock.sendall(b"GET /ok HTTP/1.1\r\nHost: test\r\nX-Pad: " + b"a" * 20_000)
         assert read_response(sock)[0] == 400
+        wait_closed(sock, time.monotonic())
+
+
+def test_a_head_trickled_past_the_cap_is_refused() -> None:
+    # Counted across socket reads, and again for each request on a keep-alive connection.
+    with running(max_header_bytes=4_000, keep_alive_timeout=30) as port, connect(port) as sock:
+        sock.sendall(post_head(5) + b"hello")
+        assert read_response(sock)[::2] == (200, b'{"length":5}')
+        sock.sendall(b"GET /ok HTTP/1.1\r\nHost: test\r\nX-Pad: ")
+        status = None
+        for _ in range(20):  # 20 x 500 bytes: past the cap after 8
+            try:
+                sock.sendall(b"a" * 500)
+            except OSError:
+                break  # the server is gone
+            readable, _, _ = select.select([sock], [], [], 0.02)
+            if readable:
+                status = read_response(sock)[0]
+                break
+        assert status == 400
+        wait_closed(sock, time.monotonic())
+
+
+def test_a_head_under_the_cap_is_served() -> None:
+    with running(max_header_bytes=4_000) as port, connect(port) as sock:
+        sock.sendall(b"GET /ok HTTP/1.1\r\nHost: test\r\nX-Pad: " + b"a" * 3_000 + b"\r\n\r\n")
+        assert read_response(sock)[::2] == (200, b"ok")
 
 
 # --- bodies -------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The single-lead call (migration 0012, connector/routing/single.py) on real Postgres.
+"""The single-lead call (migration 0014, connector/routing/single.py) on real Postgres.
 
 * ``rotation_pick`` (plpgsql) picks exactly as ``pick_available`` does (the Python reference),
   checked with Hypothesis over random teams, availability, caps and catch-up, pick by pick.

@@ -4,28 +4,43 @@ from __future__ import annotations
 
 import json
 import threading
-from datetime import UTC, datetime, timedelta
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from dataclasses import replace as dc_replace
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
+from typing import Any
+from zoneinfo import ZoneInfo
 
 import pytest
 from sqlalchemy import Engine, text
 
+import connector.routing.simulate as simulate_module
 from connector.core.config import OrgConfig, parse_config
+from connector.intake.accounts_sync import account_rows, store_accounts
 from connector.routing.assign import Lead, Router
+from connector.routing.availability import Candidate
 from connector.routing.rotation import max_lag
 from connector.routing.simulate import (
     History,
     HistoryLead,
+    Mirror,
     TeamRotation,
     format_report,
     load_history,
+    replay_batches,
     replay_order,
     report,
     simulate,
 )
 from connector.routing.teams import apply_teams, rotation_fingerprint
 from connector.shell.cli import main, parse_since
+from connector.shell.reps import end_away, resolve_rep, set_away
+from connector.shell.store import make_engine
+from crm_adapters.base import CrmAccount
 from crm_adapters.salesforce_ids import to_18
+from tests.pg import DatabaseFactory
 
 ENV = {"TOKEN": "unused"}
 T0 = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)
@@ -329,6 +344,17 @@ def test_replay_order_keeps_each_teams_lock_order_in_arrival_slots() -> None:
     assert order == [3, 2, 1, 4, 5]
 
 
+def test_replay_batches_puts_recorded_batches_in_decision_order_and_picks_first() -> None:
+    def b(i: int, batch: int | None, decision: int, aid: int | None = None) -> HistoryLead:
+        return dc_replace(hl(i, "US"), batch=batch, decision_id=decision, assignment_id=aid)
+
+    leads = [b(1, 5, 20, aid=9), b(2, 5, 21), b(3, 5, 22, aid=8), b(4, 3, 30, aid=7),
+             b(5, None, 1), b(6, 3, 31, aid=6)]  # fmt: skip
+    # the legacy lead first; batch 5 (decisions 20-22) before batch 3 (30-31); inside a
+    # batch, assignment id order with the lead nobody took last
+    assert [[x.lead_id for x in u] for u in replay_batches(leads)] == [[5], [3, 1, 2], [6, 4]]
+
+
 def test_unchanged_rotation_continues_from_the_counts_before_the_window() -> None:
     c = cfg(row=members(("r1", 1, True), ("r2", 1, True)))
     rots = {t.name: TeamRotation(4, rotation_fingerprint(t)) for t in c.teams}
@@ -360,7 +386,9 @@ def test_team_without_active_members_leaves_leads_unassigned_with_the_reason() -
     hist = History([hl(1, "DE", "row", "r1", 1), hl(2, "US", "na", "a1", 2)], rots, {})
     rep = report(c, hist, simulate(c, hist), T0)
     assert rep["unassigned"]["after"] == {"no_active_member": 1}
-    assert rep["unassigned"]["leads"] == [{"crm_id": "L1", "reason": "no_active_member"}]
+    assert rep["unassigned"]["leads"] == [
+        {"crm_id": "L1", "reason": "no_active_member", "team": "row"}
+    ]
     # L1 loses its rep; L2 goes to a2, the heaviest rep of na's restarted rotation
     assert rep["changed_team"] == 1 and rep["changed_rep"] == 2
 
@@ -397,3 +425,270 @@ def test_reassigned_leads_count_as_routing_picked_them(engine: Engine) -> None:
     assert rep["changed_rep"] == 0
     assert rep["reassigned_in_window"] == ["na"]
     assert "team na had leads of the window reassigned" in format_report(rep)
+
+
+# --- caps, working hours, time off, overflow, catch-up and account matching ----------------
+
+W0 = datetime(2026, 12, 7, 5, 0, tzinfo=UTC)  # Monday 00:00 in New York, 06:00 in Berlin
+STEP = timedelta(minutes=17)  # the router's clock moves this much at every batch
+WORLD_RULES = """  - {name: by-account, team: na, when: {Country: US}, route_to: account_owner}
+  - {name: canada, team: na, when: {Country: CA}}
+  - {name: europe, team: row, when: {Country: [DE, FR, JP]}}"""
+NA_CAP = "caps: {per_day: 8}"
+WORLD_COUNTRIES = ("US", "DE", "CA", "FR", "US", "JP", "DE", "BR")  # BR matches no rule
+ROW_HOURS = ('hours: {timezone: Europe/Berlin, mon-fri: "07:00-19:00"}',
+             'hours: {timezone: Europe/Berlin, mon-fri: "09:00-21:00"}')  # fmt: skip
+EMAILS = ("x@a-corp.com", "x@r-corp.com", "x@x-corp.com", "x@nobody.com", "x@gmail.com")
+
+
+def world_yaml(
+    na_cap: str = NA_CAP, row_hours: tuple[str, str] = ROW_HOURS, rules: str = WORLD_RULES
+) -> str:
+    r1, r2 = (f", {h}" if h else "" for h in row_hours)
+    return f"""
+org: acme
+crm:
+  kind: salesforce
+  instance_url: https://acme.my.salesforce.com
+  auth: {{method: session, access_token: "${{TOKEN}}"}}
+  object: Lead
+teams:
+  - name: na
+    timezone: America/New_York
+    {na_cap}
+    overflow_team: spill
+    catch_up: {{max_in_a_row: 2}}
+    members:
+      - {{crm_user_id: a1, name: Ann}}
+      - {{crm_user_id: a2, name: Abe, weight: 2,
+         hours: {{timezone: America/New_York, mon-fri: "08:00-14:00"}}}}
+      - {{crm_user_id: a3, name: Ari}}
+  - name: row
+    timezone: Europe/Berlin
+    caps: {{per_day: 9}}
+    members:
+      - {{crm_user_id: r1, name: Rua{r1}}}
+      - {{crm_user_id: r2, name: Rex{r2}}}
+  - name: spill
+    members:
+      - {{crm_user_id: s1, name: Sol}}
+      - {{crm_user_id: s2, name: Sue,
+         time_off: [{{from: "2026-12-07T10:00", until: "2026-12-07T16:00"}}]}}
+rules:
+{rules}
+"""
+
+
+def world_cfg(**kw: Any) -> OrgConfig:
+    return parse_config(world_yaml(**kw), "acme.yaml", ENV)
+
+
+class StepClock:
+    """The router's clock: each batch is judged STEP after the one before (thread-safe)."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.lock = threading.Lock()
+
+    def __call__(self) -> datetime:
+        with self.lock:
+            self.n += 1
+            return W0 + self.n * STEP
+
+    def peek(self) -> datetime:
+        return W0 + self.n * STEP
+
+
+def world_lead(i: int) -> Lead:
+    fields = {"Country": WORLD_COUNTRIES[i % 8], "LastName": f"L{i}", "Email": EMAILS[i % 5]}
+    return Lead(f"00Q{i:012d}", fields)
+
+
+def route_world(router: Router, start: int, n: int, threads: int = 6) -> None:
+    per = n // threads
+
+    def work(k: int) -> None:
+        ids = list(range(start + k * per, start + (k + 1) * per))
+        for j in range(0, len(ids), 3):
+            router.assign_many([world_lead(i) for i in ids[j : j + 3]], "api")
+
+    ts = [threading.Thread(target=work, args=(k,)) for k in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+
+
+@dataclass
+class World:
+    engine: Engine
+    cfg: OrgConfig
+    since: datetime
+    truth: dict[str, tuple[str | None, str | None]]  # crm_id -> (owner, unassigned reason)
+    history: History
+
+
+@pytest.fixture(scope="module")
+def world(databases: DatabaseFactory) -> Iterator[World]:
+    """One recorded run of 336 leads by 6 threads in batches of 3, the router's clock moving
+    17 minutes a batch from Monday 00:00 in New York to Tuesday: caps hit and reset, reps off
+    shift, a rep away by the command for 4 hours from the window's start (its table row gone
+    since), overflow, catch-up and account owners. The window is the last 288 leads."""
+    engine = make_engine(databases.new())
+    c = world_cfg()
+    apply_teams(engine, c)
+    page = [
+        CrmAccount("001000000000001", "a1", ("a-corp.com",), T0),
+        CrmAccount("001000000000002", "r1", ("r-corp.com",), T0),
+        CrmAccount("001000000000003", "zz", ("x-corp.com",), T0),  # owner is no rep
+    ]
+    with engine.begin() as conn:
+        store_accounts(conn, c.org, account_rows("salesforce", page))
+    clock = StepClock()
+    router = Router(engine, c, clock=clock)
+    route_world(router, 0, 48)  # before the window: caps' counts and the rotation's state
+    with engine.connect() as conn:
+        since = conn.execute(text("SELECT clock_timestamp()")).scalar_one()
+    a3 = resolve_rep(c, "a3")
+    set_away(engine, c, a3, clock.peek() + timedelta(hours=4), None, clock.peek())
+    route_world(router, 1000, 96)
+    end_away(engine, c, a3)  # over by now; and the table forgets it
+    route_world(router, 1096, 192)
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT l.crm_id, a.crm_user_id, l.unassigned_reason FROM leads l"
+                " LEFT JOIN assignments a ON a.lead_id = l.id WHERE l.received_at >= :since"
+            ),
+            {"since": since},
+        ).all()
+    truth = {r.crm_id: (r.crm_user_id, r.unassigned_reason) for r in rows}
+    yield World(engine, c, since, truth, load_history(engine, c, since))
+    engine.dispose()
+
+
+def mismatches(w: World, sim: Any) -> list[str]:
+    return [o.lead.crm_id for o in sim.outcomes if (o.owner, o.reason) != w.truth[o.lead.crm_id]]
+
+
+def recorded_facts(engine: Engine) -> dict[str, int]:
+    """How often each policy decided something in the recorded run (the test must cover it)."""
+    checks = {
+        "capped": 'detail::text LIKE \'%"skip": "capped"%\'',
+        "off_shift": 'detail::text LIKE \'%"skip": "off_shift"%\'',
+        "away": 'detail::text LIKE \'%"skip": "away"%\'',
+        "away_by_command": "detail ? 'away_by_command'",
+        "overflowed": "detail ? 'overflow_from'",
+        "account_owner": "detail -> 'chosen' ->> 'by' = 'account_owner'",
+        "all_capped": "detail ->> 'reason' = 'all_capped'",
+        "none_available": "detail ->> 'reason' = 'none_available'",
+        "at": "detail ? 'at' AND detail ? 'batch'",
+    }
+    with engine.connect() as conn:
+        return {
+            k: conn.execute(
+                text(f"SELECT count(*) FROM routing_decisions WHERE kind = 'route' AND {where}")
+            ).scalar_one()
+            for k, where in checks.items()
+        }
+
+
+def test_replaying_caps_hours_time_off_overflow_and_accounts_gives_back_the_record(
+    world: World,
+) -> None:
+    facts = recorded_facts(world.engine)
+    assert all(facts.values()), facts  # every policy decided some leads
+    assert facts["at"] == 336
+    before = snapshot(world.engine)
+    history = load_history(world.engine, world.cfg, world.since)
+    sim = simulate(world.cfg, history)
+    assert len(sim.outcomes) == 288
+    assert mismatches(world, sim) == []
+    rep = report(world.cfg, history, sim, world.since)
+    assert (rep["changed_rep"], rep["changed_team"], rep["judged_at_arrival"]) == (0, 0, 0)
+    assert rep["rotations"] == {"na": "continued", "row": "continued", "spill": "continued"}
+    assert rep["unassigned"]["before"] == rep["unassigned"]["after"]
+    assert {"all_capped", "none_available", "no_rule_matched"} <= set(rep["unassigned"]["after"])
+    assert rep["overflowed"]["before"] == rep["overflowed"]["after"] > 0
+    assert rep["account_matched"]["before"] == rep["account_matched"]["after"] > 0
+    assert snapshot(world.engine) == before  # it wrote nothing
+
+
+def _no_caps(c: Candidate) -> int | None:
+    return None
+
+
+@pytest.mark.parametrize(
+    "wrong",
+    ["ignores caps", "judges at arrival", "forgets rep away", "no loads before", "no accounts"],
+)
+def test_the_identity_test_catches_a_replay_that_skips_a_policy(
+    world: World, wrong: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each of these deliberately wrong replays gives back owners that were not recorded."""
+    h = world.history
+    if wrong == "ignores caps":
+        monkeypatch.setattr(simulate_module, "room", _no_caps)
+    elif wrong == "judges at arrival":
+        h = dc_replace(h, leads=[dc_replace(x, at=None, batch=None) for x in h.leads])
+    elif wrong == "forgets rep away":
+        h = dc_replace(h, leads=[dc_replace(x, away=frozenset()) for x in h.leads])
+    elif wrong == "no loads before":
+        h = dc_replace(h, loads_before={})
+    else:
+        h = dc_replace(h, accounts=Mirror())
+    assert mismatches(world, simulate(world.cfg, h))
+
+
+def per_rep_day(sim: Any, team: str, tz: str) -> Counter[tuple[str, date]]:
+    zone_ = ZoneInfo(tz)
+    return Counter(
+        (o.owner, o.lead.judged_at.astimezone(zone_).date())
+        for o in sim.outcomes
+        if o.team == team and o.owner is not None and not o.by_account
+    )
+
+
+def test_a_lower_cap_sends_more_leads_to_the_overflow_team(world: World) -> None:
+    proposed = world_cfg(na_cap="caps: {per_day: 2}")
+    history = load_history(world.engine, proposed, world.since)
+    sim = simulate(proposed, history)
+    rep = report(proposed, history, sim, world.since)
+    teams = {t["name"]: (t["before"], t["after"]) for t in rep["teams"]}
+    assert teams["na"][1] < teams["na"][0] and teams["spill"][1] > teams["spill"][0]
+    assert rep["overflowed"]["after"] > rep["overflowed"]["before"]
+    # no rep of na gets a third lead by the rotation on a New York day (counting the leads
+    # it had that day before the window)
+    loads = history.loads_before
+    for (owner, day), n in per_rep_day(sim, "na", "America/New_York").items():
+        assert n + loads.get(("na", str(owner), "day", day), 0) <= 2
+
+
+def test_round_the_clock_hours_leave_no_lead_for_want_of_a_rep_on_shift(world: World) -> None:
+    proposed = world_cfg(row_hours=("", ""))
+    history = load_history(world.engine, proposed, world.since)
+    sim = simulate(proposed, history)
+    rep = report(proposed, history, sim, world.since)
+    assert rep["unassigned"]["before"]["none_available"] > 0
+    assert "none_available" not in rep["unassigned"]["after"]
+    # the night's leads now get a rep, until the day's caps (which did not change) are hit
+    night = [o for o in sim.outcomes if o.lead.reason == "none_available"]
+    assert all(o.owner is not None or o.reason == "all_capped" for o in night)
+    assert any(o.owner is not None for o in night)
+    row = next(t for t in rep["teams"] if t["name"] == "row")
+    assert row["after"] >= row["before"]
+
+
+def test_without_the_account_rule_the_account_owners_leads_go_to_the_rotation(
+    world: World,
+) -> None:
+    proposed = world_cfg(rules=WORLD_RULES.replace(", route_to: account_owner", ""))
+    history = load_history(world.engine, proposed, world.since)
+    sim = simulate(proposed, history)
+    rep = report(proposed, history, sim, world.since)
+    assert rep["account_matched"]["before"] > 0 and rep["account_matched"]["after"] == 0
+    # the leads of r-corp.com went to r1 of team row as their account's owner; now to na
+    r_corp = [o for o in sim.outcomes if o.lead.fields["Email"] == "x@r-corp.com"
+              and o.lead.fields["Country"] == "US"]  # fmt: skip
+    assert r_corp and all(o.lead.owner == "r1" and o.team in ("na", "spill") for o in r_corp)
+    assert rep["changed_team"] >= len(r_corp)

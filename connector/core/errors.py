@@ -3,7 +3,9 @@
 Every engine the connector makes comes from ``create_engine`` here. It installs a SQLAlchemy
 ``handle_error`` hook that turns each DBAPI (psycopg) error, at statement time and at connect
 time, into a ``DatabaseError`` by SQLSTATE, and a pool that turns a pool timeout into
-``DatabaseUnavailable``. The rest of the connector catches only the classes below.
+``DatabaseUnavailable``. ``AsyncPool`` (made by ``async_pool_for(engine)``) is the asyncio
+twin for the webhook receivers' one-statement writes, with the same translation. The rest of
+the connector catches only the classes below.
 
 Layer rule (import-linter, "forbidden" contract): ``sqlalchemy.exc``, ``sqlalchemy.pool`` and
 ``psycopg`` may be imported in ``connector`` by this module only, and only this module calls
@@ -16,6 +18,8 @@ driver's exception stays reachable as ``__cause__``.
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -217,3 +221,105 @@ def is_boundary_engine(engine: Engine) -> bool:
     return isinstance(engine.pool, BoundaryPool) and event.contains(
         engine, "handle_error", _on_error
     )
+
+
+# --- asyncio: one statement per call --------------------------------------------------------
+
+AsyncConn = psycopg.AsyncConnection[tuple[Any, ...]]
+
+
+class AsyncPool:
+    """A small pool of asyncio psycopg connections in autocommit mode, for work that is one
+    statement: each ``fetch_all`` is its own transaction, committed (and flushed, under the
+    server's ``synchronous_commit``) before it returns. No thread hop, one round trip.
+
+    Connections are opened on demand (at most ``max_size``; waiting longer than ``timeout``
+    for one is ``DatabaseUnavailable``), reused while younger than ``recycle`` seconds, and
+    dropped when the driver says they broke. Not pinged on checkout, like the engines: a
+    connection that died with its server fails its statement once (``DatabaseUnavailable``,
+    so the sender retries) and is dropped. Bound to the event loop that first uses it;
+    ``close`` (from that loop) closes the idle connections.
+    """
+
+    def __init__(
+        self,
+        connect_args: Mapping[str, Any],
+        *,
+        max_size: int = 8,
+        timeout: float = 5.0,
+        recycle: float = 1800.0,
+    ) -> None:
+        if max_size < 1:
+            raise ValueError("max_size must be at least 1")
+        self.connect_args = dict(connect_args)
+        self.max_size = max_size
+        self.timeout = timeout
+        self.recycle = recycle
+        self._idle: list[tuple[AsyncConn, float]] = []
+        self._slots: asyncio.Semaphore | None = None
+
+    async def fetch_all(self, sql: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+        """Run one statement (``%(name)s`` parameters) and return its rows."""
+        slots = await self._acquire()
+        try:
+            return await self._run(sql, params)
+        finally:
+            slots.release()
+
+    async def _acquire(self) -> asyncio.Semaphore:
+        """A slot (one of ``max_size``) within ``timeout``, else ``DatabaseUnavailable``."""
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(self.max_size)
+        slots = self._slots
+        try:
+            async with asyncio.timeout(self.timeout):
+                await slots.acquire()
+        except TimeoutError:
+            raise DatabaseUnavailable(
+                "database unavailable: no pooled connection became free in time"
+            ) from None
+        return slots
+
+    async def _run(self, sql: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+        conn, born = await self._checkout()
+        try:
+            cur = await conn.execute(sql, params)
+            rows = await cur.fetchall() if cur.description is not None else []
+        except psycopg.Error as exc:
+            lost = conn.broken or conn.closed
+            if lost:
+                await conn.close()
+            else:
+                self._idle.append((conn, born))
+            raise translate(exc, connection_lost=lost) from exc
+        self._idle.append((conn, born))
+        return rows
+
+    async def _checkout(self) -> tuple[AsyncConn, float]:
+        while self._idle:
+            conn, born = self._idle.pop()
+            if not conn.closed and time.monotonic() - born < self.recycle:
+                return conn, born
+            await conn.close()
+        try:
+            conn = await psycopg.AsyncConnection.connect(autocommit=True, **self.connect_args)
+        except psycopg.Error as exc:
+            raise translate(exc, connecting=True) from exc
+        return conn, time.monotonic()
+
+    async def close(self) -> None:
+        idle, self._idle = self._idle, []
+        for conn, _ in idle:
+            await conn.close()
+        self._slots = None
+
+
+def async_pool_for(
+    engine: Engine, connect_args: Mapping[str, Any] | None = None, **kwargs: Any
+) -> AsyncPool:
+    """An ``AsyncPool`` to the database of ``engine`` (same server, database and user, as its
+    dialect reads the URL), with ``connect_args`` added (default: a 10-second connect timeout);
+    ``kwargs`` go to ``AsyncPool``."""
+    _, params = engine.dialect.create_connect_args(engine.url)
+    params.pop("context", None)  # the sync dialect's type adapters: not for this pool
+    return AsyncPool({**params, **(connect_args or {"connect_timeout": 10})}, **kwargs)

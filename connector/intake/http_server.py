@@ -2,7 +2,7 @@
 
 Each limit and what it protects against:
 
-* ``header_timeout`` (our h11 protocol subclass; uvicorn has no such setting): a connection
+* ``header_timeout`` (our protocol subclasses; uvicorn has no such setting): a connection
   must deliver its request line and headers within this many seconds of being opened, or of
   its previous response finishing. Stops slowloris clients that open connections and trickle
   (or never send) header bytes to hold sockets and connection slots forever; uvicorn's own
@@ -11,15 +11,21 @@ Each limit and what it protects against:
   connections are open is answered 503 and closed, so a flood of connections cannot make
   the process run unbounded concurrent requests (and database work) for them.
 * ``keep_alive_timeout``: an idle keep-alive connection is closed after this many seconds.
-* ``max_header_bytes`` (h11's incomplete-event cap): a request head still incomplete after
-  this many bytes is refused with 400, so a connection's pending headers cannot grow memory
-  without bound (a head that arrives complete in one socket read is parsed whole).
+* ``max_header_bytes``: a request head still incomplete after this many bytes is refused with
+  400, so a connection's pending headers cannot grow memory without bound (a head that
+  arrives complete in one socket read is parsed whole). With h11 this is its
+  incomplete-event cap; with httptools our subclass counts the bytes fed to the parser while
+  a head is pending (llhttp itself has no limit).
 * ``read_body(limit, timeout)``: the body is capped in bytes while it streams in (a declared
   Content-Length over the cap is refused before reading) and must arrive in full within
   ``timeout`` seconds, so neither an oversize nor a stalled body ties up a request.
 
-The protocol is uvicorn's h11 implementation: it is pure Python and always installed with
-uvicorn, while httptools is not a dependency of this project (nor installed in its venv).
+The protocol is uvicorn's httptools implementation (llhttp, in C; a dependency of this
+project) with the limits above added by ``HeaderTimeoutHttpToolsProtocol``; ``http="h11"``
+selects the pure-Python h11 one (``HeaderTimeoutH11Protocol``), which enforces the same
+limits. The event loop is uvloop when it is installed (uvicorn's ``loop="auto"``; uvloop is a
+dependency). BENCHMARKS.md "Webhooks" has what an ACK costs with them (measured together with
+the receivers' other changes, not apart).
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ import h11
 import uvicorn
 from starlette.requests import ClientDisconnect, Request
 from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 DEFAULT_HEADER_TIMEOUT = 10.0
 DEFAULT_BODY_TIMEOUT = 30.0
@@ -50,11 +57,19 @@ _REQUEST_TIMEOUT_RESPONSE = (
 
 
 class ReceiverConfig(uvicorn.Config):
-    """A uvicorn Config that also carries the header timeout our protocol class reads."""
+    """A uvicorn Config that also carries the header limits our protocol classes read."""
 
-    def __init__(self, app: Any, *, header_timeout: float, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        app: Any,
+        *,
+        header_timeout: float,
+        max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(app, **kwargs)
         self.header_timeout = header_timeout
+        self.max_header_bytes = max_header_bytes
 
 
 class HeaderTimeoutH11Protocol(H11Protocol):
@@ -124,6 +139,94 @@ class HeaderTimeoutH11Protocol(H11Protocol):
             self.transport.close()
 
 
+class HeaderTimeoutHttpToolsProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol plus the header deadline and a cap on a pending head.
+
+    The deadline works as in ``HeaderTimeoutH11Protocol``: armed when the connection opens
+    and when a response completes with no pipelined request waiting, cancelled when a
+    request's headers are complete. The head cap counts the bytes fed to the parser from the
+    end of the previous request (or the connection's start) until the headers are complete;
+    bytes of a new head that share a socket read with the end of a body are not counted.
+    """
+
+    def __init__(self, config: uvicorn.Config, *args: Any, **kwargs: Any) -> None:
+        super().__init__(config, *args, **kwargs)
+        receiver = config if isinstance(config, ReceiverConfig) else None
+        self.header_timeout = receiver.header_timeout if receiver else DEFAULT_HEADER_TIMEOUT
+        self.max_header_bytes = receiver.max_header_bytes if receiver else DEFAULT_MAX_HEADER_BYTES
+        self._header_timer: asyncio.TimerHandle | None = None
+        self._head_bytes: int | None = 0  # None while no head is pending (a body is)
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm_header_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_header_timer()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        """Feed the parser; refuse a head that is still incomplete past the cap."""
+        if self._head_bytes is not None:
+            self._head_bytes += len(data)
+        super().data_received(data)
+        if (
+            self._head_bytes is not None
+            and self._head_bytes > self.max_header_bytes
+            and self.parser is not None
+            and not self.transport.is_closing()
+        ):
+            self._cancel_header_timer()
+            self.send_400_response("Request headers are too large.")
+
+    def on_headers_complete(self) -> None:
+        """The deadline was met: a request cycle starts (or is queued behind one)."""
+        self._head_bytes = None
+        self._cancel_header_timer()
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        self._head_bytes = 0
+        super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        """The next request on a keep-alive connection gets a fresh header deadline, unless
+        a pipelined request (headers already complete) starts at once."""
+        pipelined = bool(self.pipeline)
+        super().on_response_complete()
+        if not pipelined and not self.transport.is_closing():
+            self._arm_header_timer()
+
+    def _arm_header_timer(self) -> None:
+        self._cancel_header_timer()
+        self._header_timer = self.loop.call_later(self.header_timeout, self._header_timeout)
+
+    def _cancel_header_timer(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _header_timeout(self) -> None:
+        """Close a connection whose request line and headers did not arrive in time."""
+        self._header_timer = None
+        if self.transport.is_closing():
+            return
+        if self.cycle is not None and not self.cycle.response_complete:
+            return  # a request is with the app; the body has its own timeout
+        if self._head_bytes and self.transport.get_write_buffer_size() == 0:
+            self.transport.write(_REQUEST_TIMEOUT_RESPONSE)
+        if self.transport.get_write_buffer_size():
+            self.transport.abort()  # the client is not reading either
+        else:
+            self.transport.close()
+
+
+PROTOCOLS: dict[str, type[asyncio.Protocol]] = {
+    "httptools": HeaderTimeoutHttpToolsProtocol,
+    "h11": HeaderTimeoutH11Protocol,
+}
+
+
 def receiver_config(
     app: Any,
     host: str,
@@ -135,6 +238,7 @@ def receiver_config(
     max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES,
     log_level: str = "warning",
     lifespan: Literal["auto", "on", "off"] = "auto",
+    http: Literal["httptools", "h11"] = "httptools",
 ) -> ReceiverConfig:
     """The public listener's uvicorn Config: every limit in the module docstring is set here.
 
@@ -149,9 +253,10 @@ def receiver_config(
     return ReceiverConfig(
         app,
         header_timeout=header_timeout,
+        max_header_bytes=max_header_bytes,
         host=host,
         port=port,
-        http=HeaderTimeoutH11Protocol,
+        http=PROTOCOLS[http],
         ws="none",
         lifespan=lifespan,
         log_level=log_level,

@@ -17,12 +17,14 @@ and ``connector inbox list --dead`` / ``connector inbox retry`` show and requeue
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import logging
 import os
 import socket
 import threading
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +32,7 @@ from sqlalchemy import Connection, Engine, TextClause, text
 
 import db
 from connector.core.config import OrgConfig
-from connector.core.errors import DatabaseError
+from connector.core.errors import AsyncPool, DatabaseError, DatabaseUnavailable
 from connector.core.metrics import Metrics
 from connector.intake.verify import Verdict, judge_all, readable_ids
 from connector.routing.assign import Outcome, Router, RoutingError
@@ -39,12 +41,26 @@ from crm_adapters.base import CrmAdapter, RateLimitedError
 log = logging.getLogger(__name__)
 
 SQL: dict[str, TextClause] = {k: text(v) for k, v in db.queries("inbox").items()}
+INSERT_EVENTS_NOW = db.pyformat(db.queries("inbox")["insert_events"])
+INSERT_EVENT_BATCH = db.pyformat(db.queries("inbox")["insert_event_batch"])
 
 SOURCE_BY_KIND = {"salesforce": "salesforce_outbound", "hubspot": "hubspot_webhook"}
 INBOX_STATES = ("pending", "claimed", "done", "skipped", "dead")
 
 AdapterSource = Callable[[str], CrmAdapter]
 """org name -> that org's CRM adapter (built once, shared by threads)."""
+
+
+def _event_params(
+    cfg: OrgConfig, event_keys: Sequence[str], crm_ids: Sequence[str]
+) -> dict[str, Any]:
+    return {
+        "org": cfg.org,
+        "source": SOURCE_BY_KIND[cfg.crm.kind],
+        "crm_object": cfg.crm_object,
+        "event_keys": list(event_keys),
+        "crm_ids": list(crm_ids),
+    }
 
 
 def store_events(
@@ -56,17 +72,135 @@ def store_events(
     """Commit-ready insert of one delivery's events; the number that were new."""
     if not event_keys:
         return 0
-    rows = conn.execute(
-        SQL["insert_events"],
-        {
-            "org": cfg.org,
-            "source": SOURCE_BY_KIND[cfg.crm.kind],
-            "crm_object": cfg.crm_object,
-            "event_keys": list(event_keys),
-            "crm_ids": list(crm_ids),
-        },
-    ).all()
+    return len(conn.execute(SQL["insert_events"], _event_params(cfg, event_keys, crm_ids)).all())
+
+
+async def store_events_now(
+    pool: AsyncPool,
+    cfg: OrgConfig,
+    event_keys: Sequence[str],
+    crm_ids: Sequence[str],
+) -> int:
+    """The same insert as ``store_events`` as one autocommit statement on the event loop:
+    stored durably when it returns (the receivers' path: one round trip, no thread hop).
+    Returns the number of events that were new."""
+    if not event_keys:
+        return 0
+    rows = await pool.fetch_all(INSERT_EVENTS_NOW, _event_params(cfg, event_keys, crm_ids))
     return len(rows)
+
+
+@dataclass
+class _Delivery:
+    cfg: OrgConfig
+    keys: Sequence[str]
+    ids: Sequence[str]
+    done: asyncio.Future[int]
+
+
+def count_new(deliveries: Sequence[_Delivery], inserted: Iterable[tuple[str, str]]) -> list[int]:
+    """How many events of each delivery were new, given the (org, event_key) pairs one batch
+    insert returned. A key sent twice (in one delivery, or in two of the batch) is new for
+    its first sender only, as two separate inserts would have had it."""
+    fresh = set(inserted)
+    counts = []
+    for d in deliveries:
+        n = 0
+        for key in d.keys:
+            if (d.cfg.org, key) in fresh:
+                fresh.discard((d.cfg.org, key))
+                n += 1
+        counts.append(n)
+    return counts
+
+
+def batch_params(deliveries: Sequence[_Delivery]) -> dict[str, list[str]]:
+    params: dict[str, list[str]] = {
+        k: [] for k in ("orgs", "sources", "event_keys", "crm_objects", "crm_ids")
+    }
+    for d in deliveries:
+        n = len(d.keys)
+        params["orgs"] += [d.cfg.org] * n
+        params["sources"] += [SOURCE_BY_KIND[d.cfg.crm.kind]] * n
+        params["crm_objects"] += [d.cfg.crm_object] * n
+        params["event_keys"] += d.keys
+        params["crm_ids"] += d.ids
+    return params
+
+
+class EventWriter:
+    """Group commit for the receivers: deliveries that arrive while an insert is in flight
+    are stored together by the next one (one statement, one commit, one WAL flush), so the
+    number of statements adapts to the database's latency instead of queueing behind it.
+
+    ``store`` returns only after the statement holding the delivery's events committed, so an
+    ACK still means stored. At most ``max_in_flight`` statements run at once, each with at
+    most ``max_events`` events (a delivery is never split). If a batch of several deliveries
+    is refused for a reason other than an outage, each is retried alone, so one bad delivery
+    cannot fail the others.
+    """
+
+    def __init__(self, pool: AsyncPool, *, max_in_flight: int = 4, max_events: int = 2000):
+        self.pool = pool
+        self.max_in_flight = max_in_flight
+        self.max_events = max_events
+        self._queue: collections.deque[_Delivery] = collections.deque()
+        self._in_flight = 0
+
+    async def store(self, cfg: OrgConfig, keys: Sequence[str], ids: Sequence[str]) -> int:
+        """Store one delivery's events; the number that were new."""
+        if not keys:
+            return 0
+        done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._queue.append(_Delivery(cfg, list(keys), list(ids), done))
+        if self._in_flight < self.max_in_flight:
+            self._in_flight += 1
+            asyncio.get_running_loop().create_task(self._flush())
+        return await done
+
+    def _take(self) -> list[_Delivery]:
+        batch = [self._queue.popleft()]
+        events = len(batch[0].keys)
+        while self._queue and events + len(self._queue[0].keys) <= self.max_events:
+            events += len(self._queue[0].keys)
+            batch.append(self._queue.popleft())
+        return batch
+
+    async def _flush(self) -> None:
+        try:
+            while self._queue:
+                batch = self._take()
+                try:
+                    rows = await self.pool.fetch_all(INSERT_EVENT_BATCH, batch_params(batch))
+                except Exception as exc:
+                    await self._failed(batch, exc)
+                    continue
+                for d, n in zip(batch, count_new(batch, rows), strict=True):
+                    _settle(d.done, n)
+        finally:
+            self._in_flight -= 1
+
+    async def _failed(self, batch: list[_Delivery], exc: Exception) -> None:
+        if len(batch) == 1 or isinstance(exc, DatabaseUnavailable):
+            for d in batch:
+                _settle(d.done, exc)
+            return
+        for d in batch:
+            try:
+                n = await store_events_now(self.pool, d.cfg, d.keys, d.ids)
+            except Exception as alone:
+                _settle(d.done, alone)
+            else:
+                _settle(d.done, n)
+
+
+def _settle(done: asyncio.Future[int], outcome: int | Exception) -> None:
+    if done.done():  # the request was cancelled meanwhile
+        return
+    if isinstance(outcome, Exception):
+        done.set_exception(outcome)
+    else:
+        done.set_result(outcome)
 
 
 def record_skips(conn: Connection, cfg: OrgConfig, source: str, skips: Sequence[Verdict]) -> None:

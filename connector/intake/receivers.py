@@ -34,7 +34,7 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from typing import TypeVar
 
 from sqlalchemy import Engine
 from starlette.applications import Starlette
@@ -45,11 +45,17 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from connector.core.config import HubSpotCrm, OrgConfig, SalesforceCrm
-from connector.core.errors import Conflict, DatabaseError, DatabaseUnavailable
+from connector.core.errors import (
+    AsyncPool,
+    Conflict,
+    DatabaseError,
+    DatabaseUnavailable,
+    async_pool_for,
+)
 from connector.core.metrics import Metrics
 from connector.intake.http_server import DEFAULT_BODY_TIMEOUT, BodyError, read_body
 from connector.intake.hubspot_events import EventError, dedupe_latest, lead_events, parse_events
-from connector.intake.inbox import AdapterSource, InboxWorker, store_events
+from connector.intake.inbox import AdapterSource, EventWriter, InboxWorker
 from connector.intake.senders import (
     IPNetwork,
     client_address,
@@ -69,11 +75,18 @@ from connector.routing.assign import Router, RoutingError
 from crm_adapters.salesforce_ids import id_key, is_id, same_id
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 HUBSPOT_OBJECT_TYPE_IDS = {"contacts": "0-1", "leads": "0-136"}
 RETRY_AFTER_SECONDS = 5
 SOAP_CONTENT_TYPE = "text/xml; charset=utf-8"
 BODY_TIMEOUT_SECONDS = DEFAULT_BODY_TIMEOUT
+INLINE_PARSE_BYTES = 32_768
+"""Bodies up to this size are parsed on the event loop (a one-event HubSpot body parses in
+about 10 us, a thread hop costs more); larger ones in a worker thread so that a 1 MiB body
+does not stall every other request."""
+STORE_POOL_SIZE = 8
+"""Database connections the receivers' inserts may use at once (one statement each)."""
 
 
 class ApiError(Exception):
@@ -159,8 +172,11 @@ class _App:
         inbox_lease_seconds: float,
         trusted_proxies: Sequence[IPNetwork],
         metrics: Metrics | None,
+        store_pool: AsyncPool | None,
     ) -> None:
         self.engine = engine
+        self.store_pool = store_pool or async_pool_for(engine, max_size=STORE_POOL_SIZE)
+        self.writer = EventWriter(self.store_pool, max_in_flight=STORE_POOL_SIZE // 2)
         self.configs = dict(configs)
         self.clock = clock
         self.public_base_url = public_base_url
@@ -191,9 +207,11 @@ class _App:
         self.metrics.webhook_requests.labels(endpoint, str(status)).inc()
         self.metrics.webhook_latency.labels(endpoint).observe(time.perf_counter() - started)
 
-    async def _in_db(self, fn: Callable[[], Any]) -> Any:
+    async def _store(self, cfg: OrgConfig, keys: list[str], ids: list[str]) -> int:
+        """Store a delivery's events (committed with those of the deliveries that arrived
+        meanwhile, see ``EventWriter``); the number that were new."""
         try:
-            return await run_in_threadpool(fn)
+            return await self.writer.store(cfg, keys, ids)
         except Exception as exc:
             mapped = db_errors(exc)
             if mapped is None:
@@ -268,8 +286,8 @@ class _App:
             )
         limit = cfg.webhook.max_body_bytes
         body = await read_capped(request, limit)
-        try:  # parsing a large message takes milliseconds: keep it off the event loop
-            message = await run_in_threadpool(parse_outbound_message, body, limit)
+        try:
+            message = await _parse(parse_outbound_message, body, limit)
         except SoapError as exc:
             raise ApiError(exc.http_status, exc.code, exc.message) from None
         if not same_id(message.organization_id, crm.organization_id):
@@ -291,11 +309,7 @@ class _App:
             keys.append(f"{n.notification_id}:{record_id}")
             ids.append(record_id)
 
-        def store() -> int:
-            with self.engine.begin() as conn:
-                return store_events(conn, cfg, keys, ids)
-
-        new: int = await self._in_db(store)
+        new = await self._store(cfg, keys, ids)
         # Committed: only now may Salesforce stop retrying.
         if self.worker is not None:
             self.worker.wake()
@@ -336,7 +350,7 @@ class _App:
                 request.headers.get(TIMESTAMP_HEADER),
                 int(self.clock() * 1000),
             )
-            events = await run_in_threadpool(parse_events, body, limit)
+            events = await _parse(parse_events, body, limit)
         except (SignatureError, EventError) as exc:
             raise ApiError(exc.http_status, exc.code, exc.message) from None
         own = [e for e in events if e.portal_id == crm.portal_id]
@@ -361,11 +375,7 @@ class _App:
         keys = [f"{e.portal_id}:{e.event_id}:{e.object_id}" for e in latest]
         ids = [str(e.object_id) for e in latest]
 
-        def store() -> int:
-            with self.engine.begin() as conn:
-                return store_events(conn, cfg, keys, ids)
-
-        new: int = await self._in_db(store)
+        new = await self._store(cfg, keys, ids)
         if self.worker is not None:
             self.worker.wake()
         self.metrics.webhook_events.labels(cfg.org, "queued").inc(new)
@@ -393,8 +403,16 @@ class _App:
         try:
             yield
         finally:
+            await self.store_pool.close()
             if self.worker is not None:
                 await run_in_threadpool(self.worker.stop)
+
+
+async def _parse(parse: Callable[[bytes, int], T], body: bytes, limit: int) -> T:
+    """``parse(body, limit)``: inline for a small body, in a worker thread for a large one."""
+    if len(body) <= INLINE_PARSE_BYTES:
+        return parse(body, limit)
+    return await run_in_threadpool(parse, body, limit)
 
 
 def _headers(exc: ApiError) -> dict[str, str]:
@@ -438,6 +456,7 @@ def create_app(
     inbox_lease_seconds: float = 120.0,
     trusted_proxies: Sequence[IPNetwork] = (),
     metrics: Metrics | None = None,
+    store_pool: AsyncPool | None = None,
 ) -> Starlette:
     """The public ASGI app: POST /webhooks/salesforce/{org}/{secret} and
     POST /webhooks/hubspot/{org}, nothing else.
@@ -449,6 +468,8 @@ def create_app(
     ``trusted_proxies`` are the proxies whose X-Forwarded-For is believed for the Salesforce
     address allowlist; ``inbox_lease_seconds`` is how long a dead worker's claim blocks its
     events. ``app.state.metrics`` is the registry to serve on the admin listener.
+    ``store_pool`` is where the events are inserted (default: a pool of ``STORE_POOL_SIZE``
+    asyncio connections to ``engine``'s database, closed by the app's lifespan).
     """
     state = _App(
         engine,
@@ -459,6 +480,7 @@ def create_app(
         inbox_lease_seconds,
         trusted_proxies,
         metrics,
+        store_pool,
     )
     app = Starlette(
         routes=[

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,8 +31,10 @@ __all__ = [
     "Candidate",
     "Matched",
     "Seat",
+    "decide_owner",
     "match_accounts",
     "note_fallbacks",
+    "owner_seats",
     "record_matched",
     "seat_for",
 ]
@@ -83,6 +85,36 @@ def seat_for(seats: Sequence[Seat], team: str) -> Seat | None:
     return active[0] if active else None
 
 
+def owner_seats(
+    kind: str, found: Iterable[tuple[int, Seat]]
+) -> tuple[dict[str, list[Seat]], dict[str, Rep]]:
+    """(owner key -> its member rows by team name then position, owner key -> its standing)
+    from (position, seat) pairs; pure, shared with `connector simulate`."""
+    seats: dict[str, list[Seat]] = defaultdict(list)
+    for _, s in sorted(found, key=lambda x: (x[1].team, x[0])):
+        seats[owner_key(kind, s.crm_user_id)].append(s)
+    reps = {key: Rep(any(s.active for s in rows)) for key, rows in seats.items()}
+    return dict(seats), reps
+
+
+def decide_owner(
+    parent_id: str | None,
+    domains: Sequence[tuple[str, str]],
+    by_id: Mapping[str, AccountRow],
+    by_domain: Mapping[str, Sequence[AccountRow]],
+    seats: Mapping[str, Sequence[Seat]],
+    reps: Mapping[str, Rep],
+    team: str,
+) -> tuple[AccountDecision, Seat | None]:
+    """One lead's account decision and the seat it is recorded under (None: it goes on to
+    its rule's team rotation); pure, shared with `connector simulate`."""
+    decision = decide(parent_id, domains, by_id, by_domain, reps)
+    chosen = None
+    if decision.matched and decision.owner_id is not None:
+        chosen = seat_for(seats.get(decision.owner_id, []), team)
+    return decision, chosen
+
+
 def match_accounts(
     conn: Connection, cfg: OrgConfig, candidates: Sequence[Candidate]
 ) -> tuple[list[Matched], dict[int, AccountDecision]]:
@@ -96,7 +128,7 @@ def match_accounts(
     parents = {c.lead_id: owner_key(kind, c.parent_id) if c.parent_id else None for c in candidates}
     by_id: dict[str, AccountRow] = {}
     by_domain: dict[str, list[AccountRow]] = defaultdict(list)
-    found_seats: list[tuple[int, str, Seat]] = []
+    found_seats: list[tuple[int, Seat]] = []
     params = {
         "org": cfg.org,
         "crm_ids": sorted({p for p in parents.values() if p}),
@@ -105,22 +137,18 @@ def match_accounts(
     for r in conn.execute(_SQL["match_lookup"], params):
         if r.kind == "rep":
             seat = Seat(r.member_id, r.crm_user_id, r.name, r.active, r.team_id, r.team, r.epoch)
-            found_seats.append((r.position, r.team, seat))
+            found_seats.append((r.position, seat))
         elif r.kind == "account":
             by_id[r.crm_id] = AccountRow(r.crm_id, r.owner_id, r.modified_at)
         else:
             by_domain[r.domain].append(AccountRow(r.crm_id, r.owner_id, r.modified_at))
-    seats: dict[str, list[Seat]] = defaultdict(list)
-    for _, _, s in sorted(found_seats, key=lambda x: (x[1], x[0])):
-        seats[owner_key(kind, s.crm_user_id)].append(s)
-    reps = {key: Rep(any(s.active for s in rows)) for key, rows in seats.items()}
+    seats, reps = owner_seats(kind, found_seats)
     matched: list[Matched] = []
     others: dict[int, AccountDecision] = {}
     for c in candidates:
-        decision = decide(parents[c.lead_id], domains[c.lead_id], by_id, by_domain, reps)
-        chosen = None
-        if decision.matched and decision.owner_id is not None:
-            chosen = seat_for(seats.get(decision.owner_id, []), c.team)
+        decision, chosen = decide_owner(
+            parents[c.lead_id], domains[c.lead_id], by_id, by_domain, seats, reps, c.team
+        )
         if chosen is None:
             others[c.lead_id] = decision
         else:

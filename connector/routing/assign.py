@@ -6,11 +6,12 @@ org, object and CRM id: a repeat changes nothing and reports the existing owner)
 rules, locks each team row it routes to and the teams they overflow into (teams in name
 order, so two batches never deadlock), reads every member with its time off and its leads of
 the day and week with a fresh snapshot, judges who can take a lead at the injected clock's
-``now`` (``connector.routing.availability``), picks owners with the rotation in
-``connector.routing.rotation`` (leads nobody can take go to the overflow team, else stay
-unassigned with the reason), and records the assignments, the members' counts and credits,
-the caps' counters, one outbox row per assignment and the picks' decisions in a single
-statement. A lead whose
+``now`` (``connector.routing.availability``; every decision records that instant, the batch
+and the reps away by `connector rep away`, which `connector simulate` replays by), picks
+owners with the rotation in ``connector.routing.rotation`` (leads nobody can take go to the
+overflow team, else stay unassigned with the reason), and records the assignments, the
+members' counts and credits, the caps' counters, one outbox row per assignment and the picks'
+decisions in a single statement. A lead whose
 rule says ``route_to: account_owner`` goes to its account's owner when
 ``connector.routing.accounts`` finds one (that is not a turn of any rotation: no count
 moves), else on to the rule's team rotation. For Salesforce
@@ -160,6 +161,15 @@ def member_candidate(
     )
 
 
+def away_by_command(rows: Sequence[Any], now: datetime) -> list[str]:
+    """The members away at ``now`` by `connector rep away` (table rep_time_off)."""
+    return [
+        r.crm_user_id
+        for r in rows
+        if r.away_until is not None and Window(r.away_from, r.away_until).covers(now)
+    ]
+
+
 @dataclass(frozen=True)
 class _Standing:
     """A member as a decision records it: its rotation turns at the moment of one pick."""
@@ -209,6 +219,7 @@ class _Batch:
     source: str
     recorder: DecisionRecorder
     parents: dict[str, str | None] = field(default_factory=dict)  # stored CRM id -> parent
+    received: dict[str, datetime] = field(default_factory=dict)  # new lead -> received_at
     results: dict[str, Outcome] = field(default_factory=dict)
     unassigned: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
     by_team: dict[str, list[tuple[int, str, Match]]] = field(
@@ -350,6 +361,8 @@ class Router:
         needed = {t for name in batch.by_team for t in self.cfg.overflow_chain(name)}
         locked = self._lock_teams(batch, needed, matched)
         now = self.clock()
+        if new_ids:
+            batch.recorder.judged_at(list(new_ids.values()), now, min(new_ids.values()))
         for team_name in overflow_order(self.cfg, needed):
             if batch.by_team.get(team_name):
                 self._route_team(batch, team_name, locked[team_name], now)
@@ -375,6 +388,7 @@ class Router:
             },
         ).all()
         new_ids = {r.crm_id: r.id for r in rows}
+        batch.received = {r.crm_id: r.received_at for r in rows}
         old = [cid for cid in first if cid not in new_ids]
         if old:
             for r in batch.conn.execute(
@@ -474,6 +488,9 @@ class Router:
         group = batch.by_team[team_name]
         placed, left, reason, members = self._pick(batch.conn, team_name, team.id, group, now)
         views = _StandingViews(members)
+        away = away_by_command(members, now)
+        for lead_id, _, _ in group:
+            batch.recorder.away_by_command(lead_id, away)
         turns = {r.id: r.turns for r in members}
         weight = {r.id: r.weight for r in members}
         for (lead_id, cid, m), turn, seat in placed.rows:
@@ -606,6 +623,7 @@ class Router:
             "crm_object": self.cfg.crm_object,
             "crm_ids": [item[1] for item, _, _ in placed.rows],
             "parent_ids": [batch.parents.get(item[1]) for item, _, _ in placed.rows],
+            "received_ats": [batch.received[item[1]] for item, _, _ in placed.rows],
             "details": details,
             "sla_minutes": sla_minutes,
             "lead_ids": lead_ids,

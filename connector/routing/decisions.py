@@ -8,15 +8,18 @@ transaction as the assignment, so a decision is on record exactly when its assig
 
 Skip reasons are named values: ``inactive``, ``capped``, ``away``, ``off_shift`` (from
 ``connector.routing.availability``) and ``current_owner`` (a re-route), passed in each lead's
-candidate list. Building the records is pure (``trace_rules``, ``pick_standings``).
+candidate list. A routed lead's decision also holds ``at`` (the instant availability was
+judged at), ``batch`` (the first lead id of its batch) and ``away_by_command`` (reps away by
+`connector rep away` then): `connector simulate` replays by them. Building the records is pure
+(``trace_rules``, ``pick_standings``).
 
-**A pick is recorded compactly** (since migration 0012): ``seats`` holds four parallel lists
+**A pick is recorded compactly** (since migration 0014): ``seats`` holds four parallel lists
 (member ids, weights, rotation counts at that moment, skip reasons) in the rotation's order,
 and ``chosen_id`` the member picked; names, CRM user ids and the chosen rep's standing are
 not repeated in every row. ``expand`` (pure) turns such a record back into the full form
 (``candidates`` with names, ``chosen`` with its weighted share), the form older rows were
-written in, so `connector explain` reads both. A batch of 500 leads built and sent about
-1 KB of JSON per lead in the full form, most of the batch's time.
+written in, so `connector explain` and `connector simulate` read both. A batch of 500 leads
+built and sent about 1 KB of JSON per lead in the full form, most of the batch's time.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Protocol
 
 from sqlalchemy import Connection, TextClause, text
@@ -224,6 +228,20 @@ class DecisionRecorder:
             tried, values = trace_rules(self.rules, fields)
         d = self._entry(lead_id).detail
         d.update({"source": source, "rules": tried, "values": values})
+
+    def judged_at(self, lead_ids: Sequence[int], at: datetime, batch: int) -> None:
+        """The instant availability (caps, hours, time off) was judged at for these leads, and
+        their batch (its first lead id): `connector simulate` replays each batch at its instant."""
+        stamp = at.isoformat()
+        for lead_id in lead_ids:
+            self._entry(lead_id).detail.update({"at": stamp, "batch": batch})
+
+    def away_by_command(self, lead_id: int, crm_user_ids: Sequence[str]) -> None:
+        """Reps away by `connector rep away` when this lead was judged (the table keeps only
+        each rep's latest absence, so the replay reads past ones here)."""
+        if crm_user_ids:
+            d = self._entry(lead_id).detail
+            d["away_by_command"] = sorted({*d.get("away_by_command", ()), *crm_user_ids})
 
     def account(self, lead_id: int, entry: Mapping[str, Any]) -> None:
         """An account match decided the lead (or was tried): which account, whose owner."""

@@ -1,7 +1,7 @@
 """One lead in one round trip: what the config decides, computed before the team lock.
 
 A single new lead of a rotation rule whose team has no overflow team is assigned by ONE call
-of the server-side function ``route_lead`` (migration 0012): it inserts the lead, locks the
+of the server-side function ``route_lead`` (migration 0014): it inserts the lead, locks the
 team row, reads the members with their turns, CLI time off and caps counters, picks with a
 mirror of ``connector.routing.rotation.pick_available`` (``rotation_pick``), and records the
 assignment, counts, caps counters, outbox row and decision. So the team row is locked for one
@@ -113,6 +113,10 @@ def call_params(
         "team_per_day": inputs.team_per_day,
         "team_per_week": inputs.team_per_week,
         "max_in_a_row": inputs.max_in_a_row,
-        "detail": json.dumps({"source": source, "rules": tried, "values": values}),
+        # the decision so far; route_lead adds the batch (the lead itself), the team, the
+        # candidates, the pick and the reps away by `connector rep away`
+        "detail": json.dumps(
+            {"source": source, "rules": tried, "values": values, "at": now.isoformat()}
+        ),
         "sla_minutes": sla.minutes if sla else None,
     }

@@ -123,11 +123,22 @@ def _chosen(ch: Mapping[str, Any]) -> str:
     )
 
 
+def _judged_lines(d: Mapping[str, Any]) -> list[str]:
+    """When the router judged caps, hours and time off, and who was away by the command."""
+    lines = []
+    if d.get("at"):
+        lines.append(f"  caps, hours and time off judged at {d['at']}")
+    if d.get("away_by_command"):
+        lines.append("  away by `connector rep away`: " + ", ".join(d["away_by_command"]))
+    return lines
+
+
 def _decision_lines(n: int, d: Mapping[str, Any]) -> list[str]:
     kind = d["kind"]
     lines = []
     if kind == "route":
         lines.append(f"decision {n}: routed at {d['made_at']} (arrived by {d.get('source')})")
+        lines.extend(_judged_lines(d))
         values = d.get("values")
         for rule in d.get("rules", []):
             lines.append(_rule_line(rule, values))

@@ -67,6 +67,7 @@ def overview(engine: Engine, cfg: OrgConfig, now: datetime) -> Overview:
     slots = hour_slots(now, LATENCY_HOURS)
     team_order = [t.name for t in cfg.teams]
     with engine.connect() as conn:
+        conn.execute(_SQL["no_jit"])
         members = [
             Member(r.team_id, r.team, r.member_id, r.crm_user_id, r.name, r.weight, r.active)
             for r in conn.execute(_SQL["members"], {"org": org})

@@ -141,6 +141,7 @@ LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
     v_lead    bigint;
+    v_received timestamptz;
     v_team    bigint;
     v_epoch   integer;
     m         record;
@@ -161,7 +162,7 @@ BEGIN
     INSERT INTO leads (org, crm_object, crm_id, fields, parent_id, source)
     VALUES (p_org, p_crm_object, p_crm_id, p_fields, p_parent_id, p_source)
     ON CONFLICT (org, crm_object, crm_id) WHERE merged_into IS NULL DO NOTHING
-    RETURNING id INTO v_lead;
+    RETURNING id, received_at INTO v_lead, v_received;
     IF v_lead IS NULL THEN
         status := 'duplicate';
         SELECT l.id, a.crm_user_id, t.name, mm.name,
@@ -196,6 +197,9 @@ BEGIN
                array_agg(y.turns) AS turns, array_agg(y.active) AS active,
                array_agg(y.crm_user_id) AS users, array_agg(y.name) AS names,
                array_agg(y.position) AS positions,
+               -- reps away by `connector rep away` now, sorted by code point (as Python sorts)
+               coalesce(array_agg(y.crm_user_id ORDER BY y.crm_user_id COLLATE "C")
+                        FILTER (WHERE y.away_cmd), '{}') AS away_cmd,
                coalesce(array_agg(y.id) FILTER (WHERE y.active), '{}') AS s_ids,
                coalesce(array_agg(y.weight) FILTER (WHERE y.active), '{}') AS s_weights,
                coalesce(array_agg(y.turns) FILTER (WHERE y.active), '{}') AS s_turns,
@@ -207,6 +211,7 @@ BEGIN
                    mb.position, mb.active, mb.crm_user_id, mb.name,
                    CASE WHEN o.starts_at <= p_now AND p_now < o.until THEN 'away'
                         ELSE p_blocked[c.i] END AS why,
+                   coalesce(o.starts_at <= p_now AND p_now < o.until, false) AS away_cmd,
                    CASE WHEN cap.day IS NOT NULL OR cap.week IS NOT NULL THEN
                    greatest(0, least(cap.day - coalesce(d.assigned, 0),
                                      cap.week - coalesce(w.assigned, 0))) END AS room
@@ -265,9 +270,12 @@ BEGIN
         WHERE NOT u.a;
     END IF;
     v_detail := p_detail || jsonb_build_object(
+        'batch', v_lead,
         'team', p_team,
         'seats', jsonb_build_object('ids', cand_ids, 'weights', v_weights, 'counts', v_counts,
-                                    'skips', cand_skips));
+                                    'skips', cand_skips))
+        || CASE WHEN cardinality(m.away_cmd) > 0
+                THEN jsonb_build_object('away_by_command', m.away_cmd) ELSE '{}'::jsonb END;
     IF m.pick IS NULL THEN
         v_reason := CASE
             WHEN NOT (true = ANY (coalesce(m.active, '{}'))) THEN 'no_active_member'
@@ -307,8 +315,9 @@ BEGIN
         RETURNING id
     ), outbox AS (
         INSERT INTO outbox (org, lead_id, assignment_id, crm_object, crm_id, owner_id,
-                            parent_id)
-        SELECT p_org, v_lead, assigned.id, p_crm_object, p_crm_id, v_owner, p_parent_id
+                            parent_id, lead_received_at)
+        SELECT p_org, v_lead, assigned.id, p_crm_object, p_crm_id, v_owner, p_parent_id,
+               v_received
         FROM assigned
         RETURNING id
     )
