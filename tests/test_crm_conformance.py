@@ -24,7 +24,7 @@ from crm_adapters.batching import plan_batches
 from crm_adapters.memory import MemoryCrm
 from crm_sandboxes import HubSpotSandbox, SalesforceSandbox
 from tests.crm_conftest_helpers import Harness, hs_sandbox, sf_sandbox
-from tests.waiting import between_stamps
+from tests.waiting import between_stamps, wait_until
 
 __all__ = ["hs_sandbox", "sf_sandbox"]
 
@@ -147,6 +147,9 @@ def test_dropped_connection_and_timeout_are_retryable(wire: Harness) -> None:
         a.write_owners([OwnerWrite("k", rid, owner, wire.parent)])
     assert ei.value.code in ("timeout", "connection")
     wire.sandbox.set_latency(0)
+    # The sandbox still applies the write the client gave up on, 0.6 s after it arrived: wait
+    # for it, so that its late stamp cannot fall into the next test's time window.
+    wait_until(lambda: wire.owner_of(rid) == owner, 10, "the timed-out write to land")
 
 
 def test_changed_since_pages_ascending(h: Harness) -> None:
