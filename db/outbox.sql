@@ -17,13 +17,20 @@ RETURNING id
 SELECT until, reason FROM org_pauses WHERE org = :org AND until > now()
 
 -- name: claim
-WITH ready AS (
+-- The parents in flight are read ONCE per claim (a hashed set), not probed per candidate row:
+-- while a snapshot is held open (a long report, a forgotten transaction) every row version
+-- that was ever 'claimed' stays in outbox_claimed_parent, and a probe per pending row walked
+-- a parent's whole history each time (bench/snapshot.py: the dispatchers stalled, one claim
+-- took over a minute, at 350,000 dead versions).
+WITH in_flight AS (
+    SELECT DISTINCT c.parent_id
+    FROM outbox c
+    WHERE c.org = :org AND c.state = 'claimed' AND c.parent_id IS NOT NULL
+), ready AS (
     SELECT o.id
     FROM outbox o
     WHERE o.org = :org AND o.state = 'pending' AND o.available_at <= now()
-      AND (o.parent_id IS NULL OR NOT EXISTS (
-            SELECT 1 FROM outbox c
-            WHERE c.org = o.org AND c.state = 'claimed' AND c.parent_id = o.parent_id))
+      AND (o.parent_id IS NULL OR o.parent_id NOT IN (SELECT parent_id FROM in_flight))
     ORDER BY o.id
     LIMIT :limit
     FOR UPDATE SKIP LOCKED
