@@ -21,7 +21,8 @@ INSERT INTO schema_migrations (version, name) VALUES
     (11, 'queue_indexes'),
     (12, 'status_counts'),
     (13, 'outbox_lead_received_at'),
-    (14, 'route_lead');
+    (14, 'route_lead'),
+    (15, 'queue_autovacuum');
 
 -- 0001_routing.sql
 -- Routing state: teams, members, leads, assignments and the write-back outbox.
@@ -765,3 +766,16 @@ BEGIN
     RETURN NEXT;
 END
 $$;
+
+-- 0015_queue_autovacuum.sql
+-- Queue tables are vacuumed after a fixed number of dead rows, unthrottled.
+ALTER TABLE intake_events SET (
+    autovacuum_vacuum_scale_factor = 0,
+    autovacuum_vacuum_threshold = 5000,
+    autovacuum_vacuum_cost_delay = 0
+);
+ALTER TABLE outbox SET (
+    autovacuum_vacuum_scale_factor = 0,
+    autovacuum_vacuum_threshold = 5000,
+    autovacuum_vacuum_cost_delay = 0
+);

@@ -39,7 +39,8 @@ CATALOG = {
         WHERE sequence_schema = 'public' ORDER BY sequence_name
     """,
     "relations": """
-        SELECT c.relname, c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+        SELECT c.relname, c.relkind, c.reloptions
+        FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
         WHERE n.nspname = 'public' ORDER BY c.relname
     """,
     "versions": "SELECT version, name FROM schema_migrations ORDER BY version",
