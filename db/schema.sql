@@ -588,7 +588,21 @@ BEGIN
     team := p_team;
     PERFORM FROM teams t WHERE t.org = p_org AND t.name = p_team AND t.in_config;
     IF NOT FOUND THEN
-        status := 'no_team';
+        -- a repeat still gets its stored outcome, as on the general path (which never looks
+        -- at the team of a lead it already has)
+        SELECT l.id, a.crm_user_id, t.name, mm.name,
+               CASE WHEN a.crm_user_id IS NULL THEN l.unassigned_reason END
+        INTO lead_id, owner_id, team, owner_name, reason
+        FROM leads l
+        LEFT JOIN assignments a ON a.lead_id = l.id
+        LEFT JOIN teams t ON t.id = a.team_id
+        LEFT JOIN members mm ON mm.id = a.member_id
+        WHERE l.org = p_org AND l.crm_object = p_crm_object AND l.crm_id = p_crm_id
+          AND l.merged_into IS NULL;
+        status := CASE WHEN FOUND THEN 'duplicate' ELSE 'no_team' END;
+        IF NOT FOUND THEN
+            team := p_team;
+        END IF;
         RETURN NEXT;
         RETURN;
     END IF;

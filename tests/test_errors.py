@@ -375,6 +375,37 @@ def test_assign_single_call_retries_once_on_a_terminated_backend(
         engine.dispose()
 
 
+def test_single_call_after_every_pooled_connection_died_retries_only_once(
+    databases: DatabaseFactory,
+    db_url: str,
+    sample_cfg: OrgConfig,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A server restart kills every idle pooled connection at once. The first dead one the
+    single call meets invalidates the whole pool (as SQLAlchemy does on a disconnect), so the
+    retry gets a fresh connection instead of the next dead one: three idle dead connections
+    and three attempts used to end in DatabaseUnavailable."""
+    engine = make_engine(db_url, pool_size=4)
+    try:
+        apply_teams(engine, sample_cfg)
+        conns = [engine.connect() for _ in range(4)]
+        pids = [int(c.execute(text("SELECT pg_backend_pid()")).scalar_one()) for c in conns]
+        for c in conns:
+            c.close()  # back to the pool, idle
+        for pid in pids:
+            _terminate(databases, pid)
+        with caplog.at_level(logging.WARNING, logger="connector.routing.assign"):
+            outcome = Router(engine, sample_cfg).assign(
+                Lead("00Q5g00000Restart", {"Country": "US"}), "api"
+            )
+        retries = [r.getMessage() for r in caplog.records if "retrying" in r.getMessage()]
+        assert retries == ["database connection lost; retrying (attempt 2)"]
+        assert (outcome.status, outcome.team) == ("assigned", "na_ae")
+        assert _owners(engine) == [(outcome.crm_id, 1, 1)]
+    finally:
+        engine.dispose()
+
+
 def test_one_statement_translates_errors_and_gives_back_a_transactional_connection(
     boundary_engine: Engine,
 ) -> None:

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from sqlalchemy import Connection, Engine, text
 
 from connector.core.config import OrgConfig, parse_config
-from connector.routing.assign import Lead, Outcome, Router
+from connector.routing.assign import Lead, Outcome, Router, RoutingError
 from connector.routing.decisions import expand
 from connector.routing.rotation import Seat, pick_available
 from connector.routing.teams import apply_teams
@@ -305,3 +305,30 @@ def test_single_call_and_general_path_record_the_same(databases: DatabaseFactory
     assert reasons, "the scenario should leave some lead unassigned"
     assert single[1] == general[1]
     assert single[2] == general[2]
+
+
+@pytest.mark.parametrize("single", [True, False], ids=["single call", "general path"])
+def test_a_repeat_is_a_duplicate_even_when_its_team_left_the_database(
+    engine: Engine, single: bool
+) -> None:
+    """A repeat of a stored lead answers with its stored outcome on both paths, even when
+    the process's config routes to a team the database no longer has in its config (the
+    general path never looks at a known lead's team); a new lead for that team is refused
+    with RoutingError and nothing of it is stored."""
+    cfg = org()
+    apply_teams(engine, cfg)
+    r = Router(engine, cfg, clock=Clock(MONDAY))
+    if not single:
+        r.single = {}
+    first = r.assign(Lead("00Qgone01", {"Country": "US"}), "api")
+    assert first.status == "assigned"
+    with engine.begin() as c:
+        c.execute(text("UPDATE teams SET in_config = false WHERE name = 'a'"))
+    again = r.assign(Lead("00Qgone01", {"Country": "US"}), "api")
+    assert (again.status, again.team, again.owner_id) == ("duplicate", "a", first.owner_id)
+    with pytest.raises(RoutingError, match="is not in the database"):
+        r.assign(Lead("00Qgone02", {"Country": "US"}), "api")
+    with engine.connect() as c:
+        assert c.execute(text("SELECT crm_id FROM leads ORDER BY id")).scalars().all() == [
+            "00Qgone01"
+        ]

@@ -208,12 +208,20 @@ def one_statement(engine: Engine, sql: str, params: Mapping[str, Any]) -> tuple[
     except psycopg.Error as exc:
         lost = driver.closed or driver.broken
         if lost:
-            pooled.invalidate(exc)
+            # As SQLAlchemy does on a disconnect: every connection the pool handed out before
+            # now is suspect (a server restart broke them all), not only this one; they are
+            # replaced at their next checkout instead of failing the next callers' retries.
+            engine.pool._invalidate(pooled, exc)
         raise translate(exc, connection_lost=lost) from exc
     finally:
-        if not lost:
-            driver.autocommit = False  # the pool's next user expects a transaction
-        pooled.close()
+        try:
+            if not lost:
+                driver.autocommit = False  # the pool's next user expects a transaction
+        except psycopg.Error:
+            # not idle (interrupted mid-statement): never hand it to the pool's next user
+            pooled.invalidate()
+        finally:
+            pooled.close()
 
 
 def is_boundary_engine(engine: Engine) -> bool:

@@ -8,6 +8,11 @@ assignment, counts, caps counters, outbox row and decision. So the team row is l
 statement plus the commit. What only the config knows is computed here (pure, clock
 injected) and passed in: each configured member's working hours and YAML time off at ``now``
 (as ``away``/``off_shift``), its caps, catch-up's K, the rules tried and the SLA.
+
+One difference from the general path, by design: ``now`` is read before the call, so before
+the wait for the team lock, while the general path reads it once the locks are held. A lead
+that waits behind a batch across midnight or a shift's end is judged (caps day, hours, time
+off, the decision's ``at``) on the earlier side of that boundary, by the length of the wait.
 """
 
 from __future__ import annotations
