@@ -191,6 +191,9 @@ def test_a_waiter_reads_what_the_lock_holder_committed(engine: Engine) -> None:
                         "AND query LIKE '%route_lead%'"
                     )
                 ).scalar_one()
+                # pg_stat_activity is read once per transaction: end it, or every later poll
+                # sees the first poll's picture (a waiter that was not blocked yet, for ever)
+                watch.rollback()
                 if waiting:
                     break
                 threading.Event().wait(0.05)
