@@ -198,3 +198,40 @@ def test_an_outage_fails_every_delivery_of_the_batch(applied: OrgConfig) -> None
     finally:
         dead.dispose()
     assert all(isinstance(o, DatabaseUnavailable) for o in outcomes)
+
+
+def test_a_store_that_cannot_commit_in_time_is_unavailable_not_hung(
+    engine: Engine, applied: OrgConfig
+) -> None:
+    """Another transaction holds an uncommitted insert of the same event key, so the writer's
+    statement waits on it: the delivery is answered DatabaseUnavailable (a 503, retry later)
+    after ``store_timeout`` instead of waiting for ever; once the holder commits the late
+    statement finds the key taken and stores nothing twice, and the writer serves the next."""
+
+    async def go() -> tuple[BaseException | None, int]:
+        pool = async_pool_for(engine, max_size=2)
+        writer = EventWriter(pool, max_in_flight=1, store_timeout=0.5)
+        failure: BaseException | None = None
+        try:
+            with engine.connect() as holder:
+                holder.execute(
+                    text(
+                        "INSERT INTO intake_events (org, source, event_key, crm_object, crm_id) "
+                        "VALUES (:org, 'salesforce_outbound', 'held', 'Lead', '1')"
+                    ),
+                    {"org": applied.org},
+                )
+                try:
+                    await writer.store(applied, ["held"], ["1"])
+                except DatabaseUnavailable as exc:
+                    failure = exc
+                holder.commit()
+            return failure, await writer.store(applied, ["next"], ["2"])
+        finally:
+            await pool.close()
+
+    failure, new = run(go())
+    assert isinstance(failure, DatabaseUnavailable)
+    assert str(failure) == "events not stored within 0.5 s"
+    assert new == 1
+    assert [r[1] for r in rows(engine)] == ["held", "next"]

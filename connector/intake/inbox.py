@@ -90,6 +90,10 @@ async def store_events_now(
     return len(rows)
 
 
+STORE_TIMEOUT_SECONDS = 10.0
+"""How long a receiver waits for its events' commit before it answers 503 (retry later)."""
+
+
 @dataclass
 class _Delivery:
     cfg: OrgConfig
@@ -140,10 +144,18 @@ class EventWriter:
     cannot fail the others.
     """
 
-    def __init__(self, pool: AsyncPool, *, max_in_flight: int = 4, max_events: int = 2000):
+    def __init__(
+        self,
+        pool: AsyncPool,
+        *,
+        max_in_flight: int = 4,
+        max_events: int = 2000,
+        store_timeout: float = STORE_TIMEOUT_SECONDS,
+    ):
         self.pool = pool
         self.max_in_flight = max_in_flight
         self.max_events = max_events
+        self.store_timeout = store_timeout
         self._queue: collections.deque[_Delivery] = collections.deque()
         self._in_flight = 0
 
@@ -156,7 +168,16 @@ class EventWriter:
         if self._in_flight < self.max_in_flight:
             self._in_flight += 1
             asyncio.get_running_loop().create_task(self._flush())
-        return await done
+        try:
+            # A hung statement (a lock held by someone else, a dead peer) must not hold the
+            # sender for ever: it gets a 503 and retries. The insert may still commit later;
+            # the retry is then recognised as a duplicate. (Cancelling ``done`` is safe:
+            # ``_settle`` skips a future that is already done.)
+            return await asyncio.wait_for(done, self.store_timeout)
+        except TimeoutError:
+            raise DatabaseUnavailable(
+                f"events not stored within {self.store_timeout:g} s"
+            ) from None
 
     def _take(self) -> list[_Delivery]:
         batch = [self._queue.popleft()]
