@@ -22,7 +22,8 @@ INSERT INTO schema_migrations (version, name) VALUES
     (12, 'status_counts'),
     (13, 'outbox_lead_received_at'),
     (14, 'route_lead'),
-    (15, 'queue_autovacuum');
+    (15, 'queue_autovacuum'),
+    (16, 'catch_up_heavy_reps');
 
 -- 0001_routing.sql
 -- Routing state: teams, members, leads, assignments and the write-back outbox.
@@ -503,13 +504,15 @@ BEGIN
         RETURN;
     END IF;
     -- catch-up: no (K+1)-th lead in a row while another rep can take it, unless that rep is
-    -- already ahead of its share
+    -- already ahead of its share, or its share is more than K of every K+1 leads (then K
+    -- would hold it below its share for ever: it follows the plain rotation)
     IF max_in_a_row IS NOT NULL AND able > 1
        AND coalesce(array_length(recent, 1), 0) >= max_in_a_row
        AND recent[1:max_in_a_row] <@ ARRAY[recent[1]] THEN
         excl := array_position(ids, recent[1]);
         IF excl IS NOT NULL
-           AND NOT (why[excl] IS NULL AND slot * weights[excl] >= t[excl] * total) THEN
+           AND NOT (why[excl] IS NULL AND slot * weights[excl] >= t[excl] * total
+                    AND max_in_a_row * total >= (max_in_a_row + 1) * weights[excl]) THEN
             excl := NULL;
         END IF;
     END IF;
@@ -793,3 +796,7 @@ ALTER TABLE outbox SET (
     autovacuum_vacuum_threshold = 5000,
     autovacuum_vacuum_cost_delay = 0
 );
+
+-- 0016_catch_up_heavy_reps.sql
+-- rotation_pick (above, as it now reads): K applies only to reps whose share is at most K of
+-- every K+1 leads.

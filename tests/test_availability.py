@@ -187,6 +187,16 @@ def test_check_config_warns_when_catch_up_can_never_pay() -> None:
     assert len(cfg("    catch_up: {max_in_a_row: 2}").warnings()) == 2
 
 
+def test_check_config_says_when_max_in_a_row_cannot_apply_to_a_heavy_rep() -> None:
+    heavy = cfg("    catch_up: {max_in_a_row: 2}", ", weight: 5").warnings()[2:]
+    assert heavy == [
+        "team a: max_in_a_row 2 does not apply to Ada (weight 5 of 6 is more than 2 of every 3 "
+        "leads): back from time away it catches up without a limit on leads in a row; set "
+        "max_in_a_row to at least 6 to limit it"
+    ]
+    assert cfg("    catch_up: {max_in_a_row: 6}", ", weight: 5").warnings()[2:] == []
+
+
 NY = parse_hours({"timezone": "America/New_York", "mon-fri": "09:00-17:30", "sun": "22:00-24:00"})
 
 

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -122,6 +123,31 @@ def test_rotation_pick_matches_pick_by_pick(
                 st.sampled_from([None, None, None, "away", "off_shift"]), min_size=n, max_size=n
             )
         )
+
+
+def test_rotation_pick_lets_a_heavy_rep_run_like_pick_available(conn: Connection) -> None:
+    """Weights 1, 1, 5 with K = 1 after the light rep's time away (migration 0016): the
+    heavy rep gets its runs, the returning rep at most one in a row, on both sides."""
+    s: dict[str, Any] = {
+        "ids": [100, 101, 102],
+        "weights": [1, 1, 5],
+        "turns": [0, 2, 11],
+        "positions": [0, 1, 2],
+        "blocked": [None, None, None],
+        "room": [None, None, None],
+        "k": 1,
+        "recent": [102, 102, 102, 101],
+    }
+    picks = []
+    for _ in range(24):
+        member, _, credited = got = sql_pick(conn, s)
+        assert got == python_pick(s) and not credited and member is not None
+        picks.append(member)
+        s["turns"][s["ids"].index(member)] += 1
+        s["recent"] = [member, *s["recent"]][:4]
+    assert s["turns"] == [5, 5, 27]  # everyone within one of 37 * w / 7
+    pairs = list(itertools.pairwise(picks))
+    assert (102, 102) in pairs and (100, 100) not in pairs
 
 
 def org(extra: str = "") -> OrgConfig:

@@ -536,12 +536,20 @@ class OrgConfig(_Model):
                     continue
                 if total == m.weight:
                     out.append(f"team {team.name}: catch_up has no effect: {m.name} is alone")
-                    continue
-                out.append(
-                    f"team {team.name}: with max_in_a_row {k}, {m.name} (weight {m.weight} "
-                    f"of {total}) can never catch up after time away; it needs more than "
-                    f"{m.weight / (total - m.weight):g}"
-                )
+                elif k * total == (k + 1) * m.weight:
+                    out.append(
+                        f"team {team.name}: with max_in_a_row {k}, {m.name} (weight "
+                        f"{m.weight} of {total}) can never catch up after time away; it "
+                        f"needs more than {m.weight / (total - m.weight):g}"
+                    )
+                else:  # more than K of every K+1 leads: K would hold it below its share
+                    out.append(
+                        f"team {team.name}: max_in_a_row {k} does not apply to {m.name} "
+                        f"(weight {m.weight} of {total} is more than {k} of every {k + 1} "
+                        "leads): back from time away it catches up without a limit on "
+                        f"leads in a row; set max_in_a_row to at least "
+                        f"{m.weight // (total - m.weight) + 1} to limit it"
+                    )
         if self.account_matching and not self.poll.enabled:
             out.append(
                 "poll.enabled is false: the account mirror is refreshed by the poll, so "

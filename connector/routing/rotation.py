@@ -33,7 +33,11 @@ turn, until the turn belongs to a rep that can take the lead. Guarantees:
   before any rep that is not (earliest deadline first), so it gets extra leads until it is
   back within one of its share; and no rep gets a (K+1)-th lead in a row while another rep
   can take it, unless it is already ahead of its share (more turns than its share, which the
-  rotation never picks while a rep at or below its share can take the lead). Each K+1 leads
+  rotation never picks while a rep at or below its share can take the lead). K applies only
+  to reps whose share is at most K of every K+1 leads (``limits_runs``): a heavier rep needs
+  longer runs for its share alone (weights 1, 1, 5 with K = 1), so it follows the plain
+  rotation, and back from time away catches up without a limit (``check-config`` says
+  so). Each K+1 leads
   thus pay at least ``K - (K+1) * w / W`` of a returning rep's debt; when that is not
   positive (e.g. K = 1 in a team of two equal reps) the debt is never paid, and
   ``check-config`` warns. When nobody is behind, the rotation is the ``none`` rotation (the
@@ -182,6 +186,14 @@ def pick_available(
     return _picks(seats, blocked, room, count, max_in_a_row, recent)
 
 
+def limits_runs(max_in_a_row: int, weight: int, total: int) -> bool:
+    """Whether ``max_in_a_row`` K applies to a rep of ``weight`` in a team of ``total``: only
+    when its share is at most K of every K+1 leads. A heavier rep needs longer runs for its
+    share alone (weights 1, 1, 5 with K = 1: 5 of every 7 leads cannot come one at a time), so
+    K would keep it below its share for ever; it follows the plain rotation instead."""
+    return max_in_a_row * total >= (max_in_a_row + 1) * weight
+
+
 def _picks(
     seats: Sequence[Seat],
     blocked: Mapping[int, str],
@@ -231,7 +243,12 @@ def _picks(
             last = history[0]
             streak = all(m == last for m in history[:max_in_a_row])
             seat = next((s for s in can_take if s.member_id == last), None)
-            if streak and seat is not None and slot * seat.weight >= turns_of[last] * total:
+            if (
+                streak
+                and seat is not None
+                and slot * seat.weight >= turns_of[last] * total  # not ahead of its share
+                and limits_runs(max_in_a_row, seat.weight, total)
+            ):
                 excluded = last
         while True:
             pool = [
