@@ -81,7 +81,7 @@ def pct(xs: list[float], p: float) -> float:
     return s[min(len(s) - 1, int(p / 100 * len(s)))]
 
 
-def config_yaml(sandbox: str, owners: list[str]) -> str:
+def config_yaml(sandbox: str, owners: list[str], limit_per_10s: int = 100) -> str:
     members = "\n".join(f'      - {{crm_user_id: "{o}", name: "Owner {o}"}}' for o in owners)
     return f"""
 org: bench-hs
@@ -90,7 +90,7 @@ crm:
   base_url: {sandbox}
   auth: {{access_token: "${{BENCH_HS_TOKEN}}"}}
   object: contacts
-  limit_per_10s: 100
+  limit_per_10s: {limit_per_10s}
   webhook_secrets: ["${{BENCH_HS_SECRET}}"]
   portal_id: {PORTAL}
 poll: {{enabled: false}}
@@ -321,6 +321,13 @@ def main() -> None:
         help="run the receivers under bench/webhook_spans.py (timing spans per step, event "
         "loop lag); their summaries go beside --out as *-spans-N.json",
     )
+    ap.add_argument(
+        "--limit-per-10s",
+        type=int,
+        default=100,
+        help="the HubSpot budget of the sandbox and the org (100, HubSpot's base tier; 190 "
+        "Professional/Enterprise; 250 with the API limit increase)",
+    )
     ap.add_argument("--out", type=Path, default=None, help="results file (default below)")
     args = ap.parse_args()
     default_rates = "50,100,200" if args.quick else "50,100,200,300,500"
@@ -344,9 +351,13 @@ def main() -> None:
     rows = []
     try:
         sb_port = free_port()
+        # (only when asked: a --connector-root checkout from before the option lacks it)
+        limit_args = (
+            ["--limit-per-10s", str(args.limit_per_10s)] if args.limit_per_10s != 100 else []
+        )
         procs.append(
             subprocess.Popen(
-                [*cli, "sandbox", "hubspot", "--port", str(sb_port)],
+                [*cli, "sandbox", "hubspot", "--port", str(sb_port), *limit_args],
                 env=env,
                 cwd=root,
                 stderr=subprocess.DEVNULL,
@@ -363,7 +374,7 @@ def main() -> None:
                 "records": [{"object": "contacts"} for _ in range(total)],
             },
         ).json()
-        (tmp / "bench.yaml").write_text(config_yaml(sandbox, seeded["owners"]))
+        (tmp / "bench.yaml").write_text(config_yaml(sandbox, seeded["owners"], args.limit_per_10s))
         ports = [free_port() for _ in range(args.receivers)]
         admin_ports = [free_port() for _ in range(args.receivers)]
         out_path = args.out or RESULTS / ("webhook-run.json" if args.run else "webhook.json")
@@ -504,6 +515,7 @@ def main() -> None:
         "quick": args.quick,
         "receivers": args.receivers,
         "mode": "run" if args.run else "serve+dispatch",
+        "limit_per_10s": args.limit_per_10s,
         "connector_root": str(root) if root else None,
         "rows": rows,
         "sandbox_counters": counters,

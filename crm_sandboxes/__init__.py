@@ -17,15 +17,17 @@ __all__ = [
 ]
 
 
-def make_sandbox(kind: str) -> SandboxServer:
+def make_sandbox(kind: str, hubspot_limit_per_10s: int = 100) -> SandboxServer:
     """A fresh, unstarted simulator of `kind` ("salesforce" or "hubspot")."""
     if kind == "salesforce":
         return SalesforceSandbox()
     if kind == "hubspot":
-        return HubSpotSandbox()
+        return HubSpotSandbox(limit_per_10s=hubspot_limit_per_10s)
     raise ValueError(f"unknown sandbox kind {kind!r}")
 
 
-def serve(kind: str, host: str = "127.0.0.1", port: int = 0) -> None:
+def serve(
+    kind: str, host: str = "127.0.0.1", port: int = 0, hubspot_limit_per_10s: int = 100
+) -> None:
     """Run a simulator in the foreground until interrupted (`connector sandbox KIND --port N`)."""
-    make_sandbox(kind).serve_forever(host, port)
+    make_sandbox(kind, hubspot_limit_per_10s).serve_forever(host, port)

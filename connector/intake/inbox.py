@@ -20,9 +20,11 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import math
 import os
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -34,6 +36,7 @@ import db
 from connector.core.config import OrgConfig
 from connector.core.errors import AsyncPool, DatabaseError, DatabaseUnavailable
 from connector.core.metrics import Metrics
+from connector.core.pacing import org_pacing
 from connector.intake.verify import Verdict, judge_all, readable_ids
 from connector.routing.assign import Outcome, Router, RoutingError
 from crm_adapters.base import CrmAdapter, RateLimitedError
@@ -297,7 +300,7 @@ class InboxWorker:
         base_delay: float = 1.0,
         max_delay: float = 300.0,
         poll_interval: float = 0.5,
-        linger_seconds: float = 0.4,
+        spacing: Mapping[str, float] | None = None,
     ) -> None:
         self.engine = engine
         self.configs = dict(configs)
@@ -310,9 +313,14 @@ class InboxWorker:
         self.base_delay = base_delay
         self.max_delay = max_delay
         self.poll_interval = poll_interval
-        # After a wake-up, let more events arrive so one CRM read covers many (HubSpot's
-        # budget counts calls: one read per delivery at 100 req/s would exhaust it).
-        self.linger_seconds = linger_seconds
+        # Seconds between the starts of two partial claims of an org, so that one CRM read
+        # covers what arrived meanwhile (HubSpot's budget counts calls: one read per delivery
+        # at 100 req/s would exhaust it). From the org's budget (connector.core.pacing).
+        self.spacing = {
+            org: (spacing or {}).get(org, org_pacing(cfg.crm).inbox_s)
+            for org, cfg in self.configs.items()
+        }
+        self._next_claim = dict.fromkeys(self.configs, -math.inf)
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -335,27 +343,35 @@ class InboxWorker:
             self._thread = None
 
     def _run(self) -> None:
-        backlog = False
         while not self._stop.is_set():
+            now = time.monotonic()
+            due = [org for org, at in self._next_claim.items() if at <= now]
+            if not due:  # every org claimed a moment ago: wait for the first one's turn
+                self._stop.wait(min(self._next_claim.values()) - now)
+                continue
             self._wake.clear()
-            if not backlog and self.linger_seconds > 0:
-                self._stop.wait(self.linger_seconds)
             try:
-                done = self.drain_once()
+                done = self.drain_once(due, started=now)
             except Exception as exc:  # keep the worker alive; the lease rescues claimed rows
                 log.warning("inbox worker: %s", type(exc).__name__)
                 done = 0
-            # A full claim means more is waiting: claim again at once.
-            backlog = done >= self.batch_size
-            if done == 0:
-                self._wake.wait(self.poll_interval)
+            if done == 0:  # nothing came: sleep until a delivery wakes us, or poll
+                later = [at - now for at in self._next_claim.values() if at > now]
+                self._wake.wait(min([self.poll_interval, *later]))
 
-    def drain_once(self) -> int:
-        """Process one claim per org; the number of events handled."""
+    def drain_once(self, orgs: Sequence[str] | None = None, started: float | None = None) -> int:
+        """Process one claim per org (of ``orgs``, default all); the number of events handled.
+
+        With ``started`` (the worker's loop), an org whose claim was partial is not claimed
+        again until its spacing has passed since ``started``; a full claim (a backlog) may be
+        followed at once.
+        """
         handled = 0
-        for org in sorted(self.configs):
+        for org in sorted(orgs if orgs is not None else self.configs):
             rows = self._claim(org)
             if rows:
+                if started is not None and len(rows) < self.batch_size:
+                    self._next_claim[org] = started + self.spacing[org]
                 self._process(self.configs[org], rows)
                 handled += len(rows)
         return handled

@@ -283,6 +283,7 @@ def cmd_dispatch(args: argparse.Namespace) -> int:
     import signal
     import threading
 
+    from connector.core.pacing import Spacer, org_pacing
     from connector.shell.adapters import adapter_for
     from connector.writeback.dispatch import Dispatcher
 
@@ -296,6 +297,7 @@ def cmd_dispatch(args: argparse.Namespace) -> int:
             adapter_for(cfg),
             lease_seconds=args.lease_seconds,
             intake_owner_ids=cfg.intake_owner_ids,
+            spacer=Spacer(org_pacing(cfg.crm).dispatch_s),
         )
         for cfg in orgs
     ]
@@ -490,7 +492,7 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
     from crm_sandboxes import serve
 
     print(f"{args.kind} sandbox on http://{args.host}:{args.port}", file=sys.stderr)
-    serve(args.kind, args.host, args.port)
+    serve(args.kind, args.host, args.port, hubspot_limit_per_10s=args.limit_per_10s)
     return EXIT_OK
 
 
@@ -697,6 +699,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("kind", choices=["salesforce", "hubspot"])
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8900)
+    s.add_argument(
+        "--limit-per-10s",
+        type=int,
+        default=100,
+        help="hubspot: calls a token may make in any 10 s before 429 (HubSpot's tiers: 100, "
+        "190, 250; default 100)",
+    )
     s.set_defaults(func=cmd_sandbox)
     s = sub.add_parser(
         "demo", help="the whole flow on an embedded Postgres and local CRM sandboxes"

@@ -29,6 +29,7 @@ from starlette.applications import Starlette
 
 from connector.core.config import OrgConfig
 from connector.core.metrics import Metrics
+from connector.core.pacing import Spacer, org_pacing
 from connector.intake.http_server import build_server
 from connector.intake.poller import Poller
 from connector.shell.adapters import Adapters
@@ -173,6 +174,7 @@ def start_dispatchers(
 ) -> list[threading.Thread]:
     threads = []
     for cfg in configs.values():
+        spacer = Spacer(org_pacing(cfg.crm).dispatch_s)  # one per org: rounds spaced org-wide
         for i in range(per_org):
             d = Dispatcher(
                 engine,
@@ -180,6 +182,7 @@ def start_dispatchers(
                 adapters.get(cfg.org),
                 lease_seconds=lease_seconds,
                 intake_owner_ids=cfg.intake_owner_ids,
+                spacer=spacer,
             )
             t = threading.Thread(
                 target=d.run_forever,

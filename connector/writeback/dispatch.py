@@ -38,6 +38,7 @@ from sqlalchemy import Engine, TextClause, text
 
 import db
 from connector.core.ownership import owner_key
+from connector.core.pacing import NOMINAL_CALLS_PER_S, Spacer, pacing_for
 from connector.writeback.decisions import (
     Claimed,
     Dead,
@@ -126,7 +127,7 @@ class Dispatcher:
         backoff_cap: float = 60.0,
         intake_owner_ids: Sequence[str],
         auth_pause_seconds: float = 60.0,
-        linger_seconds: float = 0.5,
+        spacer: Spacer | None = None,
         rng: Callable[[], float] = random.random,
     ) -> None:
         self.engine = engine
@@ -139,7 +140,9 @@ class Dispatcher:
         self.backoff_base = backoff_base
         self.backoff_cap = backoff_cap
         self.auth_pause_seconds = auth_pause_seconds
-        self.linger_seconds = linger_seconds
+        # Spaces the starts of partial rounds; the org's dispatchers in one process share
+        # one (connector.core.pacing). Alone, a dispatcher paces as a default budget.
+        self.spacer = spacer or Spacer(pacing_for(NOMINAL_CALLS_PER_S).dispatch_s)
         self.rng = rng
 
     @property
@@ -372,23 +375,30 @@ class Dispatcher:
         poll_interval: float = 0.2,
         on_stats: Callable[[DispatchStats], None] | None = None,
     ) -> None:
-        """Claim and write until ``stop`` is set; a round in progress is finished first."""
+        """Claim and write until ``stop`` is set; a round in progress is finished first.
+
+        After a round that was not full, the next one waits for its turn on the spacer: under
+        a steady trickle that turns many tiny requests into few fuller ones (CRM quotas count
+        requests), for at most the spacing of added latency. A full round goes on at once.
+        """
+        full = False
         while not stop.is_set():
+            if not full:
+                wait = self.spacer.reserve()
+                if wait > 0 and stop.wait(wait):
+                    break
             try:
                 stats = self.run_once()
                 if on_stats is not None:
                     on_stats(stats)
             except Exception:
                 log.exception("org %s: dispatcher round failed; retrying", self.org)
+                full = False
                 stop.wait(1.0)
                 continue
+            full = stats.claimed >= self.adapter.max_batch
             if not stats.claimed:
                 stop.wait(poll_interval)
-            elif stats.claimed < self.adapter.max_batch:
-                # A partial batch: let the next one fill up a little. Under a steady trickle
-                # this turns many tiny requests into few full ones (CRM quotas count
-                # requests), for at most linger_seconds of added latency.
-                stop.wait(self.linger_seconds)
 
 
 def finished_rows(
