@@ -72,46 +72,30 @@ class ReceiverConfig(uvicorn.Config):
         self.max_header_bytes = max_header_bytes
 
 
-class HeaderTimeoutH11Protocol(H11Protocol):
-    """uvicorn's h11 protocol plus a deadline for each request's line and headers.
+class _HeaderDeadline:
+    """The header deadline both protocols share: armed by ``_arm_header_timer``, cancelled
+    when a request's headers are complete, and when it fires, a client that had started a
+    request gets a bare 408 and the connection is closed (``_head_started`` says whether it
+    had)."""
 
-    The timer is armed when the connection opens and when a response completes, and is
-    cancelled when a new request cycle starts (its headers are complete). When it fires, a
-    client that had sent part of a request gets a bare 408; the connection is then closed.
-    """
+    loop: asyncio.AbstractEventLoop
+    transport: asyncio.Transport
+    cycle: Any
+    header_timeout: float
+    _header_timer: asyncio.TimerHandle | None
 
-    def __init__(self, config: uvicorn.Config, *args: Any, **kwargs: Any) -> None:
-        super().__init__(config, *args, **kwargs)
-        self.header_timeout = (
-            config.header_timeout if isinstance(config, ReceiverConfig) else DEFAULT_HEADER_TIMEOUT
-        )
-        self._header_timer: asyncio.TimerHandle | None = None
+    def _head_started(self) -> bool:
+        raise NotImplementedError
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+    def connection_made(self, transport: asyncio.Transport) -> None:
         """Start the clock as soon as the socket is accepted, before any byte arrives."""
-        super().connection_made(transport)
+        super().connection_made(transport)  # type: ignore[misc]
         self._arm_header_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:
         """A closed connection needs no deadline."""
         self._cancel_header_timer()
-        super().connection_lost(exc)
-
-    def handle_events(self) -> None:
-        """A new request cycle means its headers are complete: the deadline was met."""
-        before = self.cycle
-        super().handle_events()
-        if self.cycle is not before:
-            self._cancel_header_timer()
-
-    def on_response_complete(self) -> None:
-        """The next request on a keep-alive connection gets a fresh header deadline.
-
-        Armed before uvicorn's own handling, which may at once start a pipelined request
-        (and so cancel it again through ``handle_events``).
-        """
-        self._arm_header_timer()
-        super().on_response_complete()
+        super().connection_lost(exc)  # type: ignore[misc]
 
     def _arm_header_timer(self) -> None:
         self._cancel_header_timer()
@@ -129,8 +113,7 @@ class HeaderTimeoutH11Protocol(H11Protocol):
             return
         if self.cycle is not None and not self.cycle.response_complete:
             return  # a request is with the app; the body has its own timeout
-        started = self.conn.their_state is h11.IDLE and bool(self.conn.trailing_data[0])
-        if started and self.transport.get_write_buffer_size() == 0:
+        if self._head_started() and self.transport.get_write_buffer_size() == 0:
             self.transport.write(_REQUEST_TIMEOUT_RESPONSE)
         if self.transport.get_write_buffer_size():
             # The client is not reading either: do not wait for it to drain the buffer.
@@ -139,7 +122,43 @@ class HeaderTimeoutH11Protocol(H11Protocol):
             self.transport.close()
 
 
-class HeaderTimeoutHttpToolsProtocol(HttpToolsProtocol):
+# (uvicorn's protocols narrow connection_made to asyncio.Transport, as the mixin does)
+class HeaderTimeoutH11Protocol(_HeaderDeadline, H11Protocol):  # type: ignore[misc]
+    """uvicorn's h11 protocol plus a deadline for each request's line and headers.
+
+    The timer is armed when the connection opens and when a response completes, and is
+    cancelled when a new request cycle starts (its headers are complete). When it fires, a
+    client that had sent part of a request gets a bare 408; the connection is then closed.
+    """
+
+    def __init__(self, config: uvicorn.Config, *args: Any, **kwargs: Any) -> None:
+        super().__init__(config, *args, **kwargs)
+        self.header_timeout = (
+            config.header_timeout if isinstance(config, ReceiverConfig) else DEFAULT_HEADER_TIMEOUT
+        )
+        self._header_timer: asyncio.TimerHandle | None = None
+
+    def handle_events(self) -> None:
+        """A new request cycle means its headers are complete: the deadline was met."""
+        before = self.cycle
+        super().handle_events()
+        if self.cycle is not before:
+            self._cancel_header_timer()
+
+    def on_response_complete(self) -> None:
+        """The next request on a keep-alive connection gets a fresh header deadline.
+
+        Armed before uvicorn's own handling, which may at once start a pipelined request
+        (and so cancel it again through ``handle_events``).
+        """
+        self._arm_header_timer()
+        super().on_response_complete()
+
+    def _head_started(self) -> bool:
+        return self.conn.their_state is h11.IDLE and bool(self.conn.trailing_data[0])
+
+
+class HeaderTimeoutHttpToolsProtocol(_HeaderDeadline, HttpToolsProtocol):  # type: ignore[misc]
     """uvicorn's httptools protocol plus the header deadline and a cap on a pending head.
 
     The deadline works as in ``HeaderTimeoutH11Protocol``: armed when the connection opens
@@ -156,14 +175,6 @@ class HeaderTimeoutHttpToolsProtocol(HttpToolsProtocol):
         self.max_header_bytes = receiver.max_header_bytes if receiver else DEFAULT_MAX_HEADER_BYTES
         self._header_timer: asyncio.TimerHandle | None = None
         self._head_bytes: int | None = 0  # None while no head is pending (a body is)
-
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
-        self._arm_header_timer()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._cancel_header_timer()
-        super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
         """Feed the parser; refuse a head that is still incomplete past the cap."""
@@ -197,28 +208,8 @@ class HeaderTimeoutHttpToolsProtocol(HttpToolsProtocol):
         if not pipelined and not self.transport.is_closing():
             self._arm_header_timer()
 
-    def _arm_header_timer(self) -> None:
-        self._cancel_header_timer()
-        self._header_timer = self.loop.call_later(self.header_timeout, self._header_timeout)
-
-    def _cancel_header_timer(self) -> None:
-        if self._header_timer is not None:
-            self._header_timer.cancel()
-            self._header_timer = None
-
-    def _header_timeout(self) -> None:
-        """Close a connection whose request line and headers did not arrive in time."""
-        self._header_timer = None
-        if self.transport.is_closing():
-            return
-        if self.cycle is not None and not self.cycle.response_complete:
-            return  # a request is with the app; the body has its own timeout
-        if self._head_bytes and self.transport.get_write_buffer_size() == 0:
-            self.transport.write(_REQUEST_TIMEOUT_RESPONSE)
-        if self.transport.get_write_buffer_size():
-            self.transport.abort()  # the client is not reading either
-        else:
-            self.transport.close()
+    def _head_started(self) -> bool:
+        return bool(self._head_bytes)
 
 
 PROTOCOLS: dict[str, type[asyncio.Protocol]] = {
