@@ -426,6 +426,7 @@ def main() -> None:
                 "postgres": backend_pids(engine),
             }
             before = {pid: cpu_seconds(pid) for pids in roles.values() for pid in pids}
+            calls_before = httpx.get(f"{sandbox}/_sandbox/counters").json()
             began = time.time()
             res = step(hooks, chunk, rate)
             roles["postgres"] = sorted({*roles["postgres"], *backend_pids(engine)})
@@ -444,6 +445,10 @@ def main() -> None:
                 if left == 0:
                     break
                 time.sleep(0.2)
+            drained = time.time()
+            calls_after = httpx.get(f"{sandbox}/_sandbox/counters").json()
+            crm_calls = calls_after["total_calls"] - calls_before["total_calls"]
+            limited = calls_after.get("rate_limited", 0) - calls_before.get("rate_limited", 0)
             with engine.connect() as conn:
                 finished = dict(
                     conn.execute(
@@ -481,6 +486,10 @@ def main() -> None:
                 "routed_p99_ms": round(pct(l2r, 99), 1),
                 "lead_to_crm_p50_ms": round(pct(l2c, 50), 1),
                 "lead_to_crm_p99_ms": round(pct(l2c, 99), 1),
+                # HubSpot calls from the first request until the queues were empty
+                "crm_calls": crm_calls,
+                "crm_calls_per_s": round(crm_calls / max(drained - began, 1e-9), 2),
+                "rate_limited": limited,
                 "cpu_pct": cpu,
                 "load_avg": os.getloadavg()[0],
             }
@@ -493,7 +502,8 @@ def main() -> None:
                 f"p99 {row['routed_p99_ms']} ms  "
                 f"lead-to-CRM p50 {row['lead_to_crm_p50_ms']} ms "
                 f"p99 {row['lead_to_crm_p99_ms']} ms  ({row['written_back']}/"
-                f"{len(chunk)} written back)\n      CPU % of one core: {cpu}  "
+                f"{len(chunk)} written back)\n      HubSpot calls {crm_calls} "
+                f"({row['crm_calls_per_s']}/s, {limited} answered 429)  CPU % of one core: {cpu}  "
                 f"load {row['load_avg']:.2f}",
                 flush=True,
             )

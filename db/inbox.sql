@@ -22,17 +22,26 @@ ON CONFLICT (org, event_key) DO NOTHING
 RETURNING org, event_key
 
 -- name: claim
+-- Up to :limit ready events, oldest first. When more than :unit (the CRM's read batch) are
+-- ready, only whole batches are claimed and the rest waits for the next round, so that a
+-- paced trickle never pays a CRM call for a few left-over records (:unit 1 claims them all).
 UPDATE intake_events i
 SET state = 'claimed', claimed_by = :worker, attempts = i.attempts + 1,
     lease_until = now() + make_interval(secs => :lease_seconds)
 WHERE i.id IN (
-    SELECT id FROM intake_events
-    WHERE org = :org
-      AND ((state = 'pending' AND available_at <= now())
-           OR (state = 'claimed' AND lease_until < now()))
-    ORDER BY id
-    LIMIT :limit
-    FOR UPDATE SKIP LOCKED
+    SELECT r.id FROM (
+        SELECT c.id, row_number() OVER (ORDER BY c.id) AS n, count(*) OVER () AS total
+        FROM (
+            SELECT id FROM intake_events
+            WHERE org = :org
+              AND ((state = 'pending' AND available_at <= now())
+                   OR (state = 'claimed' AND lease_until < now()))
+            ORDER BY id
+            LIMIT :limit
+            FOR UPDATE SKIP LOCKED
+        ) c
+    ) r
+    WHERE r.total <= :unit OR r.n <= r.total - r.total % :unit
 )
 RETURNING i.id, i.crm_id, i.source, i.attempts
 

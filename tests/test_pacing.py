@@ -4,62 +4,47 @@ and how the inbox worker applies it (real Postgres, the HubSpot simulator over r
 from __future__ import annotations
 
 import math
+import threading
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
 
 from connector.core.metrics import Metrics
 from connector.core.pacing import (
+    CALLS_PER_CYCLE,
+    HUBSPOT_READ_UNIT,
     NOMINAL_CALLS_PER_S,
-    SHARE,
-    Pacing,
+    Nudges,
     Spacer,
     org_pacing,
     pacing_for,
 )
 from connector.intake.inbox import InboxWorker, store_events
-from connector.routing.assign import Router
+from connector.routing.assign import Lead, Router
 from connector.routing.teams import apply_teams
-from connector.shell.adapters import Adapters
+from connector.shell.adapters import Adapters, adapter_for
+from connector.writeback.dispatch import Dispatcher
 from crm_sandboxes import HubSpotSandbox, SalesforceSandbox
 from tests.crm_orgs import hubspot_org, salesforce_org
-
-
-def calls_per_s(p: Pacing) -> float:
-    """What a trickle costs: one read per inbox claim, an owner read and a write per round."""
-    return 1 / p.inbox_s + 2 / p.dispatch_s
+from tests.waiting import wait_until
 
 
 @given(st.floats(0.1, 1000), st.floats(0.05, 1.0))
-def test_the_spacing_spends_the_share_of_the_budget(budget: float, share: float) -> None:
+def test_a_trickle_spends_the_share_of_the_budget(budget: float, share: float) -> None:
+    """Three calls a cycle (read back, owner read, owner write), one cycle per cycle_s."""
     p = pacing_for(budget, share)
-    assert calls_per_s(p) == pytest.approx(budget * share)
-    assert p.dispatch_s == pytest.approx(math.sqrt(2) * p.inbox_s)
-
-
-@given(st.floats(1, 100), st.floats(0.05, 0.95))
-def test_no_other_split_of_that_budget_adds_less_latency(budget: float, f: float) -> None:
-    """Any (inbox, dispatch) that spends the same calls waits at least as long in all."""
-    p = pacing_for(budget)
-    c = budget * SHARE
-    inbox = (1 + 1e-9) / (c * f)  # a share f of the calls goes to the inbox's reads
-    dispatch = 2 / (c * (1 - f))
-    assert 1 / inbox + 2 / dispatch == pytest.approx(c, rel=1e-6)
-    assert inbox + dispatch >= p.inbox_s + p.dispatch_s - 1e-9
+    assert CALLS_PER_CYCLE / p.cycle_s == pytest.approx(budget * share)
 
 
 def test_figures_for_hubspot_tiers_and_salesforce(
     hs: HubSpotSandbox, sf: SalesforceSandbox
 ) -> None:
     # HubSpot's base budget, 100 calls per 10 s: 8 calls a second for the pipeline
-    base = org_pacing(hubspot_org(hs, ["1"], limit_per_10s=100).crm)
-    assert base.inbox_s == pytest.approx(0.3018, abs=1e-4)
-    assert base.dispatch_s == pytest.approx(0.4268, abs=1e-4)
-    # 250 per 10 s (the API limit increase): two and a half times closer together
-    fast = org_pacing(hubspot_org(hs, ["1"], limit_per_10s=250).crm)
-    assert fast.inbox_s == pytest.approx(base.inbox_s / 2.5)
+    assert org_pacing(hubspot_org(hs, ["1"], limit_per_10s=100).crm).cycle_s == 0.375
+    # 250 per 10 s (the API limit increase): cycles two and a half times closer together
+    assert org_pacing(hubspot_org(hs, ["1"], limit_per_10s=250).crm).cycle_s == 0.15
     # Salesforce counts calls per day: paced as the nominal budget
     acme = salesforce_org(sf, [sf.add_user("Rep")], org="acme", obj="Lead")
     assert org_pacing(acme.crm) == pacing_for(NOMINAL_CALLS_PER_S)
@@ -93,6 +78,14 @@ def test_a_shared_spacer_spaces_rounds_org_wide() -> None:
     assert s.reserve() == pytest.approx(0.3)  # never closer than the interval to the last
 
 
+def test_nudges_wake_every_dispatcher_of_the_org_only() -> None:
+    n = Nudges()
+    a1, a2, b = n.listener("a"), n.listener("a"), n.listener("b")
+    n.nudge("a")
+    assert a1.is_set() and a2.is_set() and not b.is_set()
+    n.nudge("nobody")  # an org without dispatchers here: nothing to wake
+
+
 def test_the_inbox_spaces_partial_claims_only(engine: Engine, hs: HubSpotSandbox) -> None:
     """A partial claim sets the org's next claim one spacing after the round started; a full
     claim (a backlog) leaves it due, so the backlog is claimed again at once."""
@@ -120,6 +113,82 @@ def test_the_inbox_spaces_partial_claims_only(engine: Engine, hs: HubSpotSandbox
     assert worker._next_claim[cfg.org] == 58.0
     assert worker.drain_once([cfg.org], started=52.0) == 0  # nothing claimed: unchanged
     assert worker._next_claim[cfg.org] == 58.0
+    # a round that routed something tells the org's dispatchers (connector run)
+    routed: list[str] = []
+    worker.on_routed = routed.append
+    with engine.begin() as conn:
+        store_events(conn, cfg, ["e-last"], [hs.add_record("contacts", owner_id=None)])
+    assert worker.drain_once([cfg.org], started=60.0) == 1
+    assert routed == [cfg.org]
+    assert worker.drain_once([cfg.org], started=61.0) == 0 and routed == [cfg.org]
+    # a paced claim of more than one CRM read takes whole reads only; drain() takes all
+    worker.spacing[cfg.org], worker.batch_size = 0.0, 7
+    worker.read_units[cfg.org] = 2
+    with engine.begin() as conn:
+        store_events(
+            conn, cfg, [f"u{i}" for i in range(5)], [hs.add_record("contacts") for _ in range(5)]
+        )
+    assert worker.drain_once([cfg.org], started=70.0) == 4  # two whole reads of 2
+    assert worker.drain_once([cfg.org], started=71.0) == 1  # what is left fits one read
+    with engine.begin() as conn:
+        store_events(
+            conn, cfg, [f"v{i}" for i in range(5)], [hs.add_record("contacts") for _ in range(5)]
+        )
+    assert worker.drain_once() == 5
+    assert worker.read_units == {cfg.org: 2}
     # by default the spacing comes from the org's budget
     default = InboxWorker(engine, configs, {}, adapters.get, Metrics(engine, configs), batch_size=3)
-    assert default.spacing == {cfg.org: org_pacing(cfg.crm).inbox_s}
+    assert default.spacing == {cfg.org: org_pacing(cfg.crm).cycle_s}
+    assert default.read_units == {cfg.org: HUBSPOT_READ_UNIT}
+
+
+def _outbox_states(engine: Engine) -> dict[str, int]:
+    with engine.connect() as conn:
+        return dict(conn.execute(text("SELECT state, count(*) FROM outbox GROUP BY state")).all())
+
+
+def test_a_nudged_dispatcher_writes_after_the_inbox_round_not_before(
+    engine: Engine, hs: HubSpotSandbox
+) -> None:
+    """`connector run`: after a partial round a dispatcher with a nudge waits for it (here the
+    poll is an hour, so only the nudge can wake it), then writes what the round routed."""
+    owners = [hs.add_owner(f"Rep{i}") for i in range(2)]
+    cfg = hubspot_org(hs, owners)
+    apply_teams(engine, cfg)
+    router = Router(engine, cfg)
+    nudges = Nudges()
+    d = Dispatcher(
+        engine,
+        cfg.org,
+        adapter_for(cfg),
+        intake_owner_ids=cfg.intake_owner_ids,
+        nudge=nudges.listener(cfg.org),
+    )
+    stop = threading.Event()
+    rounds: list[int] = []
+    t = threading.Thread(
+        target=d.run_forever,
+        kwargs={
+            "stop": stop,
+            "poll_interval": 3600,
+            "on_stats": lambda s: rounds.append(s.claimed),
+        },
+    )
+    first = [hs.add_record("contacts") for _ in range(3)]
+    router.assign_many([Lead(i, {}) for i in first], "import")
+    nudges.nudge(cfg.org)  # the first round goes at once
+    t.start()
+    try:
+        wait_until(lambda: _outbox_states(engine) == {"sent": 3}, 30, "the first round sent")
+        later = [hs.add_record("contacts") for _ in range(2)]
+        router.assign_many([Lead(i, {}) for i in later], "import")
+        assert _outbox_states(engine) == {"sent": 3, "pending": 2}  # waiting for the nudge
+        assert rounds == [3]
+        nudges.nudge(cfg.org)
+        wait_until(lambda: _outbox_states(engine) == {"sent": 5}, 30, "the nudged round sent")
+        assert rounds == [3, 2]
+    finally:
+        stop.set()
+        nudges.nudge(cfg.org)
+        t.join(10)
+    assert not t.is_alive()

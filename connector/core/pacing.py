@@ -1,17 +1,18 @@
 """How often the pipeline calls a CRM while leads trickle in, derived from the org's budget.
 
 Under a trickle every CRM call carries whatever arrived since the last one, so the spacing
-between calls sets both the latency it adds and the calls it spends. Each lead costs three
-calls, each shared by its batch: the inbox worker's read back (one call per claim) and the
-dispatcher's owner read and owner write (two calls per round). With the inbox claiming every
-``inbox_s`` and the org's dispatchers starting a round every ``dispatch_s``, a lead waits up to
-``inbox_s + dispatch_s`` (plus the work itself) and the org spends
-``1/inbox_s + 2/dispatch_s`` calls a second, whatever the arrival rate, until batches fill up.
+of the calls sets both the latency they add and the calls they spend. A cycle of the pipeline
+costs three calls, each shared by the cycle's leads: the inbox worker's read back (one per
+claim), then the dispatcher's owner read and owner write (two per round). The inbox starts a
+claim at most every ``cycle_s``, and so does each org's dispatching (org-wide), so a trickle
+costs at most ``3 / cycle_s`` calls a second, whatever its rate, until batches fill up; the
+pipeline takes ``SHARE`` of the budget and leaves the rest to the poller, the owner sync,
+reassignment and the operator's commands.
 
-For a budget of C calls a second, the smallest ``inbox_s + dispatch_s`` with
-``1/inbox_s + 2/dispatch_s = C`` is at ``dispatch_s = sqrt(2) * inbox_s`` (Lagrange), so
-``inbox_s = (1 + sqrt(2)) / C``. The pipeline takes ``SHARE`` of the budget and leaves the
-rest to the poller, the owner sync, reassignment and the operator's commands.
+In one process (``connector run``) the inbox worker nudges the org's dispatchers as soon as a
+round has committed its owner writes (``Nudges``), so a lead waits at most one cycle plus the
+work itself. Dispatchers in another process (``connector dispatch``) cannot be nudged; they
+start a round every ``cycle_s`` (``Spacer``), which can add up to one more cycle.
 
 A backlog (a full claim, a full request) is not spaced: it goes at once and the client-side
 rate limiter keeps it under the budget.
@@ -27,7 +28,17 @@ from dataclasses import dataclass
 
 from connector.core.config import HubSpotCrm, SalesforceCrm
 
-__all__ = ["NOMINAL_CALLS_PER_S", "SHARE", "Pacing", "Spacer", "org_pacing", "pacing_for"]
+__all__ = [
+    "CALLS_PER_CYCLE",
+    "HUBSPOT_READ_UNIT",
+    "NOMINAL_CALLS_PER_S",
+    "SHARE",
+    "Nudges",
+    "Pacing",
+    "Spacer",
+    "org_pacing",
+    "pacing_for",
+]
 
 SHARE = 0.8
 # Salesforce counts API requests per 24 hours, not per 10 seconds: its orgs are paced like
@@ -35,28 +46,59 @@ SHARE = 0.8
 NOMINAL_CALLS_PER_S = 10.0
 
 
+CALLS_PER_CYCLE = 3  # read back, owner read, owner write
+
+
 @dataclass(frozen=True)
 class Pacing:
-    """Seconds between the starts of two partial inbox claims / two partial dispatcher
-    rounds of one org (the dispatcher figure is org-wide, shared by its dispatchers)."""
+    """Seconds between the starts of two partial inbox claims of an org, and between two
+    partial dispatcher rounds of the org (org-wide in a process)."""
 
-    inbox_s: float
-    dispatch_s: float
+    cycle_s: float
+    # The records one read-back call carries: a paced claim of more than this many events
+    # takes whole reads only (1: any number).
+    read_unit: int = 1
 
 
-def pacing_for(calls_per_s: float, share: float = SHARE) -> Pacing:
-    """The spacing that spends ``share`` of ``calls_per_s`` with the least added latency."""
+# HubSpot's batch read takes 100 ids a call.
+HUBSPOT_READ_UNIT = 100
+
+
+def pacing_for(calls_per_s: float, share: float = SHARE, read_unit: int = 1) -> Pacing:
+    """The cycle that spends at most ``share`` of ``calls_per_s`` under a trickle."""
     if not calls_per_s > 0 or not 0 < share <= 1:
         raise ValueError("calls_per_s must be > 0 and share in (0, 1]")
-    inbox = (1 + math.sqrt(2)) / (calls_per_s * share)
-    return Pacing(inbox_s=inbox, dispatch_s=math.sqrt(2) * inbox)
+    return Pacing(cycle_s=CALLS_PER_CYCLE / (calls_per_s * share), read_unit=read_unit)
 
 
 def org_pacing(crm: SalesforceCrm | HubSpotCrm) -> Pacing:
-    """HubSpot: from its ``limit_per_10s``; Salesforce: from the nominal budget."""
+    """HubSpot: from its ``limit_per_10s``, whole batch reads; Salesforce: from the nominal
+    budget (its reads are queries of up to a few hundred ids, its budget counts per day)."""
     if isinstance(crm, HubSpotCrm):
-        return pacing_for(crm.limit_per_10s / 10.0)
+        return pacing_for(crm.limit_per_10s / 10.0, read_unit=HUBSPOT_READ_UNIT)
     return pacing_for(NOMINAL_CALLS_PER_S)
+
+
+class Nudges:
+    """Per org, the events of its dispatchers in this process; the inbox worker sets them
+    when a round has committed owner writes, so the writes go out in the same cycle."""
+
+    def __init__(self) -> None:
+        self._events: dict[str, list[threading.Event]] = {}
+        self._lock = threading.Lock()
+
+    def listener(self, org: str) -> threading.Event:
+        """A new event for one dispatcher of ``org``."""
+        event = threading.Event()
+        with self._lock:
+            self._events.setdefault(org, []).append(event)
+        return event
+
+    def nudge(self, org: str) -> None:
+        with self._lock:
+            events = list(self._events.get(org, ()))
+        for event in events:
+            event.set()
 
 
 class Spacer:

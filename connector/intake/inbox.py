@@ -317,10 +317,15 @@ class InboxWorker:
         # covers what arrived meanwhile (HubSpot's budget counts calls: one read per delivery
         # at 100 req/s would exhaust it). From the org's budget (connector.core.pacing).
         self.spacing = {
-            org: (spacing or {}).get(org, org_pacing(cfg.crm).inbox_s)
+            org: (spacing or {}).get(org, org_pacing(cfg.crm).cycle_s)
             for org, cfg in self.configs.items()
         }
+        # ...and a paced claim of more than one CRM read takes whole reads only.
+        self.read_units = {org: org_pacing(cfg.crm).read_unit for org, cfg in self.configs.items()}
         self._next_claim = dict.fromkeys(self.configs, -math.inf)
+        # Called with the org after a round committed its routing (``connector run`` nudges
+        # the org's dispatchers with it, see connector.core.pacing.Nudges).
+        self.on_routed: Callable[[str], None] | None = None
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -368,12 +373,14 @@ class InboxWorker:
         """
         handled = 0
         for org in sorted(orgs if orgs is not None else self.configs):
-            rows = self._claim(org)
+            rows = self._claim(org, self.read_units[org] if started is not None else 1)
             if rows:
                 if started is not None and len(rows) < self.batch_size:
                     self._next_claim[org] = started + self.spacing[org]
                 self._process(self.configs[org], rows)
                 handled += len(rows)
+                if self.on_routed is not None:
+                    self.on_routed(org)
         return handled
 
     def drain(self, rounds: int = 1000) -> int:
@@ -386,7 +393,8 @@ class InboxWorker:
                 break
         return total
 
-    def _claim(self, org: str) -> list[InboxRow]:
+    def _claim(self, org: str, unit: int = 1) -> list[InboxRow]:
+        """Claim up to ``batch_size`` ready events; beyond ``unit``, whole units only."""
         with self.engine.begin() as conn:
             result = conn.execute(
                 SQL["claim"],
@@ -395,6 +403,7 @@ class InboxWorker:
                     "worker": self.worker_id,
                     "lease_seconds": self.lease_seconds,
                     "limit": self.batch_size,
+                    "unit": unit,
                 },
             ).all()
         return [InboxRow(r.id, r.crm_id) for r in result]

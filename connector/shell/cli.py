@@ -297,7 +297,7 @@ def cmd_dispatch(args: argparse.Namespace) -> int:
             adapter_for(cfg),
             lease_seconds=args.lease_seconds,
             intake_owner_ids=cfg.intake_owner_ids,
-            spacer=Spacer(org_pacing(cfg.crm).dispatch_s),
+            spacer=Spacer(org_pacing(cfg.crm).cycle_s),
         )
         for cfg in orgs
     ]

@@ -32,6 +32,7 @@ import httpx
 from sqlalchemy import Engine, text
 
 from connector.core.config import OrgConfig, load_configs
+from connector.core.pacing import Nudges
 from connector.intake.accounts_sync import refresh_accounts
 from connector.intake.receivers import create_app
 from connector.intake.signatures import sign_v3
@@ -388,8 +389,10 @@ def run_demo(sf_leads: int = 600, hs_leads: int = 400, senders: int = 16) -> int
         app = create_app(engine, configs, adapters=adapters.get)
         sf_url = f"/webhooks/salesforce/demo-sf/{ENV['DEMO_SF_OUTBOUND_SECRET']}"
         with serve_in_thread(app) as base, httpx.Client(timeout=30) as client:
+            nudges = Nudges()
+            app.state.inbox_worker.on_routed = nudges.nudge
             threads = start_dispatchers(
-                engine, configs, adapters, stop, per_org=2, metrics=app.state.metrics
+                engine, configs, adapters, stop, per_org=2, metrics=app.state.metrics, nudges=nudges
             )
             forged = forge_outbound_messages(client, base, sf_person)
             pushed = sf_ids[: int(sf_leads * 0.8)] + sf_person  # the rest only the poll finds

@@ -29,7 +29,7 @@ from starlette.applications import Starlette
 
 from connector.core.config import OrgConfig
 from connector.core.metrics import Metrics
-from connector.core.pacing import Spacer, org_pacing
+from connector.core.pacing import Nudges, Spacer, org_pacing
 from connector.intake.http_server import build_server
 from connector.intake.poller import Poller
 from connector.shell.adapters import Adapters
@@ -171,10 +171,13 @@ def start_dispatchers(
     per_org: int = 2,
     metrics: Metrics | None = None,
     lease_seconds: float = 60.0,
+    nudges: Nudges | None = None,
 ) -> list[threading.Thread]:
+    """``per_org`` dispatcher threads per org. With ``nudges`` (an inbox worker in this
+    process), a dispatcher goes right after the worker's round instead of on its spacer."""
     threads = []
     for cfg in configs.values():
-        spacer = Spacer(org_pacing(cfg.crm).dispatch_s)  # one per org: rounds spaced org-wide
+        spacer = Spacer(org_pacing(cfg.crm).cycle_s)  # one per org: rounds spaced org-wide
         for i in range(per_org):
             d = Dispatcher(
                 engine,
@@ -183,6 +186,7 @@ def start_dispatchers(
                 lease_seconds=lease_seconds,
                 intake_owner_ids=cfg.intake_owner_ids,
                 spacer=spacer,
+                nudge=nudges.listener(cfg.org) if nudges is not None else None,
             )
             t = threading.Thread(
                 target=d.run_forever,
@@ -278,9 +282,20 @@ def run_service(
         if receiver
         else None
     )
+    # The inbox worker wakes this process's dispatchers when its round has owner writes.
+    nudges = Nudges() if dispatch and app is not None else None
+    if nudges is not None and app is not None and app.state.inbox_worker is not None:
+        app.state.inbox_worker.on_routed = nudges.nudge
     threads = (
         start_dispatchers(
-            engine, configs, adapters, stop, dispatchers_per_org, metrics, lease_seconds or 60.0
+            engine,
+            configs,
+            adapters,
+            stop,
+            dispatchers_per_org,
+            metrics,
+            lease_seconds or 60.0,
+            nudges=nudges,
         )
         if dispatch
         else []

@@ -128,6 +128,7 @@ class Dispatcher:
         intake_owner_ids: Sequence[str],
         auth_pause_seconds: float = 60.0,
         spacer: Spacer | None = None,
+        nudge: threading.Event | None = None,
         rng: Callable[[], float] = random.random,
     ) -> None:
         self.engine = engine
@@ -140,9 +141,11 @@ class Dispatcher:
         self.backoff_base = backoff_base
         self.backoff_cap = backoff_cap
         self.auth_pause_seconds = auth_pause_seconds
-        # Spaces the starts of partial rounds; the org's dispatchers in one process share
-        # one (connector.core.pacing). Alone, a dispatcher paces as a default budget.
-        self.spacer = spacer or Spacer(pacing_for(NOMINAL_CALLS_PER_S).dispatch_s)
+        # After a partial round: wait for the inbox worker's nudge when it runs in this
+        # process (the next owner writes come from its next round), else for a turn on the
+        # spacer, which the org's dispatchers in one process share (connector.core.pacing).
+        self.nudge = nudge
+        self.spacer = spacer or Spacer(pacing_for(NOMINAL_CALLS_PER_S).cycle_s)
         self.rng = rng
 
     @property
@@ -377,16 +380,23 @@ class Dispatcher:
     ) -> None:
         """Claim and write until ``stop`` is set; a round in progress is finished first.
 
-        After a round that was not full, the next one waits for its turn on the spacer: under
-        a steady trickle that turns many tiny requests into few fuller ones (CRM quotas count
-        requests), for at most the spacing of added latency. A full round goes on at once.
+        After a round that was not full, the next one waits for the inbox worker's nudge (or
+        ``poll_interval``, for rows from elsewhere and retries coming due) when there is one,
+        else for its turn on the spacer: under a steady trickle that turns many tiny requests
+        into few fuller ones (CRM quotas count requests). A full round goes on at once.
         """
         full = False
         while not stop.is_set():
             if not full:
-                wait = self.spacer.reserve()
-                if wait > 0 and stop.wait(wait):
-                    break
+                if self.nudge is not None:
+                    self.nudge.wait(poll_interval)
+                    self.nudge.clear()
+                    if stop.is_set():
+                        break
+                else:
+                    wait = self.spacer.reserve()
+                    if wait > 0 and stop.wait(wait):
+                        break
             try:
                 stats = self.run_once()
                 if on_stats is not None:
@@ -397,7 +407,7 @@ class Dispatcher:
                 stop.wait(1.0)
                 continue
             full = stats.claimed >= self.adapter.max_batch
-            if not stats.claimed:
+            if not stats.claimed and self.nudge is None:
                 stop.wait(poll_interval)
 
 
