@@ -22,9 +22,10 @@ ON CONFLICT (org, event_key) DO NOTHING
 RETURNING org, event_key
 
 -- name: claim
--- Up to :limit ready events, oldest first. When more than :unit (the CRM's read batch) are
--- ready, only whole batches are claimed and the rest waits for the next round, so that a
--- paced trickle never pays a CRM call for a few left-over records (:unit 1 claims them all).
+-- Up to :limit ready events from id :floor up, oldest first (connector/intake/floor.py says
+-- why the floor, and how nothing below it is lost). When more than :unit (the CRM's read
+-- batch) are ready, only whole batches are claimed and the rest waits for the next round, so
+-- that a paced trickle never pays a CRM call for a few left-over records (:unit 1: all).
 UPDATE intake_events i
 SET state = 'claimed', claimed_by = :worker, attempts = i.attempts + 1,
     lease_until = now() + make_interval(secs => :lease_seconds)
@@ -33,9 +34,8 @@ WHERE i.id IN (
         SELECT c.id, row_number() OVER (ORDER BY c.id) AS n, count(*) OVER () AS total
         FROM (
             SELECT id FROM intake_events
-            WHERE org = :org
-              AND ((state = 'pending' AND available_at <= now())
-                   OR (state = 'claimed' AND lease_until < now()))
+            WHERE org = :org AND state = 'pending' AND id >= :floor
+              AND available_at <= now()
             ORDER BY id
             LIMIT :limit
             FOR UPDATE SKIP LOCKED
@@ -44,6 +44,14 @@ WHERE i.id IN (
     WHERE r.total <= :unit OR r.n <= r.total - r.total % :unit
 )
 RETURNING i.id, i.crm_id, i.source, i.attempts
+
+-- name: rescue_expired
+-- Claims whose worker died or stalled past its lease are pending again (under their ids); a
+-- late result of that worker no longer matches `finish` (claimed_by is cleared).
+UPDATE intake_events
+SET state = 'pending', claimed_by = NULL, lease_until = NULL
+WHERE org = :org AND state = 'claimed' AND lease_until < now()
+RETURNING id
 
 -- name: already_routed
 SELECT crm_id FROM leads
@@ -72,6 +80,7 @@ SET attempts = attempts - CASE WHEN CAST(:rate_limited AS boolean) THEN 1 ELSE 0
         least(CAST(:max_delay AS float8), CAST(:base_delay AS float8) * 2 ^ (attempts - 1)))),
     lease_until = NULL, last_error = :error
 WHERE id = ANY(CAST(:ids AS bigint[])) AND state = 'claimed' AND claimed_by = :worker
+RETURNING id, state, EXTRACT(EPOCH FROM available_at - now())::float8 AS due_in
 
 -- name: record_skips
 -- A record that got routed meanwhile (another path won the race) is not a skip.

@@ -23,7 +23,8 @@ INSERT INTO schema_migrations (version, name) VALUES
     (13, 'outbox_lead_received_at'),
     (14, 'route_lead'),
     (15, 'queue_autovacuum'),
-    (16, 'catch_up_heavy_reps');
+    (16, 'catch_up_heavy_reps'),
+    (17, 'inbox_claim_floor');
 
 -- 0001_routing.sql
 -- Routing state: teams, members, leads, assignments and the write-back outbox.
@@ -800,3 +801,9 @@ ALTER TABLE outbox SET (
 -- 0016_catch_up_heavy_reps.sql
 -- rotation_pick (above, as it now reads): K applies only to reps whose share is at most K of
 -- every K+1 leads.
+
+-- 0017_inbox_claim_floor.sql
+-- The inbox claim reads pending events in id order from a floor id up: its index is in id
+-- order (it replaces the one created above).
+DROP INDEX intake_events_pending;
+CREATE INDEX intake_events_pending ON intake_events (org, id) WHERE state = 'pending';

@@ -37,6 +37,7 @@ from connector.core.config import OrgConfig
 from connector.core.errors import AsyncPool, DatabaseError, DatabaseUnavailable
 from connector.core.metrics import Metrics
 from connector.core.pacing import org_pacing
+from connector.intake.floor import ClaimFloor
 from connector.intake.verify import Verdict, judge_all, readable_ids
 from connector.routing.assign import Outcome, Router, RoutingError
 from crm_adapters.base import CrmAdapter, RateLimitedError
@@ -48,6 +49,10 @@ INSERT_EVENTS_NOW = db.pyformat(db.queries("inbox")["insert_events"])
 INSERT_EVENT_BATCH = db.pyformat(db.queries("inbox")["insert_event_batch"])
 
 SOURCE_BY_KIND = {"salesforce": "salesforce_outbound", "hubspot": "hubspot_webhook"}
+# An event inserted this long after a later id was claimed can be passed by the claim floor
+# (and is then claimed by the next full claim): an insert takes milliseconds, and the
+# receivers give up on one after 10 s (EventWriter.store_timeout).
+FLOOR_LAG_S = 15.0
 INBOX_STATES = ("pending", "claimed", "done", "skipped", "dead")
 
 AdapterSource = Callable[[str], CrmAdapter]
@@ -323,6 +328,13 @@ class InboxWorker:
         # ...and a paced claim of more than one CRM read takes whole reads only.
         self.read_units = {org: org_pacing(cfg.crm).read_unit for org, cfg in self.configs.items()}
         self._next_claim = dict.fromkeys(self.configs, -math.inf)
+        # Where each org's claim starts reading (connector/intake/floor.py); a full claim
+        # from the start, which also frees expired leases, at least every 30 s (a quarter of
+        # the lease when that is shorter).
+        self.floors = {
+            org: ClaimFloor(lag=FLOOR_LAG_S, full_every=min(30.0, lease_seconds / 4))
+            for org in self.configs
+        }
         # Called with the org after a round committed its routing (``connector run`` nudges
         # the org's dispatchers with it, see connector.core.pacing.Nudges).
         self.on_routed: Callable[[str], None] | None = None
@@ -373,7 +385,8 @@ class InboxWorker:
         """
         handled = 0
         for org in sorted(orgs if orgs is not None else self.configs):
-            rows = self._claim(org, self.read_units[org] if started is not None else 1)
+            paced = started is not None
+            rows = self._claim(org, self.read_units[org] if paced else 1, full=not paced)
             if rows:
                 if started is not None and len(rows) < self.batch_size:
                     self._next_claim[org] = started + self.spacing[org]
@@ -393,9 +406,24 @@ class InboxWorker:
                 break
         return total
 
-    def _claim(self, org: str, unit: int = 1) -> list[InboxRow]:
-        """Claim up to ``batch_size`` ready events; beyond ``unit``, whole units only."""
+    def _claim(self, org: str, unit: int = 1, full: bool = False) -> list[InboxRow]:
+        """Claim up to ``batch_size`` ready events; beyond ``unit``, whole units only. From
+        the org's floor up, or with ``full`` (or when the floor says it is time) from the
+        start, after freeing expired leases."""
+        floors = self.floors[org]
+        floor, due = floors.next_claim()
+        if full and not due:
+            floor, due = 0, True
         with self.engine.begin() as conn:
+            if due:
+                rescued = [r.id for r in conn.execute(SQL["rescue_expired"], {"org": org})]
+                if rescued:
+                    log.warning(
+                        "inbox: %d events of org %s had an expired claim; pending again",
+                        len(rescued),
+                        org,
+                    )
+                    floors.rescued(rescued)
             result = conn.execute(
                 SQL["claim"],
                 {
@@ -404,18 +432,24 @@ class InboxWorker:
                     "lease_seconds": self.lease_seconds,
                     "limit": self.batch_size,
                     "unit": unit,
+                    "floor": floor,
                 },
             ).all()
+        floors.claimed((r.id for r in result), due)
         return [InboxRow(r.id, r.crm_id) for r in result]
 
     def _retry_later(
-        self, rows: list[InboxRow], error: str, limited: RateLimitedError | None = None
+        self,
+        org: str,
+        rows: list[InboxRow],
+        error: str,
+        limited: RateLimitedError | None = None,
     ) -> None:
         """Back off (dead after max_attempts), or, over a CRM quota, wait its Retry-After
         without spending an attempt."""
         try:
             with self.engine.begin() as conn:
-                conn.execute(
+                back = conn.execute(
                     SQL["retry_later"],
                     {
                         "ids": [r.id for r in rows],
@@ -427,7 +461,9 @@ class InboxWorker:
                         "rate_limited": limited is not None,
                         "delay": limited.retry_after if limited is not None else None,
                     },
-                )
+                ).all()
+            # pending again under their old ids: the floor must not pass them
+            self.floors[org].rescheduled((r.id, r.due_in) for r in back if r.state == "pending")
         except DatabaseError as exc:
             log.warning("inbox: cannot reschedule (%s); the lease will", type(exc).__name__)
 
@@ -442,7 +478,7 @@ class InboxWorker:
             self.metrics.crm_errors.labels(cfg.org, code).inc()
             log.warning("inbox: CRM read for org %s failed (%s); will retry", cfg.org, code)
             limited = exc if isinstance(exc, RateLimitedError) else None
-            self._retry_later(rows, f"CRM read failed: {code}", limited)
+            self._retry_later(cfg.org, rows, f"CRM read failed: {code}", limited)
             return
         if checked:
             self.metrics.crm_calls.labels(cfg.org, "fetch_records").inc()
@@ -476,7 +512,7 @@ class InboxWorker:
             # Rolled back; back off (and dead-letter after max_attempts). If even that fails
             # (database down), the lease expires and another claim rescues the rows.
             log.warning("inbox: routing for org %s failed: %s", cfg.org, type(exc).__name__)
-            self._retry_later(rows, f"routing failed: {type(exc).__name__}")
+            self._retry_later(cfg.org, rows, f"routing failed: {type(exc).__name__}")
             return
         count_outcomes(self.metrics, cfg.org, source, outcomes)
         for v in skips:

@@ -1,0 +1,83 @@
+"""Where an org's inbox claim starts reading pending events (pure; the worker holds one per org).
+
+A snapshot held open (a long report, a forgotten ``BEGIN``) keeps every row version a claim
+has left behind, and its index entries: no vacuum may remove what the snapshot might still
+read. A claim that reads the pending events "oldest first" from the start of the index steps
+over every event claimed since that snapshot began, a cost that grows all the while the
+snapshot stays open. Starting at a *floor* id skips them: the index is in id order, so the
+scan begins past the entries of events already claimed.
+
+Ids come from a sequence in insert order, but an insert can commit after a later id was
+claimed, and an event can become pending again under an old id. So:
+
+* the floor only passes the ids of claims made at least ``lag`` seconds ago (an insert takes
+  milliseconds; the receivers give up on one after 10 s);
+* an event this worker rescheduled (a failed CRM read) keeps the floor at or below its id
+  until a claim takes it again or it has been due for a whole ``full_every``;
+* every ``full_every`` seconds a claim reads from the start (floor 0) and frees the claims of
+  workers whose lease expired. Whatever the floor passed (an insert slower than the lag,
+  another process's retry, a dead event requeued by ``connector inbox retry``) is claimed by
+  one of these, oldest first: later, never lost.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+
+__all__ = ["ClaimFloor"]
+
+
+class ClaimFloor:
+    """One org's floor; not thread-safe (the worker's loop is its only user)."""
+
+    def __init__(
+        self, lag: float, full_every: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        if lag < 0 or full_every <= 0:
+            raise ValueError("lag must be >= 0 and full_every > 0")
+        self.lag = lag
+        self.full_every = full_every
+        self._clock = clock
+        self._full_at = -float("inf")
+        self._safe = 0  # every event with an id up to this was claimed (or not ready then)
+        self._marks: deque[tuple[float, int]] = deque()  # (when, highest id claimed)
+        self._retried: dict[int, float] = {}  # id -> when it is due again
+
+    def next_claim(self) -> tuple[int, bool]:
+        """(the lowest id to read, whether this claim is a full one from the start)."""
+        now = self._clock()
+        if now >= self._full_at:
+            return 0, True
+        while self._marks and self._marks[0][0] <= now - self.lag:
+            self._safe = max(self._safe, self._marks.popleft()[1])
+        floor = self._safe + 1
+        if self._retried:
+            floor = min(floor, min(self._retried))
+        return floor, False
+
+    def claimed(self, ids: Iterable[int], full: bool) -> None:
+        """Record a claim's ids (possibly none); ``full`` as returned by ``next_claim``."""
+        now = self._clock()
+        got = list(ids)
+        if full:
+            self._full_at = now + self.full_every
+            # due before the previous full claim: a full claim has had its chance at them
+            stale = [i for i, due in self._retried.items() if due <= now - self.full_every]
+            for i in stale:
+                del self._retried[i]
+        for i in got:
+            self._retried.pop(i, None)
+        if got:
+            self._marks.append((now, max(got)))
+
+    def rescheduled(self, ids_due_in: Iterable[tuple[int, float]]) -> None:
+        """Events this worker set back to pending, each due in so many seconds."""
+        now = self._clock()
+        for i, due_in in ids_due_in:
+            self._retried[i] = now + max(due_in, 0.0)
+
+    def rescued(self, ids: Iterable[int]) -> None:
+        """Events whose claim had expired, pending again under their old ids."""
+        self.rescheduled((i, 0.0) for i in ids)
