@@ -380,22 +380,29 @@ class Dispatcher:
     ) -> None:
         """Claim and write until ``stop`` is set; a round in progress is finished first.
 
-        After a round that was not full, the next one waits for the inbox worker's nudge (or
-        ``poll_interval``, for rows from elsewhere and retries coming due) when there is one,
-        else for its turn on the spacer: under a steady trickle that turns many tiny requests
-        into few fuller ones (CRM quotas count requests). A full round goes on at once.
+        After a round that was not full, the next one waits for the inbox worker's nudge when
+        there is one (or ``poll_interval``, for rows from elsewhere and retries coming due),
+        and a round not started by a nudge waits for its turn on the spacer: under a steady
+        trickle that turns many tiny requests into few fuller ones (CRM quotas count
+        requests). A full round goes on at once.
         """
         full = False
         while not stop.is_set():
             if not full:
-                if self.nudge is not None:
-                    self.nudge.wait(poll_interval)
-                    self.nudge.clear()
-                    if stop.is_set():
-                        break
-                else:
+                if self.nudge is None:
                     wait = self.spacer.reserve()
                     if wait > 0 and stop.wait(wait):
+                        break
+                else:
+                    # A nudged round goes at once (the inbox's rounds are paced already) but
+                    # takes its turn, so rounds started by the poll, for rows from elsewhere
+                    # (an import, a retry), stay a cycle apart; a nudge cuts that wait short.
+                    nudged = self.nudge.wait(poll_interval)
+                    wait = self.spacer.reserve()
+                    if not nudged and wait > 0:
+                        self.nudge.wait(wait)
+                    self.nudge.clear()
+                    if stop.is_set():
                         break
             try:
                 stats = self.run_once()
