@@ -195,6 +195,12 @@ def test_check_config_says_when_max_in_a_row_cannot_apply_to_a_heavy_rep() -> No
         "max_in_a_row to at least 6 to limit it"
     ]
     assert cfg("    catch_up: {max_in_a_row: 6}", ", weight: 5").warnings()[2:] == []
+    huge = cfg("    catch_up: {max_in_a_row: 1}", ", weight: 1000").warnings()[2:]
+    assert huge == [
+        "team a: max_in_a_row 1 does not apply to Ada (weight 1000 of 1001 is more than 1 of "
+        "every 2 leads): back from time away it catches up without a limit on leads in a row; "
+        "no max_in_a_row up to 1000 can limit it"
+    ]
 
 
 NY = parse_hours({"timezone": "America/New_York", "mon-fri": "09:00-17:30", "sun": "22:00-24:00"})

@@ -78,6 +78,32 @@ def test_a_reschedule_another_worker_took_is_forgotten_after_a_full_claim() -> N
     assert f.next_claim() == (21, False)
 
 
+def test_a_full_claim_that_comes_back_full_is_followed_by_a_sweep() -> None:
+    """Events below the floor (say 5 requeued after an outage) drain at the worker's pace:
+    the claims after a full one go on from where it stopped until one comes back short."""
+    clock = Clock()
+    f = ClaimFloor(lag=0, full_every=30, clock=clock)
+    f.claimed([900], full=f.next_claim()[1])
+    assert f.next_claim() == (901, False) and not f.sweeping
+    clock.now += 30
+    assert f.next_claim() == (0, True)
+    f.claimed([1, 2], full=True, exhausted=False)  # the batch was full: there may be more
+    assert f.sweeping and f.next_claim() == (3, False)
+    f.claimed([3, 4], full=False, exhausted=False)
+    assert f.next_claim() == (5, False)
+    f.claimed([5], full=False, exhausted=True)  # short: the sweep is over
+    assert not f.sweeping and f.next_claim() == (901, False)
+
+
+def test_a_sweep_ends_where_the_floor_is() -> None:
+    clock = Clock()
+    f = ClaimFloor(lag=0, full_every=30, clock=clock)
+    f.claimed([10, 11], full=f.next_claim()[1], exhausted=False)
+    assert f.sweeping
+    assert f.next_claim() == (12, False)  # the sweep's start is the floor itself
+    assert not f.sweeping
+
+
 def test_bad_settings_are_refused() -> None:
     for lag, every in [(-1, 30), (0, 0), (5, -1)]:
         with pytest.raises(ValueError, match="lag must be >= 0 and full_every > 0"):
@@ -130,6 +156,24 @@ def test_an_insert_committed_after_a_later_id_was_claimed_is_claimed_by_a_full_c
     clock.now += 60
     assert w.drain_once([org], started=3.0) == 1  # the next full claim takes it
     assert states(engine) == {"slow": "done", "fast": "done"}
+
+
+def test_events_below_the_floor_drain_in_a_sweep_not_a_batch_per_full_claim(
+    engine: Engine, hs: HubSpotSandbox
+) -> None:
+    w, org = worker_for(engine, hs, batch_size=2)
+    clock = Clock()
+    w.floors[org] = floor = ClaimFloor(lag=0, full_every=3600, clock=clock)
+    floor.claimed([10**9], full=floor.next_claim()[1])  # the floor is far above them
+    for key in "abcde":  # e.g. dead events requeued by `connector inbox retry`
+        store(engine, w, org, key, hs)
+    assert w.drain_once([org], started=1.0) == 0
+    clock.now += 3600
+    assert w.drain_once([org], started=2.0) == 2  # the full claim, full
+    assert w.drain_once([org], started=3.0) == 2  # the sweep goes on at once
+    assert w.drain_once([org], started=4.0) == 1
+    assert set(states(engine).values()) == {"done"}
+    assert not floor.sweeping and floor.next_claim() == (10**9 + 1, False)
 
 
 def test_a_rescheduled_event_comes_back_before_any_full_claim(

@@ -76,6 +76,12 @@ def test_a_shared_spacer_spaces_rounds_org_wide() -> None:
     assert s.reserve() == 0.0
     clock.now += 0.2
     assert s.reserve() == pytest.approx(0.3)  # never closer than the interval to the last
+    # Nudged rounds start at once and book no later turn: however many, the next round
+    # started by a poll waits at most one interval (it used to drift a cycle per nudge).
+    clock.now += 5.0
+    for _ in range(10):
+        s.note()
+    assert s.reserve() == pytest.approx(0.5)
 
 
 def test_nudges_wake_every_dispatcher_of_the_org_only() -> None:
@@ -84,6 +90,8 @@ def test_nudges_wake_every_dispatcher_of_the_org_only() -> None:
     n.nudge("a")
     assert a1.is_set() and a2.is_set() and not b.is_set()
     n.nudge("nobody")  # an org without dispatchers here: nothing to wake
+    n.wake_all()
+    assert b.is_set()
 
 
 def test_the_inbox_spaces_partial_claims_only(engine: Engine, hs: HubSpotSandbox) -> None:
@@ -111,8 +119,8 @@ def test_the_inbox_spaces_partial_claims_only(engine: Engine, hs: HubSpotSandbox
     assert worker._next_claim[cfg.org] == -math.inf
     assert worker.drain_once([cfg.org], started=51.0) == 1  # partial: spaced
     assert worker._next_claim[cfg.org] == 58.0
-    assert worker.drain_once([cfg.org], started=52.0) == 0  # nothing claimed: unchanged
-    assert worker._next_claim[cfg.org] == 58.0
+    assert worker.drain_once([cfg.org], started=52.0) == 0  # an empty claim is spaced too
+    assert worker._next_claim[cfg.org] == 59.0
     # a round that routed something tells the org's dispatchers (connector run)
     routed: list[str] = []
     worker.on_routed = routed.append
@@ -189,6 +197,6 @@ def test_a_nudged_dispatcher_writes_after_the_inbox_round_not_before(
         assert rounds == [3, 2]
     finally:
         stop.set()
-        nudges.nudge(cfg.org)
+        nudges.wake_all()  # as the service does when it stops
         t.join(10)
     assert not t.is_alive()

@@ -38,6 +38,7 @@ _URL_USERINFO = re.compile(r"[\w+.-]+://[^:/@]*(?::(?P<password>[^@]*))?@")
 FIELD_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,99}$")
 # The shared secret Salesforce sends as the last path segment of the endpoint URL.
 URL_SECRET = re.compile(r"^[A-Za-z0-9._~-]{24,200}$")
+MAX_IN_A_ROW = 1000  # the largest K of catch_up: {max_in_a_row: K}
 
 
 class ConfigError(Exception):
@@ -49,7 +50,7 @@ class _Model(BaseModel):
 
 
 class CatchUp(_Model):
-    max_in_a_row: Annotated[int, Field(ge=1, le=1000)]
+    max_in_a_row: Annotated[int, Field(ge=1, le=MAX_IN_A_ROW)]
 
 
 class Caps(_Model):
@@ -138,7 +139,7 @@ class Team(_Model):
             and list(value) == ["max_in_a_row"]
             and isinstance(k, int)
             and not isinstance(k, bool)
-            and 1 <= k <= 1000
+            and 1 <= k <= MAX_IN_A_ROW
         ):
             return value
         raise ValueError("expected `none` or `{max_in_a_row: K}` with K from 1 to 1000")
@@ -543,12 +544,17 @@ class OrgConfig(_Model):
                         f"needs more than {m.weight / (total - m.weight):g}"
                     )
                 else:  # more than K of every K+1 leads: K would hold it below its share
+                    need = m.weight // (total - m.weight) + 1
+                    fix = (
+                        f"set max_in_a_row to at least {need} to limit it"
+                        if need <= MAX_IN_A_ROW
+                        else "no max_in_a_row up to 1000 can limit it"
+                    )
                     out.append(
                         f"team {team.name}: max_in_a_row {k} does not apply to {m.name} "
                         f"(weight {m.weight} of {total} is more than {k} of every {k + 1} "
-                        "leads): back from time away it catches up without a limit on "
-                        f"leads in a row; set max_in_a_row to at least "
-                        f"{m.weight // (total - m.weight) + 1} to limit it"
+                        f"leads): back from time away it catches up without a limit on "
+                        f"leads in a row; {fix}"
                     )
         if self.account_matching and not self.poll.enabled:
             out.append(

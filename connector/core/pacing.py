@@ -5,12 +5,13 @@ of the calls sets both the latency they add and the calls they spend. A cycle of
 costs three calls, each shared by the cycle's leads: the inbox worker's read back (one per
 claim), then the dispatcher's owner read and owner write (two per round). The inbox starts a
 claim at most every ``cycle_s``, and so does each org's dispatching (org-wide), so a trickle
-costs at most ``3 / cycle_s`` calls a second, whatever its rate, until batches fill up; the
+costs at most ``3 / cycle_s`` calls a second per process, whatever its rate, until batches
+fill up (replicas each pace themselves, as each keeps its own rate limiter); the
 pipeline takes ``SHARE`` of the budget and leaves the rest to the poller, the owner sync,
 reassignment and the operator's commands.
 
 In one process (``connector run``) the inbox worker nudges the org's dispatchers as soon as a
-round has committed its owner writes (``Nudges``), so a lead waits at most one cycle plus the
+round's routing has committed (``Nudges``), so a lead waits at most one cycle plus the
 work itself. Dispatchers in another process (``connector dispatch``) cannot be nudged; they
 start a round every ``cycle_s`` (``Spacer``), which can add up to one more cycle.
 
@@ -81,7 +82,8 @@ def org_pacing(crm: SalesforceCrm | HubSpotCrm) -> Pacing:
 
 class Nudges:
     """Per org, the events of its dispatchers in this process; the inbox worker sets them
-    when a round has committed owner writes, so the writes go out in the same cycle."""
+    after each round that claimed events (once its routing committed), so the owner writes
+    go out in the same cycle."""
 
     def __init__(self) -> None:
         self._events: dict[str, list[threading.Event]] = {}
@@ -100,6 +102,13 @@ class Nudges:
         for event in events:
             event.set()
 
+    def wake_all(self) -> None:
+        """Wake every dispatcher (at shutdown, after its stop event is set)."""
+        with self._lock:
+            events = [e for es in self._events.values() for e in es]
+        for event in events:
+            event.set()
+
 
 class Spacer:
     """Hands out start times at least ``interval`` seconds apart; thread-safe, so the
@@ -112,6 +121,12 @@ class Spacer:
         self._clock = clock
         self._next = -math.inf
         self._lock = threading.Lock()
+
+    def note(self) -> None:
+        """A round started now without waiting for its turn (a nudged one): the next turn is
+        at least an interval away, and no later turn is booked."""
+        with self._lock:
+            self._next = max(self._next, self._clock() + self.interval)
 
     def reserve(self) -> float:
         """Take the next start time; the seconds to wait until it (0.0: start now)."""

@@ -17,7 +17,9 @@ claimed, and an event can become pending again under an old id. So:
 * every ``full_every`` seconds a claim reads from the start (floor 0) and frees the claims of
   workers whose lease expired. Whatever the floor passed (an insert slower than the lag,
   another process's retry, a dead event requeued by ``connector inbox retry``) is claimed by
-  one of these, oldest first: later, never lost.
+  one of these, oldest first: later, never lost. When such a claim comes back full, the
+  claims after it *sweep* on from where it stopped until one comes back short, so thousands
+  of requeued events drain at the worker's pace, not a batch per ``full_every``.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ class ClaimFloor:
         self._safe = 0  # every event with an id up to this was claimed (or not ready then)
         self._marks: deque[tuple[float, int]] = deque()  # (when, highest id claimed)
         self._retried: dict[int, float] = {}  # id -> when it is due again
+        self._sweep: int | None = None  # where a sweep after a full claim goes on from
 
     def next_claim(self) -> tuple[int, bool]:
         """(the lowest id to read, whether this claim is a full one from the start)."""
@@ -55,10 +58,21 @@ class ClaimFloor:
         floor = self._safe + 1
         if self._retried:
             floor = min(floor, min(self._retried))
+        if self._sweep is not None:
+            if self._sweep >= floor:  # the sweep has reached the floor: done
+                self._sweep = None
+            else:
+                floor = self._sweep
         return floor, False
 
-    def claimed(self, ids: Iterable[int], full: bool) -> None:
-        """Record a claim's ids (possibly none); ``full`` as returned by ``next_claim``."""
+    @property
+    def sweeping(self) -> bool:
+        """Whether the next claim goes on from a full claim that came back full."""
+        return self._sweep is not None
+
+    def claimed(self, ids: Iterable[int], full: bool, exhausted: bool = True) -> None:
+        """Record a claim's ids (possibly none); ``full`` as returned by ``next_claim``;
+        ``exhausted``: it took everything that was ready (fewer than it asked for)."""
         now = self._clock()
         got = list(ids)
         if full:
@@ -67,6 +81,8 @@ class ClaimFloor:
             stale = [i for i, due in self._retried.items() if due <= now - self.full_every]
             for i in stale:
                 del self._retried[i]
+        if full or self._sweep is not None:
+            self._sweep = None if exhausted or not got else max(got) + 1
         for i in got:
             self._retried.pop(i, None)
         if got:

@@ -335,8 +335,9 @@ class InboxWorker:
             org: ClaimFloor(lag=FLOOR_LAG_S, full_every=min(30.0, lease_seconds / 4))
             for org in self.configs
         }
-        # Called with the org after a round committed its routing (``connector run`` nudges
-        # the org's dispatchers with it, see connector.core.pacing.Nudges).
+        # Called with the org after each round that claimed events, once its routing has
+        # committed (``connector run`` nudges the org's dispatchers with it, see
+        # connector.core.pacing.Nudges).
         self.on_routed: Callable[[str], None] | None = None
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._wake = threading.Event()
@@ -362,34 +363,41 @@ class InboxWorker:
     def _run(self) -> None:
         while not self._stop.is_set():
             now = time.monotonic()
+            if not self._next_claim:  # no org configured
+                self._stop.wait(self.poll_interval)
+                continue
             due = [org for org, at in self._next_claim.items() if at <= now]
             if not due:  # every org claimed a moment ago: wait for the first one's turn
                 self._stop.wait(min(self._next_claim.values()) - now)
                 continue
             self._wake.clear()
-            try:
-                done = self.drain_once(due, started=now)
-            except Exception as exc:  # keep the worker alive; the lease rescues claimed rows
-                log.warning("inbox worker: %s", type(exc).__name__)
-                done = 0
+            done = 0
+            for org in due:
+                started = time.monotonic()  # each org's spacing from its own claim
+                try:
+                    done += self.drain_once([org], started=started)
+                except Exception as exc:  # keep the worker alive; a full claim frees leases
+                    log.warning("inbox worker: org %s: %s", org, type(exc).__name__)
+                    self._next_claim[org] = started + self.spacing[org]
             if done == 0:  # nothing came: sleep until a delivery wakes us, or poll
+                now = time.monotonic()
                 later = [at - now for at in self._next_claim.values() if at > now]
                 self._wake.wait(min([self.poll_interval, *later]))
 
     def drain_once(self, orgs: Sequence[str] | None = None, started: float | None = None) -> int:
         """Process one claim per org (of ``orgs``, default all); the number of events handled.
 
-        With ``started`` (the worker's loop), an org whose claim was partial is not claimed
-        again until its spacing has passed since ``started``; a full claim (a backlog) may be
-        followed at once.
+        With ``started`` (the worker's loop), an org whose claim was partial or empty is not
+        claimed again until its spacing has passed since ``started``; a full claim (a
+        backlog) may be followed at once.
         """
         handled = 0
         for org in sorted(orgs if orgs is not None else self.configs):
             paced = started is not None
             rows = self._claim(org, self.read_units[org] if paced else 1, full=not paced)
+            if started is not None and len(rows) < self.batch_size:  # empty ones too
+                self._next_claim[org] = started + self.spacing[org]
             if rows:
-                if started is not None and len(rows) < self.batch_size:
-                    self._next_claim[org] = started + self.spacing[org]
                 self._process(self.configs[org], rows)
                 handled += len(rows)
                 if self.on_routed is not None:
@@ -414,6 +422,8 @@ class InboxWorker:
         floor, due = floors.next_claim()
         if full and not due:
             floor, due = 0, True
+        if due or floors.sweeping:
+            unit = 1  # these claims must tell whether they took all that was ready
         with self.engine.begin() as conn:
             if due:
                 rescued = [r.id for r in conn.execute(SQL["rescue_expired"], {"org": org})]
@@ -435,7 +445,7 @@ class InboxWorker:
                     "floor": floor,
                 },
             ).all()
-        floors.claimed((r.id for r in result), due)
+        floors.claimed((r.id for r in result), due, exhausted=len(result) < self.batch_size)
         return [InboxRow(r.id, r.crm_id) for r in result]
 
     def _retry_later(

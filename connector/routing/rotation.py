@@ -37,11 +37,10 @@ turn, until the turn belongs to a rep that can take the lead. Guarantees:
   to reps whose share is at most K of every K+1 leads (``limits_runs``): a heavier rep needs
   longer runs for its share alone (weights 1, 1, 5 with K = 1), so it follows the plain
   rotation, and back from time away catches up without a limit (``check-config`` says
-  so). Each K+1 leads
-  thus pay at least ``K - (K+1) * w / W`` of a returning rep's debt; when that is not
-  positive (e.g. K = 1 in a team of two equal reps) the debt is never paid, and
-  ``check-config`` warns. When nobody is behind, the rotation is the ``none`` rotation (the
-  Hypothesis tests check this pick for pick).
+  so). For a rep K applies to, each K+1 leads pay at least ``K - (K+1) * w / W`` of its
+  debt; when that is zero (K * W = (K+1) * w, e.g. K = 1 in a team of two equal reps) the
+  debt is never paid, and ``check-config`` warns. When nobody is behind, the rotation is the
+  ``none`` rotation (the Hypothesis tests check this pick for pick).
 
 In both policies a capped rep is never given a lead past its cap, an away, off-shift or
 inactive rep is never given one, and a lead that no rep can take is reported as unplaced.

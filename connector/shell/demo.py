@@ -324,6 +324,7 @@ def run_demo(sf_leads: int = 600, hs_leads: int = 400, senders: int = 16) -> int
     stop = threading.Event()
     sched = None
     threads: list[threading.Thread] = []
+    nudges = Nudges()  # the inbox worker wakes the dispatchers, as in `connector run`
     sf = SalesforceSandbox(lock_wait_s=10.0, record_work_ms=0.5).start()
     hs = HubSpotSandbox(limit_per_10s=100).start()
     try:
@@ -389,7 +390,6 @@ def run_demo(sf_leads: int = 600, hs_leads: int = 400, senders: int = 16) -> int
         app = create_app(engine, configs, adapters=adapters.get)
         sf_url = f"/webhooks/salesforce/demo-sf/{ENV['DEMO_SF_OUTBOUND_SECRET']}"
         with serve_in_thread(app) as base, httpx.Client(timeout=30) as client:
-            nudges = Nudges()
             app.state.inbox_worker.on_routed = nudges.nudge
             threads = start_dispatchers(
                 engine, configs, adapters, stop, per_org=2, metrics=app.state.metrics, nudges=nudges
@@ -553,6 +553,7 @@ def run_demo(sf_leads: int = 600, hs_leads: int = 400, senders: int = 16) -> int
         return 0 if all(checks.values()) else 1
     finally:
         stop.set()
+        nudges.wake_all()
         if sched is not None:
             sched.shutdown(wait=True)
         for t in threads:

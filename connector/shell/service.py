@@ -334,6 +334,8 @@ def run_service(
                 stop.wait()
     finally:
         stop.set()
+        if nudges is not None:
+            nudges.wake_all()  # dispatchers waiting for a nudge see the stop at once
         if sched is not None:
             sched.shutdown(wait=True)  # a poll in progress finishes its page and returns
         for t in threads:

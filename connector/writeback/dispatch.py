@@ -397,12 +397,14 @@ class Dispatcher:
                     # A nudged round goes at once (the inbox's rounds are paced already) but
                     # takes its turn, so rounds started by the poll, for rows from elsewhere
                     # (an import, a retry), stay a cycle apart; a nudge cuts that wait short.
-                    nudged = self.nudge.wait(poll_interval)
-                    wait = self.spacer.reserve()
-                    if not nudged and wait > 0:
-                        self.nudge.wait(wait)
+                    if self.nudge.wait(poll_interval):
+                        self.spacer.note()
+                    else:
+                        wait = self.spacer.reserve()
+                        if wait > 0:
+                            self.nudge.wait(wait)
                     self.nudge.clear()
-                    if stop.is_set():
+                    if stop.is_set():  # (a stopping service wakes every nudge event)
                         break
             try:
                 stats = self.run_once()
