@@ -7,7 +7,10 @@ from collections.abc import Callable, Iterable
 
 from crm_adapters.base import OwnerWrite
 
-__all__ = ["backoff_delay", "plan_batches"]
+__all__ = ["HUBSPOT_BATCH_MAX", "backoff_delay", "plan_batches"]
+
+# HubSpot's batch read and batch update take at most this many ids a call.
+HUBSPOT_BATCH_MAX = 100
 
 
 def _groups(writes: Iterable[OwnerWrite]) -> list[list[OwnerWrite]]:

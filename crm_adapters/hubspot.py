@@ -29,6 +29,7 @@ from crm_adapters.base import (
     RetryableError,
     WriteOutcome,
 )
+from crm_adapters.batching import HUBSPOT_BATCH_MAX
 from crm_adapters.fields import HUBSPOT_OWNER_PROPERTY
 from crm_adapters.ratelimit import RollingWindowLimiter
 
@@ -196,7 +197,7 @@ class HubSpotAdapter:
     """CrmAdapter for one HubSpot account (contacts or leads owner writes)."""
 
     kind = "hubspot"
-    max_batch = 100
+    max_batch = HUBSPOT_BATCH_MAX
     owner_field = OWNER_PROPERTY
 
     def __init__(self, settings: HubSpotSettings) -> None:
@@ -453,10 +454,10 @@ class HubSpotAdapter:
         are skipped."""
         unique = list(dict.fromkeys(ids))
         found: dict[str, CrmRecord] = {}
-        for i in range(0, len(unique), 100):
+        for i in range(0, len(unique), HUBSPOT_BATCH_MAX):
             body = {
                 "properties": self._properties(fields, configured=False),
-                "inputs": [{"id": x} for x in unique[i : i + 100]],
+                "inputs": [{"id": x} for x in unique[i : i + HUBSPOT_BATCH_MAX]],
                 "propertiesWithHistory": [],
             }
             data = self._call(self._batch.read, self.settings.object, body)

@@ -14,7 +14,6 @@ from sqlalchemy import Engine, text
 from connector.core.metrics import Metrics
 from connector.core.pacing import (
     CALLS_PER_CYCLE,
-    HUBSPOT_READ_UNIT,
     NOMINAL_CALLS_PER_S,
     Nudges,
     Spacer,
@@ -26,6 +25,7 @@ from connector.routing.assign import Lead, Router
 from connector.routing.teams import apply_teams
 from connector.shell.adapters import Adapters, adapter_for
 from connector.writeback.dispatch import Dispatcher
+from crm_adapters.batching import HUBSPOT_BATCH_MAX
 from crm_sandboxes import HubSpotSandbox, SalesforceSandbox
 from tests.crm_orgs import hubspot_org, salesforce_org
 from tests.waiting import wait_until
@@ -147,7 +147,7 @@ def test_the_inbox_spaces_partial_claims_only(engine: Engine, hs: HubSpotSandbox
     # by default the spacing comes from the org's budget
     default = InboxWorker(engine, configs, {}, adapters.get, Metrics(engine, configs), batch_size=3)
     assert default.spacing == {cfg.org: org_pacing(cfg.crm).cycle_s}
-    assert default.read_units == {cfg.org: HUBSPOT_READ_UNIT}
+    assert default.read_units == {cfg.org: HUBSPOT_BATCH_MAX}
 
 
 def _outbox_states(engine: Engine) -> dict[str, int]:

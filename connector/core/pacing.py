@@ -28,10 +28,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from connector.core.config import HubSpotCrm, SalesforceCrm
+from crm_adapters.batching import HUBSPOT_BATCH_MAX
 
 __all__ = [
     "CALLS_PER_CYCLE",
-    "HUBSPOT_READ_UNIT",
     "NOMINAL_CALLS_PER_S",
     "SHARE",
     "Nudges",
@@ -61,10 +61,6 @@ class Pacing:
     read_unit: int = 1
 
 
-# HubSpot's batch read takes 100 ids a call.
-HUBSPOT_READ_UNIT = 100
-
-
 def pacing_for(calls_per_s: float, share: float = SHARE, read_unit: int = 1) -> Pacing:
     """The cycle that spends at most ``share`` of ``calls_per_s`` under a trickle."""
     if not calls_per_s > 0 or not 0 < share <= 1:
@@ -76,7 +72,7 @@ def org_pacing(crm: SalesforceCrm | HubSpotCrm) -> Pacing:
     """HubSpot: from its ``limit_per_10s``, whole batch reads; Salesforce: from the nominal
     budget (its reads are queries of up to a few hundred ids, its budget counts per day)."""
     if isinstance(crm, HubSpotCrm):
-        return pacing_for(crm.limit_per_10s / 10.0, read_unit=HUBSPOT_READ_UNIT)
+        return pacing_for(crm.limit_per_10s / 10.0, read_unit=HUBSPOT_BATCH_MAX)
     return pacing_for(NOMINAL_CALLS_PER_S)
 
 

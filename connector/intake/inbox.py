@@ -321,12 +321,10 @@ class InboxWorker:
         # Seconds between the starts of two partial claims of an org, so that one CRM read
         # covers what arrived meanwhile (HubSpot's budget counts calls: one read per delivery
         # at 100 req/s would exhaust it). From the org's budget (connector.core.pacing).
-        self.spacing = {
-            org: (spacing or {}).get(org, org_pacing(cfg.crm).cycle_s)
-            for org, cfg in self.configs.items()
-        }
+        pacing = {org: org_pacing(cfg.crm) for org, cfg in self.configs.items()}
+        self.spacing = {org: (spacing or {}).get(org, p.cycle_s) for org, p in pacing.items()}
         # ...and a paced claim of more than one CRM read takes whole reads only.
-        self.read_units = {org: org_pacing(cfg.crm).read_unit for org, cfg in self.configs.items()}
+        self.read_units = {org: p.read_unit for org, p in pacing.items()}
         self._next_claim = dict.fromkeys(self.configs, -math.inf)
         # Where each org's claim starts reading (connector/intake/floor.py); a full claim
         # from the start, which also frees expired leases, at least every 30 s (a quarter of
