@@ -11,6 +11,7 @@ from connector.core.config import OrgConfig, parse_config
 from connector.routing.assign import Lead, Outcome, Router
 from connector.routing.teams import apply_teams
 from connector.shell.reps import end_away, resolve_rep, set_away
+from tests.clocks import WallClock
 
 ENV = {"TOKEN": "unused"}
 # Monday 2026-12-07, 10:00 in New York, 16:00 in Berlin
@@ -51,15 +52,7 @@ TEAMS = """
 """
 
 
-class Clock:
-    def __init__(self, at: datetime) -> None:
-        self.at = at
-
-    def __call__(self) -> datetime:
-        return self.at
-
-
-def router(engine: Engine, cfg: OrgConfig, clock: Clock) -> Router:
+def router(engine: Engine, cfg: OrgConfig, clock: WallClock) -> Router:
     apply_teams(engine, cfg)
     return Router(engine, cfg, clock=clock)
 
@@ -78,7 +71,7 @@ def table(engine: Engine, sql: str) -> list[tuple[object, ...]]:
 
 
 def test_caps_count_per_local_day_and_week_then_overflow(engine: Engine) -> None:
-    clock = Clock(MONDAY)
+    clock = WallClock(MONDAY)
     r = router(engine, org(TEAMS), clock)
     got = r.assign_many(leads("00Qm", 7), "api")
     # Ada 2 a day, Bob 3 a day: five leads in team a, then the overflow team takes the rest
@@ -119,7 +112,7 @@ def test_caps_count_per_local_day_and_week_then_overflow(engine: Engine) -> None
 
 def test_all_capped_without_overflow_stays_unassigned_with_the_reason(engine: Engine) -> None:
     cfg = org(TEAMS.replace("    overflow_team: de\n", ""))
-    r = router(engine, cfg, Clock(MONDAY))
+    r = router(engine, cfg, WallClock(MONDAY))
     got = r.assign_many(leads("00Qc", 6), "api")
     assert [o.status for o in got] == ["assigned"] * 5 + ["unassigned"]
     last = got[-1]
@@ -146,7 +139,7 @@ def test_a_lower_named_overflow_team_does_not_deadlock_or_lose_leads(engine: Eng
     members: [{crm_user_id: "005D", name: Dora}]
 """
     )
-    r = router(engine, cfg, Clock(MONDAY))
+    r = router(engine, cfg, WallClock(MONDAY))
     got = r.assign_many(leads("00Qd", 3, "DE") + leads("00Qu", 2), "api")
     assert [(o.team, o.owner_id) for o in got] == [
         ("de", "005D"),
@@ -163,7 +156,7 @@ def test_away_from_the_command_line_is_seen_at_the_next_pick(engine: Engine) -> 
             ", caps: {per_day: 3, per_week: 4}", ""
         )
     )
-    clock = Clock(MONDAY)
+    clock = WallClock(MONDAY)
     r = router(engine, cfg, clock)
     other = Router(engine, cfg, clock=clock)  # another process
     ada = resolve_rep(cfg, "Ada")
@@ -200,7 +193,7 @@ def test_off_shift_and_config_time_off(engine: Engine) -> None:
     members: [{crm_user_id: "005D", name: Dora}]
 """
     )
-    clock = Clock(MONDAY)  # 10:00 in New York; Bob is off all Monday (UTC, his team's zone)
+    clock = WallClock(MONDAY)  # 10:00 in New York; Bob is off all Monday (UTC, his team's zone)
     r = router(engine, cfg, clock)
     assert owners(r.assign_many(leads("00Qo", 4), "api")) == ["005A", "005C", "005A", "005C"]
     clock.at = datetime(2026, 12, 8, 8, 0, tzinfo=UTC)  # Tue 03:00 New York; Bob still off
@@ -233,7 +226,7 @@ def test_catch_up_gives_the_returning_rep_at_most_k_in_a_row(engine: Engine) -> 
             '      - {crm_user_id: "005B", name: Bob}\n      - {crm_user_id: "005C", name: Cy}',
         )
     )
-    clock = Clock(MONDAY)
+    clock = WallClock(MONDAY)
     r = router(engine, cfg, clock)
     ada = resolve_rep(cfg, "005A")
     set_away(engine, cfg, ada, MONDAY + timedelta(days=1), None, MONDAY)
@@ -255,7 +248,7 @@ def test_a_team_edit_restarts_the_credits_with_the_counts(engine: Engine) -> Non
             ", caps: {per_day: 3, per_week: 4}", ""
         )
     )
-    r = router(engine, cfg, Clock(MONDAY))
+    r = router(engine, cfg, WallClock(MONDAY))
     set_away(engine, cfg, resolve_rep(cfg, "Ada"), MONDAY + timedelta(hours=1), None, MONDAY)
     r.assign_many(leads("00Qx", 3), "api")
     edited = org(TEAMS.replace("name: Bob,", "name: Bob, weight: 2,"))

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from crm_adapters.base import OwnerWrite
 from crm_adapters.batching import backoff_delay, plan_batches
 from crm_adapters.ratelimit import RollingWindowLimiter
+from tests.clocks import Ticks
 
 
 def _writes(parents: Sequence[str | None]) -> list[OwnerWrite]:
@@ -94,23 +95,12 @@ def test_backoff_examples_and_retry_after() -> None:
     assert 30.0 <= backoff_delay(1, rng=lambda: 0.9, retry_after=30.0) <= 30.5
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
-
-    def sleep(self, s: float) -> None:
-        self.t += s
-
-
 def test_limiter_rolling_window() -> None:
-    clock = FakeClock()
+    clock = Ticks()
     lim = RollingWindowLimiter(3, 10.0, clock=clock, sleep=clock.sleep)
     assert [lim.try_acquire() for _ in range(3)] == [0.0, 0.0, 0.0]
     assert lim.try_acquire() == pytest.approx(10.0)
-    clock.t += 4
+    clock.now += 4
     assert lim.try_acquire() == pytest.approx(6.0)
     waited = lim.acquire()  # sleeps on the fake clock until the oldest slot expires
     assert waited == pytest.approx(6.0) and lim.in_window() == 1
@@ -118,7 +108,7 @@ def test_limiter_rolling_window() -> None:
 
 
 def test_limiter_is_thread_safe() -> None:
-    clock = FakeClock()
+    clock = Ticks()
     lim = RollingWindowLimiter(37, 10.0, clock=clock, sleep=clock.sleep)
     granted: list[int] = []
     lock = threading.Lock()

@@ -27,6 +27,7 @@ from connector.shell.adapters import Adapters, adapter_for
 from connector.writeback.dispatch import Dispatcher
 from crm_adapters.batching import HUBSPOT_BATCH_MAX
 from crm_sandboxes import HubSpotSandbox, SalesforceSandbox
+from tests.clocks import Ticks
 from tests.crm_orgs import hubspot_org, salesforce_org
 from tests.waiting import wait_until
 
@@ -58,16 +59,8 @@ def test_bad_budgets_are_refused() -> None:
         Spacer(-0.1)
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_a_shared_spacer_spaces_rounds_org_wide() -> None:
-    clock = Clock()
+    clock = Ticks(100.0)
     s = Spacer(0.5, clock)
     assert s.reserve() == 0.0  # the first round starts at once
     assert s.reserve() == 0.5  # a second dispatcher asking at the same moment waits its turn

@@ -28,6 +28,7 @@ from connector.routing.rotation import Seat, pick_available
 from connector.routing.teams import apply_teams
 from connector.shell.reps import resolve_rep, set_away
 from connector.shell.store import make_engine
+from tests.clocks import WallClock
 from tests.pg import DatabaseFactory
 
 ENV = {"TOKEN": "unused"}
@@ -186,21 +187,13 @@ rules:
     )
 
 
-class Clock:
-    def __init__(self, at: datetime) -> None:
-        self.at = at
-
-    def __call__(self) -> datetime:
-        return self.at
-
-
 def test_a_waiter_reads_what_the_lock_holder_committed(engine: Engine) -> None:
     """The first call holds the team lock in an open transaction while a second call waits
     for it. Read with the snapshot the waiter's statement started with, the team would still
     have handed out no lead; with a fresh snapshot the waiter sees the first pick."""
     cfg = org()
     apply_teams(engine, cfg)
-    r = Router(engine, cfg, clock=Clock(MONDAY))
+    r = Router(engine, cfg, clock=WallClock(MONDAY))
     got: list[Outcome] = []
     with engine.connect() as holder:
         holder.begin()
@@ -294,7 +287,7 @@ def _outcome(o: Outcome, users: dict[int, str]) -> tuple[Any, ...]:
 def _run(engine: Engine, single: bool) -> tuple[list[tuple[Any, ...]], Any, Any]:
     cfg = org()
     apply_teams(engine, cfg)
-    clock = Clock(MONDAY)
+    clock = WallClock(MONDAY)
     r = Router(engine, cfg, clock=clock)
     if not single:
         r.single = {}  # every lead through the general path
@@ -346,7 +339,7 @@ def test_a_repeat_is_a_duplicate_even_when_its_team_left_the_database(
     with RoutingError and nothing of it is stored."""
     cfg = org()
     apply_teams(engine, cfg)
-    r = Router(engine, cfg, clock=Clock(MONDAY))
+    r = Router(engine, cfg, clock=WallClock(MONDAY))
     if not single:
         r.single = {}
     first = r.assign(Lead("00Qgone01", {"Country": "US"}), "api")
