@@ -13,3 +13,7 @@ SELECT version FROM schema_migrations ORDER BY version
 
 -- name: record
 INSERT INTO schema_migrations (version, name) VALUES (:version, :name)
+
+-- name: vacuum_settings
+-- What the queue tables and the planner's statistics depend on (store.vacuum_warning).
+SELECT name, setting FROM pg_settings WHERE name IN ('autovacuum', 'track_counts')

@@ -12,7 +12,13 @@ import pytest
 from sqlalchemy import Engine, text
 
 import db
-from connector.shell.store import make_engine, migrate, pending_migrations
+from connector.shell.store import (
+    make_engine,
+    migrate,
+    pending_migrations,
+    vacuum_warning,
+    vacuum_warning_for,
+)
 from crm_adapters.salesforce_ids import id_key, to_18
 from tests.pg import DatabaseFactory, with_database
 
@@ -266,3 +272,18 @@ def test_sql_salesforce_id_18_matches_python(engine: Engine) -> None:
         ).scalars()
         assert list(got) == [id_key(s) for s in samples]
         assert conn.execute(text("SELECT salesforce_id_18(NULL)")).scalar() is None
+
+
+def test_a_server_whose_autovacuum_does_not_run_is_named_in_a_warning() -> None:
+    assert vacuum_warning_for({"autovacuum": "on", "track_counts": "on"}) is None
+    off = vacuum_warning_for({"autovacuum": "off", "track_counts": "on"})
+    assert off is not None and off.startswith("PostgreSQL's autovacuum is off, so autovacuum")
+    both = vacuum_warning_for({"autovacuum": "off", "track_counts": "off"})
+    assert both is not None and both.startswith("PostgreSQL's autovacuum and track_counts are off")
+
+
+def test_the_warning_reads_the_servers_settings(engine: Engine) -> None:
+    with engine.connect() as conn:
+        on = conn.execute(text("SELECT current_setting('autovacuum')")).scalar_one() == "on"
+    # the embedded server runs autovacuum; this machine's own server (TEST_DATABASE_URL) may not
+    assert (vacuum_warning(engine) is None) == on
