@@ -55,10 +55,11 @@ WHERE org = :org AND state IN ('pending', 'claimed', 'dead', 'superseded')
 GROUP BY state
 
 -- name: oldest_open
--- The oldest row the CRM has not seen yet (outbox_open_age).
+-- The oldest row the CRM has not seen yet (outbox_open_age: unfinished rows are the pending
+-- and claimed ones).
 SELECT id, lead_id, crm_id, state, attempts, created_at, available_at, last_error
 FROM outbox
-WHERE org = :org AND state IN ('pending', 'claimed')
+WHERE org = :org AND finished_at IS NULL AND state IN ('pending', 'claimed')
 ORDER BY created_at, id
 LIMIT 1
 

@@ -22,7 +22,7 @@ ON CONFLICT (org, event_key) DO NOTHING
 RETURNING org, event_key
 
 -- name: claim
--- Up to :limit ready events from id :floor up, oldest first (connector/intake/floor.py says
+-- Up to :limit ready events from id :floor up, oldest first (connector/core/floor.py says
 -- why the floor, and how nothing below it is lost). When more than :unit (the CRM's read
 -- batch) are ready, only whole batches are claimed and the rest waits for the next round, so
 -- that a paced trickle never pays a CRM call for a few left-over records (:unit 1: all).

@@ -9,6 +9,8 @@
 SELECT pg_advisory_xact_lock(hashtext('lead-routing-connector:claim'), hashtext(:org))
 
 -- name: rescue_expired
+-- Run by a full claim only (connector/core/floor.py): it reads every version ever claimed
+-- since a snapshot held open began.
 UPDATE outbox SET state = 'pending', claimed_by = NULL, lease_until = NULL
 WHERE org = :org AND state = 'claimed' AND lease_until < now()
 RETURNING id
@@ -17,19 +19,24 @@ RETURNING id
 SELECT until, reason FROM org_pauses WHERE org = :org AND until > now()
 
 -- name: claim
--- The parents in flight are read ONCE per claim (a hashed set), not probed per candidate row:
--- while a snapshot is held open (a long report, a forgotten transaction) every row version
--- that was ever 'claimed' stays in outbox_claimed_parent, and a probe per pending row walked
--- a parent's whole history each time (bench/snapshot.py: the dispatchers stalled, one claim
--- took over a minute, at 350,000 dead versions).
+-- Up to :limit ready rows from id :floor up, oldest first (connector/core/floor.py says why the
+-- floor and how nothing below it is lost), skipping the rows of a parent with a claim in
+-- flight. The claims in flight are read once per claim (a hashed set), by lease: after
+-- rescue_expired every claim still held has an unexpired lease, and one that expired since
+-- has given up (its dispatcher stops sending: decisions.lease_valid). Reading them by lease
+-- reads only the claims of the last lease, while a snapshot held open (a long report, a
+-- forgotten transaction) keeps every version ever claimed since in any index on claimed rows
+-- (bench/snapshot.py: a probe per pending row through such an index once stalled the
+-- dispatchers for over a minute a claim).
 WITH in_flight AS (
     SELECT DISTINCT c.parent_id
     FROM outbox c
-    WHERE c.org = :org AND c.state = 'claimed' AND c.parent_id IS NOT NULL
+    WHERE c.org = :org AND c.state = 'claimed' AND c.lease_until >= now()
+      AND c.parent_id IS NOT NULL
 ), ready AS (
     SELECT o.id
     FROM outbox o
-    WHERE o.org = :org AND o.state = 'pending' AND o.available_at <= now()
+    WHERE o.org = :org AND o.state = 'pending' AND o.id >= :floor AND o.available_at <= now()
       AND (o.parent_id IS NULL OR o.parent_id NOT IN (SELECT parent_id FROM in_flight))
     ORDER BY o.id
     LIMIT :limit
@@ -42,6 +49,14 @@ FROM ready
 WHERE o.id = ready.id
 RETURNING o.id, o.crm_id, o.owner_id, o.parent_id, o.attempts,
           extract(epoch FROM now() - o.created_at) AS age, o.replaces_owners
+
+-- name: lowest_skipped
+-- Asked in the claiming transaction, after the claim and any release: the lowest id still
+-- pending from the claim's floor up to the highest id it took (a parent in flight, a retry
+-- not yet due, a row given back, a row another transaction held locked), which the floor must
+-- not pass.
+SELECT min(id) AS id FROM outbox
+WHERE org = :org AND state = 'pending' AND id >= :floor AND id <= :top
 
 -- name: finish
 -- One statement records a round's results: sent, dead (with the CRM's reason), superseded
@@ -94,7 +109,8 @@ WHERE id = ANY(CAST(:ids AS bigint[])) AND state = 'claimed' AND claimed_by = :t
 -- name: others_in_flight
 -- Does another claim of the org hold rows (its requests in flight, or a dead worker's claim
 -- until its lease expires)? Asked under claim_lock just before `claim`: every earlier claim
--- is visible, and no other claim can start until this one commits.
+-- is visible, and no other claim can start until this one commits. By lease, as in `claim`.
 SELECT EXISTS (
-    SELECT 1 FROM outbox WHERE org = :org AND state = 'claimed' AND claimed_by <> :token
+    SELECT 1 FROM outbox
+    WHERE org = :org AND state = 'claimed' AND lease_until >= now() AND claimed_by <> :token
 )

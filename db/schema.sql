@@ -24,7 +24,8 @@ INSERT INTO schema_migrations (version, name) VALUES
     (14, 'route_lead'),
     (15, 'queue_autovacuum'),
     (16, 'catch_up_heavy_reps'),
-    (17, 'inbox_claim_floor');
+    (17, 'inbox_claim_floor'),
+    (18, 'claim_paths');
 
 -- 0001_routing.sql
 -- Routing state: teams, members, leads, assignments and the write-back outbox.
@@ -807,3 +808,17 @@ ALTER TABLE outbox SET (
 -- order (it replaces the one created above).
 DROP INDEX intake_events_pending;
 CREATE INDEX intake_events_pending ON intake_events (org, id) WHERE state = 'pending';
+
+-- 0018_claim_paths.sql
+-- The outbox claim reads pending rows in id order from a floor id up; claims in flight are
+-- read by lease; no index on claimed or unfinished rows has a predicate that the finish
+-- statements' WHERE implies (they replace the indexes created above).
+DROP INDEX outbox_pending;
+CREATE INDEX outbox_pending ON outbox (org, id) WHERE state = 'pending';
+DROP INDEX outbox_claimed;
+DROP INDEX outbox_claimed_parent;
+CREATE INDEX outbox_leased ON outbox (org, lease_until) WHERE lease_until IS NOT NULL;
+DROP INDEX outbox_open_age;
+CREATE INDEX outbox_open_age ON outbox (org, created_at) WHERE finished_at IS NULL;
+DROP INDEX intake_events_claimed;
+CREATE INDEX intake_events_leased ON intake_events (org, lease_until) WHERE lease_until IS NOT NULL;

@@ -1,4 +1,4 @@
-"""The inbox claim's floor: pure rules (connector/intake/floor.py), then on a real Postgres with
+"""The inbox claim's floor: pure rules (connector/core/floor.py), then on a real Postgres with
 the HubSpot simulator: what the floor passes is claimed later, never lost."""
 
 from __future__ import annotations
@@ -6,26 +6,19 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import Engine, text
 
+from connector.core.floor import ClaimFloor
 from connector.core.metrics import Metrics
-from connector.intake.floor import ClaimFloor
 from connector.intake.inbox import InboxWorker, store_events
 from connector.routing.assign import Router
 from connector.routing.teams import apply_teams
 from connector.shell.adapters import Adapters
 from crm_sandboxes import HubSpotSandbox
+from tests.clocks import Ticks
 from tests.crm_orgs import hubspot_org
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_the_first_claim_and_one_every_full_every_read_from_the_start() -> None:
-    clock = Clock()
+    clock = Ticks()
     f = ClaimFloor(lag=5, full_every=30, clock=clock)
     assert f.next_claim() == (0, True)
     f.claimed([7, 9, 8], full=True)
@@ -39,7 +32,7 @@ def test_the_first_claim_and_one_every_full_every_read_from_the_start() -> None:
 
 
 def test_the_floor_passes_only_claims_older_than_the_lag() -> None:
-    clock = Clock()
+    clock = Ticks()
     f = ClaimFloor(lag=5, full_every=3600, clock=clock)
     f.claimed([1, 2], full=f.next_claim()[1])
     clock.now += 3
@@ -54,7 +47,7 @@ def test_the_floor_passes_only_claims_older_than_the_lag() -> None:
 
 
 def test_rescheduled_events_hold_the_floor_until_claimed_again() -> None:
-    clock = Clock()
+    clock = Ticks()
     f = ClaimFloor(lag=0, full_every=30, clock=clock)
     f.claimed([10, 11, 12], full=f.next_claim()[1])
     f.rescheduled([(11, 2.0), (12, 4.0)])
@@ -68,7 +61,7 @@ def test_rescheduled_events_hold_the_floor_until_claimed_again() -> None:
 
 
 def test_a_reschedule_another_worker_took_is_forgotten_after_a_full_claim() -> None:
-    clock = Clock()
+    clock = Ticks()
     f = ClaimFloor(lag=0, full_every=30, clock=clock)
     f.claimed([20], full=f.next_claim()[1])
     f.rescheduled([(20, 1.0)])
@@ -81,7 +74,7 @@ def test_a_reschedule_another_worker_took_is_forgotten_after_a_full_claim() -> N
 def test_a_full_claim_that_comes_back_full_is_followed_by_a_sweep() -> None:
     """Events below the floor (say 5 requeued after an outage) drain at the worker's pace:
     the claims after a full one go on from where it stopped until one comes back short."""
-    clock = Clock()
+    clock = Ticks()
     f = ClaimFloor(lag=0, full_every=30, clock=clock)
     f.claimed([900], full=f.next_claim()[1])
     assert f.next_claim() == (901, False) and not f.sweeping
@@ -96,7 +89,7 @@ def test_a_full_claim_that_comes_back_full_is_followed_by_a_sweep() -> None:
 
 
 def test_a_sweep_ends_where_the_floor_is() -> None:
-    clock = Clock()
+    clock = Ticks()
     f = ClaimFloor(lag=0, full_every=30, clock=clock)
     f.claimed([10, 11], full=f.next_claim()[1], exhausted=False)
     assert f.sweeping
@@ -142,7 +135,7 @@ def test_an_insert_committed_after_a_later_id_was_claimed_is_claimed_by_a_full_c
     engine: Engine, hs: HubSpotSandbox
 ) -> None:
     w, org = worker_for(engine, hs)
-    clock = Clock()
+    clock = Ticks()
     w.floors[org] = ClaimFloor(lag=0, full_every=60, clock=clock)
     slow = engine.connect()
     tx = slow.begin()
@@ -162,7 +155,7 @@ def test_events_below_the_floor_drain_in_a_sweep_not_a_batch_per_full_claim(
     engine: Engine, hs: HubSpotSandbox
 ) -> None:
     w, org = worker_for(engine, hs, batch_size=2)
-    clock = Clock()
+    clock = Ticks()
     w.floors[org] = floor = ClaimFloor(lag=0, full_every=3600, clock=clock)
     floor.claimed([10**9], full=floor.next_claim()[1])  # the floor is far above them
     for key in "abcde":  # e.g. dead events requeued by `connector inbox retry`
@@ -180,7 +173,7 @@ def test_a_rescheduled_event_comes_back_before_any_full_claim(
     engine: Engine, hs: HubSpotSandbox
 ) -> None:
     w, org = worker_for(engine, hs, base_delay=0.0)
-    clock = Clock()
+    clock = Ticks()
     w.floors[org] = ClaimFloor(lag=0, full_every=3600, clock=clock)
     store(engine, w, org, "a", hs)
     rows = w._claim(org)  # full (the first): claims "a"
@@ -206,3 +199,21 @@ def test_an_expired_claim_is_freed_by_a_full_claim_and_the_late_result_dropped(
     assert states(engine) == {"a": "done"}
     w._retry_later(org, stalled, "late")  # the stalled worker's late answer changes nothing
     assert states(engine) == {"a": "done"}
+
+
+def test_rows_a_claim_left_pending_hold_the_floor_until_a_claim_covers_them() -> None:
+    f = ClaimFloor(lag=0, full_every=3600, clock=Ticks())
+    f.claimed([10, 12, 20], full=f.next_claim()[1])
+    f.skipped(11, floor=0, top=20)  # 11 stayed pending (its parent was in flight)
+    assert f.next_claim() == (11, False)
+    f.claimed([11, 21], full=False)
+    f.skipped(None, floor=11, top=21)  # the claim covered 11: nothing is left below 21
+    assert f.next_claim() == (22, False)
+    f.claimed([22, 30], full=False)
+    f.skipped(25, floor=22, top=30)
+    f.rescheduled([(5, 0.0)])  # a retry far below
+    floor, _ = f.next_claim()
+    assert floor == 5
+    f.claimed([5], full=False)  # this claim stopped at 5: it says nothing of 25
+    f.skipped(None, floor=5, top=5)
+    assert f.next_claim() == (25, False)

@@ -43,6 +43,7 @@ class OldPolicyDispatcher(Dispatcher):
                     "token": token,
                     "limit": self.claim_limit,
                     "lease_seconds": self.lease_seconds,
+                    "floor": 0,
                 },
             ).all()
             claimed = [
@@ -80,6 +81,7 @@ class CheckAfterClaimDispatcher(Dispatcher):
                     "token": token,
                     "limit": self.claim_limit,
                     "lease_seconds": self.lease_seconds,
+                    "floor": 0,
                 },
             ).all()
             claimed = [

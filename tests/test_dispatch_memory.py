@@ -15,11 +15,13 @@ import pytest
 from sqlalchemy import Engine, text
 
 from connector.core.config import OrgConfig, parse_config
+from connector.core.floor import ClaimFloor
 from connector.routing.assign import Lead, Router
 from connector.routing.teams import apply_teams
 from connector.writeback.dispatch import Claimed, Dispatcher
 from crm_adapters.base import PermanentError, RetryableError
 from crm_adapters.memory import MemoryCrm, ServedRequest
+from tests.clocks import Ticks
 
 ORG = "mem"
 
@@ -451,3 +453,103 @@ def test_dispatchers_write_other_parents_concurrently(engine: Engine) -> None:
     assert during == [2]  # B wrote p3 and p4 while A's first request was in flight
     assert o.crm.overlaps == []
     assert o.states() == {"sent": 20}
+
+
+# -- the claim floor (connector/core/floor.py) -----------------------------------------------
+# These dispatchers' floors pass a claimed id at once (lag 0) and never read from the start
+# again on their own (full_every: an hour): what they claim is what the floor let them see.
+
+
+def _floored(org: Org, clock: Ticks | None = None, **kw: Any) -> Dispatcher:
+    d = org.dispatcher(**kw)
+    d.floor = ClaimFloor(lag=0, full_every=3600, clock=clock or Ticks())
+    return d
+
+
+def test_rows_a_claim_skipped_for_a_parent_in_flight_are_claimed_once_it_lands(
+    engine: Engine,
+) -> None:
+    o = _org(engine, max_batch=2)
+    busy = o.crm.add_parent()
+    o.route(1, [busy])
+    assert len(o.dispatcher().claim("b")) == 1  # b's write to `busy` is in flight
+    waiting = o.route(3, [busy])  # lower ids than the next ones
+    free = o.route(4)
+    a = _floored(o)
+    assert sorted(c.crm_id for c in a.claim("a-1")) == sorted(free)
+    assert a.floor.next_claim() == (min(_ids(o, waiting)), False)
+    _land(o)  # b's write (and a's) land
+    assert sorted(c.crm_id for c in a.claim("a-2")) == sorted(waiting)
+
+
+def test_a_partial_request_given_back_is_claimed_by_the_next_claim(engine: Engine) -> None:
+    o = _org(engine, max_batch=2)
+    o.route(1)
+    other = o.dispatcher()
+    other.claim("other")  # another claim in flight: a partial request waits (hold_tail)
+    tail = o.route(3)  # one full request and a partial one
+    a = _floored(o)
+    kept = a.claim("a-1")
+    assert len(kept) == 2
+    (given_back,) = set(tail) - {c.crm_id for c in kept}
+    _land(o)
+    more = o.route(2)  # higher ids: the floor is past the partial request's row
+    assert {c.crm_id for c in a.claim("a-2")} == {given_back, *more}
+
+
+def test_a_retried_row_comes_back_without_waiting_for_a_full_claim(org: Org) -> None:
+    first = org.route(3)
+    org.crm.fail_transient(times=1)
+    a = _floored(org, backoff_base=0.0)
+    assert a.run_once().retried == 3
+    later = org.route(2)  # claimed before the retries: the floor moves past them
+    stats = a.drain(timeout=5)
+    assert stats.sent == 5
+    assert sorted(org.crm.written_ids()) == sorted(first + later)
+
+
+def test_a_row_requeued_below_the_floor_is_claimed_by_the_next_full_claim(org: Org) -> None:
+    clock = Ticks()
+    a = _floored(org, clock)
+    (gone,) = org.route(1)
+    org.crm.delete(gone)
+    a.run_once()
+    assert org.rows()[gone]["state"] == "dead"
+    org.route(2)
+    assert a.run_once().sent == 2  # the floor is now past the dead row
+    with org.engine.begin() as conn:  # restored in the CRM, requeued by an operator
+        conn.execute(text("UPDATE outbox SET state = 'pending' WHERE crm_id = :c"), {"c": gone})
+    assert a.run_once().claimed == 0  # below the floor
+    clock.now += 3600
+    assert a.run_once().claimed == 1  # a full claim reads from the start
+    assert org.rows()[gone]["state"] == "dead"  # still gone: dead again, with the reason
+
+
+def test_an_expired_lease_is_freed_by_a_full_claim_only(org: Org) -> None:
+    clock = Ticks()
+    ids = org.route(2)
+    org.dispatcher(lease_seconds=0).run_once()  # claims, then gives up: lease expired
+    assert org.states() == {"claimed": 2}
+    a = _floored(org, clock)
+    a.floor.claimed([], full=a.floor.next_claim()[1])  # the first (full) claim is behind it
+    assert a.run_once().claimed == 0
+    assert org.states() == {"claimed": 2}
+    clock.now += 3600
+    assert a.run_once().sent == 2
+    assert sorted(org.crm.written_ids()) == sorted(ids)
+
+
+def _land(o: Org) -> None:
+    """Every claim in flight finishes (as its dispatcher would, once its writes landed)."""
+    with o.engine.begin() as conn:
+        conn.execute(text("UPDATE outbox SET state = 'sent' WHERE state = 'claimed'"))
+
+
+def _ids(o: Org, crm_ids: list[str]) -> list[int]:
+    with o.engine.connect() as conn:
+        return [
+            int(r.id)
+            for r in conn.execute(
+                text("SELECT id FROM outbox WHERE crm_id = ANY(:c)"), {"c": crm_ids}
+            )
+        ]

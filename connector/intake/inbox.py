@@ -35,9 +35,9 @@ from sqlalchemy import Connection, Engine, TextClause, text
 import db
 from connector.core.config import OrgConfig
 from connector.core.errors import AsyncPool, DatabaseError, DatabaseUnavailable
+from connector.core.floor import ClaimFloor
 from connector.core.metrics import Metrics
 from connector.core.pacing import org_pacing
-from connector.intake.floor import ClaimFloor
 from connector.intake.verify import Verdict, judge_all, readable_ids
 from connector.routing.assign import Outcome, Router, RoutingError
 from crm_adapters.base import CrmAdapter, RateLimitedError
@@ -49,10 +49,6 @@ INSERT_EVENTS_NOW = db.pyformat(db.queries("inbox")["insert_events"])
 INSERT_EVENT_BATCH = db.pyformat(db.queries("inbox")["insert_event_batch"])
 
 SOURCE_BY_KIND = {"salesforce": "salesforce_outbound", "hubspot": "hubspot_webhook"}
-# An event inserted this long after a later id was claimed can be passed by the claim floor
-# (and is then claimed by the next full claim): an insert takes milliseconds, and the
-# receivers give up on one after 10 s (EventWriter.store_timeout).
-FLOOR_LAG_S = 15.0
 INBOX_STATES = ("pending", "claimed", "done", "skipped", "dead")
 
 AdapterSource = Callable[[str], CrmAdapter]
@@ -326,13 +322,10 @@ class InboxWorker:
         # ...and a paced claim of more than one CRM read takes whole reads only.
         self.read_units = {org: p.read_unit for org, p in pacing.items()}
         self._next_claim = dict.fromkeys(self.configs, -math.inf)
-        # Where each org's claim starts reading (connector/intake/floor.py); a full claim
+        # Where each org's claim starts reading (connector/core/floor.py); a full claim
         # from the start, which also frees expired leases, at least every 30 s (a quarter of
         # the lease when that is shorter).
-        self.floors = {
-            org: ClaimFloor(lag=FLOOR_LAG_S, full_every=min(30.0, lease_seconds / 4))
-            for org in self.configs
-        }
+        self.floors = {org: ClaimFloor.for_lease(lease_seconds) for org in self.configs}
         # Called with the org after each round that claimed events, once its routing has
         # committed (``connector run`` nudges the org's dispatchers with it, see
         # connector.core.pacing.Nudges).

@@ -7,9 +7,11 @@ claim in flight is not claimed again until that claim finishes, and a claim's re
 (``plan_batches``: sorted by parent, cut into full batches) go out one after another, so one
 Account is never locked by two of our requests at the same time (Salesforce's
 UNABLE_TO_LOCK_ROW). A partial request goes out only from a claim that took every ready row
-while no other claim was in flight (``hold_tail``); CRM quotas count requests. Rows whose
-dispatcher died are claimed again once their lease expires; the dead worker's late result is
-ignored because finishing checks the claim token.
+while no other claim was in flight (``hold_tail``); CRM quotas count requests. Claims read
+pending rows from a floor id up (connector/core/floor.py), and a full claim from the start at
+least every 15 s (a quarter of the lease) frees the rows of a dispatcher that died once their
+lease has expired; the dead worker's late result is ignored because finishing checks the
+claim token.
 
 The CRM is the system of record: just before each write request the dispatcher reads the
 current owners of its records (one read per request, same batching) and writes only those
@@ -37,6 +39,7 @@ from typing import Any
 from sqlalchemy import Engine, TextClause, text
 
 import db
+from connector.core.floor import ClaimFloor
 from connector.core.ownership import owner_key
 from connector.core.pacing import NOMINAL_CALLS_PER_S, Spacer, pacing_for
 from connector.writeback.decisions import (
@@ -147,6 +150,9 @@ class Dispatcher:
         self.nudge = nudge
         self.spacer = spacer or Spacer(pacing_for(NOMINAL_CALLS_PER_S).cycle_s)
         self.rng = rng
+        # Where this dispatcher's claims start reading (connector/core/floor.py): from the
+        # start, freeing expired leases, at least every 30 s (a quarter of a shorter lease).
+        self.floor = ClaimFloor.for_lease(lease_seconds)
 
     @property
     def policy(self) -> Policy:
@@ -173,17 +179,20 @@ class Dispatcher:
 
     def _claim(self, token: str) -> list[Claimed]:
         max_batch = self.adapter.max_batch
+        floor, full = self.floor.next_claim()
+        rescued: list[int] = []
         with self.engine.begin() as conn:
             conn.execute(_SQL["claim_lock"], {"org": self.org})
-            rescued = conn.execute(_SQL["rescue_expired"], {"org": self.org}).all()
-            if rescued:
-                log.warning(
-                    "org %s: %d outbox rows had an expired lease; claimable again",
-                    self.org,
-                    len(rescued),
-                )
+            if full:
+                rescued = [r.id for r in conn.execute(_SQL["rescue_expired"], {"org": self.org})]
+                if rescued:
+                    log.warning(
+                        "org %s: %d outbox rows had an expired lease; claimable again",
+                        self.org,
+                        len(rescued),
+                    )
             if conn.execute(_SQL["paused_until"], {"org": self.org}).first() is not None:
-                return []
+                return []  # (the floor is not told: the next claim is a full one again)
             # Asked before the claim: under claim_lock other claims can only finish, so "none
             # in flight" stays true through the claim, which then excludes no parent. Asked
             # after it, a claim that finished in between would pass for "none", though the
@@ -200,6 +209,7 @@ class Dispatcher:
                     "token": token,
                     "limit": self.claim_limit,
                     "lease_seconds": self.lease_seconds,
+                    "floor": floor,
                 },
             ).all()
             kind = self.adapter.kind
@@ -218,8 +228,21 @@ class Dispatcher:
             plan = plan_round(claimed, max_batch, self.claim_limit, others_in_flight=others)
             if plan.released:
                 if not plan.kept:
-                    raise _Deferred  # rolls the claim back
+                    # rolls the claim back (the floor learns nothing: the next claim reads
+                    # from where this one did)
+                    raise _Deferred
                 conn.execute(_SQL["release"], {"ids": plan.released, "token": token})
+            skipped, top = None, 0
+            if claimed:
+                top = max(c.id for c in claimed)
+                skipped = conn.execute(
+                    _SQL["lowest_skipped"], {"org": self.org, "floor": floor, "top": top}
+                ).scalar_one()
+        if full:
+            self.floor.rescued(rescued)
+        self.floor.claimed((c.id for c in claimed), full, exhausted=len(claimed) < self.claim_limit)
+        if claimed:
+            self.floor.skipped(skipped, floor, top)
         return plan.kept
 
     # -- one round --------------------------------------------------------------------------
@@ -315,6 +338,8 @@ class Dispatcher:
             with self.engine.begin() as conn:
                 params = {**finish_params(decisions), "token": token}
                 applied = len(conn.execute(_SQL["finish"], params).all())
+        # pending again under their ids, due later: the floor must not pass them
+        self.floor.rescheduled((d.row_id, d.delay) for d in decisions if isinstance(d, Retry))
         total = len(decisions)
         stats.superseded += sum(1 for d in decisions if isinstance(d, Superseded))
         stats.sent += sum(1 for d in decisions if isinstance(d, Sent))

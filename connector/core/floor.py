@@ -1,4 +1,5 @@
-"""Where an org's inbox claim starts reading pending events (pure; the worker holds one per org).
+"""Where a queue claim starts reading pending rows (pure): the inbox worker holds one per org,
+each outbox dispatcher one for its org.
 
 A snapshot held open (a long report, a forgotten ``BEGIN``) keeps every row version a claim
 has left behind, and its index entries: no vacuum may remove what the snapshot might still
@@ -14,6 +15,10 @@ claimed, and an event can become pending again under an old id. So:
   milliseconds; the receivers give up on one after 10 s);
 * an event this worker rescheduled (a failed CRM read) keeps the floor at or below its id
   until a claim takes it again or it has been due for a whole ``full_every``;
+* a claim may leave rows pending below the highest id it took (the outbox's rows of a parent
+  in flight, a retry not yet due, a partial request given back): it tells the lowest of
+  them (``skipped``), and the floor stays at or below it until a claim whose range covers
+  it tells another;
 * every ``full_every`` seconds a claim reads from the start (floor 0) and frees the claims of
   workers whose lease expired. Whatever the floor passed (an insert slower than the lag,
   another process's retry, a dead event requeued by ``connector inbox retry``) is claimed by
@@ -28,7 +33,12 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 
-__all__ = ["ClaimFloor"]
+__all__ = ["FLOOR_LAG_S", "ClaimFloor"]
+
+# A row inserted this long after a later id was claimed can be passed by the floor (and is
+# then claimed by the next full claim): an insert takes milliseconds, the receivers give up on
+# one after 10 s (EventWriter.store_timeout), and routing's transactions are as short.
+FLOOR_LAG_S = 15.0
 
 
 class ClaimFloor:
@@ -47,6 +57,13 @@ class ClaimFloor:
         self._marks: deque[tuple[float, int]] = deque()  # (when, highest id claimed)
         self._retried: dict[int, float] = {}  # id -> when it is due again
         self._sweep: int | None = None  # where a sweep after a full claim goes on from
+        self._skipped: int | None = None  # the lowest id the last claim left pending below it
+
+    @classmethod
+    def for_lease(cls, lease_seconds: float) -> ClaimFloor:
+        """The floor of a claim under this lease: a full claim (which also frees expired
+        leases) at least every 30 s, or every quarter of the lease when that is shorter."""
+        return cls(lag=FLOOR_LAG_S, full_every=max(min(30.0, lease_seconds / 4), 0.01))
 
     def next_claim(self) -> tuple[int, bool]:
         """(the lowest id to read, whether this claim is a full one from the start)."""
@@ -58,6 +75,8 @@ class ClaimFloor:
         floor = self._safe + 1
         if self._retried:
             floor = min(floor, min(self._retried))
+        if self._skipped is not None:
+            floor = min(floor, self._skipped)
         if self._sweep is not None:
             if self._sweep >= floor:  # the sweep has reached the floor: done
                 self._sweep = None
@@ -87,6 +106,16 @@ class ClaimFloor:
             self._retried.pop(i, None)
         if got:
             self._marks.append((now, max(got)))
+
+    def skipped(self, lowest: int | None, floor: int, top: int) -> None:
+        """After a claim from ``floor`` that took rows up to id ``top``: the lowest id it left
+        pending in that range, or None. It replaces what an earlier claim told when this
+        range covered it; one above ``top`` (a claim that stopped short of it: a sweep, a
+        full claim's first batch) still holds."""
+        prev = self._skipped
+        if prev is not None and not floor <= prev <= top:
+            lowest = prev if lowest is None else min(prev, lowest)
+        self._skipped = lowest
 
     def rescheduled(self, ids_due_in: Iterable[tuple[int, float]]) -> None:
         """Events this worker set back to pending, each due in so many seconds."""
