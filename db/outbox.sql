@@ -9,11 +9,17 @@
 SELECT pg_advisory_xact_lock(hashtext('lead-routing-connector:claim'), hashtext(:org))
 
 -- name: rescue_expired
--- Run by a full claim only (connector/core/floor.py): it reads every version ever claimed
--- since a snapshot held open began.
-UPDATE outbox SET state = 'pending', claimed_by = NULL, lease_until = NULL
-WHERE org = :org AND state = 'claimed' AND lease_until < now()
-RETURNING id
+-- Claims whose lease expired are pending again (under their ids). Reads only the leases that
+-- ended since :since, the previous rescue's now() in this dispatcher (NULL on a full claim:
+-- all), so that with a snapshot held open it steps over the lease ends of that interval, not
+-- over every version ever claimed since the snapshot began. Returns this rescue's now().
+WITH freed AS (
+    UPDATE outbox SET state = 'pending', claimed_by = NULL, lease_until = NULL
+    WHERE org = :org AND state = 'claimed' AND lease_until < now()
+      AND lease_until >= coalesce(CAST(:since AS timestamptz), '-infinity')
+    RETURNING id
+)
+SELECT now() AS at, coalesce(array_agg(id ORDER BY id), '{}') AS ids FROM freed
 
 -- name: paused_until
 SELECT until, reason FROM org_pauses WHERE org = :org AND until > now()

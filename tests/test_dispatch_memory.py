@@ -8,6 +8,7 @@ sandboxes) is covered by test_dispatch.py and test_crm_conformance.py.
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -525,18 +526,46 @@ def test_a_row_requeued_below_the_floor_is_claimed_by_the_next_full_claim(org: O
     assert org.rows()[gone]["state"] == "dead"  # still gone: dead again, with the reason
 
 
-def test_an_expired_lease_is_freed_by_a_full_claim_only(org: Org) -> None:
-    clock = Ticks()
+def test_an_expired_lease_is_freed_by_the_next_claim(org: Org) -> None:
+    a = _floored(org)
+    assert a.run_once().claimed == 0  # its first claim (a full one) is behind it
     ids = org.route(2)
     org.dispatcher(lease_seconds=0).run_once()  # claims, then gives up: lease expired
     assert org.states() == {"claimed": 2}
-    a = _floored(org, clock)
-    a.floor.claimed([], full=a.floor.next_claim()[1])  # the first (full) claim is behind it
-    assert a.run_once().claimed == 0
-    assert org.states() == {"claimed": 2}
-    clock.now += 3600
     assert a.run_once().sent == 2
     assert sorted(org.crm.written_ids()) == sorted(ids)
+
+
+def test_a_claim_frees_the_leases_ended_since_the_previous_one_and_a_full_claim_all(
+    org: Org,
+) -> None:
+    clock = Ticks()
+    a = _floored(org, clock)
+    (rid,) = org.route(1)
+    assert a.run_once().sent == 1  # (a full claim)
+    with org.engine.begin() as conn:  # a lease that ended an hour ago, never freed
+        conn.execute(
+            text(
+                "UPDATE outbox SET state = 'claimed', claimed_by = 'ghost', "
+                "lease_until = now() - interval '1 hour' WHERE crm_id = :c"
+            ),
+            {"c": rid},
+        )
+    assert a.run_once().claimed == 0  # before this claim's window: not read
+    assert org.states() == {"claimed": 1}
+    clock.now += 3600
+    assert a.run_once().claimed == 1  # a full claim frees every expired lease
+    assert org.states() == {"sent": 1}
+
+
+def test_each_thread_running_a_dispatcher_keeps_its_own_floor(org: Org) -> None:
+    """`connector dispatch --concurrency N` runs one Dispatcher in N threads."""
+    d = org.dispatcher()
+    seen: list[ClaimFloor] = []
+    t = threading.Thread(target=lambda: seen.append(d.floor))
+    t.start()
+    t.join()
+    assert d.floor is d.floor and seen[0] is not d.floor
 
 
 def _land(o: Org) -> None:

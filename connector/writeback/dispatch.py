@@ -8,10 +8,11 @@ claim in flight is not claimed again until that claim finishes, and a claim's re
 Account is never locked by two of our requests at the same time (Salesforce's
 UNABLE_TO_LOCK_ROW). A partial request goes out only from a claim that took every ready row
 while no other claim was in flight (``hold_tail``); CRM quotas count requests. Claims read
-pending rows from a floor id up (connector/core/floor.py), and a full claim from the start at
-least every 15 s (a quarter of the lease) frees the rows of a dispatcher that died once their
-lease has expired; the dead worker's late result is ignored because finishing checks the
-claim token.
+pending rows from a floor id up (connector/core/floor.py). Each claim first frees the rows
+whose lease ended since the same thread's previous claim (a full claim from the start, at
+least every 15 s, frees every expired lease), so the rows of a dispatcher that died are
+claimed again once their lease expires; the dead worker's late result is ignored because
+finishing checks the claim token.
 
 The CRM is the system of record: just before each write request the dispatcher reads the
 current owners of its records (one read per request, same batching) and writes only those
@@ -150,9 +151,22 @@ class Dispatcher:
         self.nudge = nudge
         self.spacer = spacer or Spacer(pacing_for(NOMINAL_CALLS_PER_S).cycle_s)
         self.rng = rng
-        # Where this dispatcher's claims start reading (connector/core/floor.py): from the
-        # start, freeing expired leases, at least every 30 s (a quarter of a shorter lease).
-        self.floor = ClaimFloor.for_lease(lease_seconds)
+        self._local = threading.local()
+
+    @property
+    def floor(self) -> ClaimFloor:
+        """Where this thread's claims start reading (connector/core/floor.py): from the start,
+        freeing expired leases, at least every 30 s (a quarter of a shorter lease). One per
+        thread: `connector dispatch --concurrency N` runs one Dispatcher in N threads, and a
+        floor is not thread-safe."""
+        floor: ClaimFloor | None = getattr(self._local, "floor", None)
+        if floor is None:
+            floor = self._local.floor = ClaimFloor.for_lease(self.lease_seconds)
+        return floor
+
+    @floor.setter
+    def floor(self, value: ClaimFloor) -> None:
+        self._local.floor = value
 
     @property
     def policy(self) -> Policy:
@@ -180,19 +194,23 @@ class Dispatcher:
     def _claim(self, token: str) -> list[Claimed]:
         max_batch = self.adapter.max_batch
         floor, full = self.floor.next_claim()
-        rescued: list[int] = []
         with self.engine.begin() as conn:
             conn.execute(_SQL["claim_lock"], {"org": self.org})
-            if full:
-                rescued = [r.id for r in conn.execute(_SQL["rescue_expired"], {"org": self.org})]
-                if rescued:
-                    log.warning(
-                        "org %s: %d outbox rows had an expired lease; claimable again",
-                        self.org,
-                        len(rescued),
-                    )
+            # every claim frees the leases that ended since this thread's previous rescue (a
+            # full claim: all of them)
+            since = None if full else getattr(self._local, "rescued_at", None)
+            freed = conn.execute(_SQL["rescue_expired"], {"org": self.org, "since": since}).one()
+            rescued_at, rescued = freed.at, list(freed.ids)
+            if rescued:
+                log.warning(
+                    "org %s: %d outbox rows had an expired lease; claimable again",
+                    self.org,
+                    len(rescued),
+                )
             if conn.execute(_SQL["paused_until"], {"org": self.org}).first() is not None:
-                return []  # (the floor is not told: the next claim is a full one again)
+                self._local.rescued_at = rescued_at  # (returning commits the rescue)
+                self.floor.rescued(rescued)
+                return []
             # Asked before the claim: under claim_lock other claims can only finish, so "none
             # in flight" stays true through the claim, which then excludes no parent. Asked
             # after it, a claim that finished in between would pass for "none", though the
@@ -238,8 +256,8 @@ class Dispatcher:
                 skipped = conn.execute(
                     _SQL["lowest_skipped"], {"org": self.org, "floor": floor, "top": top}
                 ).scalar_one()
-        if full:
-            self.floor.rescued(rescued)
+        self._local.rescued_at = rescued_at
+        self.floor.rescued(rescued)
         self.floor.claimed((c.id for c in claimed), full, exhausted=len(claimed) < self.claim_limit)
         if claimed:
             self.floor.skipped(skipped, floor, top)
