@@ -48,10 +48,12 @@ GROUP BY 1
 ORDER BY 1
 
 -- name: outbox_depth
--- Rows by state, except 'sent' (that count grows forever; `status` has it).
+-- Rows by state, except 'sent' (that count grows forever; `status` has it). Claimed rows are
+-- read through their lease (no index holds them by state: migration 0018).
 SELECT state, count(*) AS n
 FROM outbox
-WHERE org = :org AND state IN ('pending', 'claimed', 'dead', 'superseded')
+WHERE org = :org
+  AND (state IN ('pending', 'dead', 'superseded') OR (state = 'claimed' AND lease_until IS NOT NULL))
 GROUP BY state
 
 -- name: oldest_open
@@ -68,7 +70,7 @@ LIMIT 1
 SELECT id, lead_id, crm_object, crm_id, owner_id, found_owner, attempts, last_error,
        finished_at, state
 FROM outbox
-WHERE org = :org AND state = :state
+WHERE org = :org AND state = :state AND state <> 'claimed'  -- (the predicate of outbox_org_state_id)
 ORDER BY id DESC
 LIMIT :limit
 

@@ -12,7 +12,9 @@ SELECT pg_advisory_xact_lock(hashtext('lead-routing-connector:claim'), hashtext(
 -- Claims whose lease expired are pending again (under their ids). Reads only the leases that
 -- ended since :since, the previous rescue's now() in this dispatcher (NULL on a full claim:
 -- all), so that with a snapshot held open it steps over the lease ends of that interval, not
--- over every version ever claimed since the snapshot began. Returns this rescue's now().
+-- over every version ever claimed since the snapshot began. Returns this rescue's now(). (A
+-- claim that committed after that rescue with a lease already ended, possible only with a
+-- lease shorter than its wait for claim_lock, is freed by the next full claim.)
 WITH freed AS (
     UPDATE outbox SET state = 'pending', claimed_by = NULL, lease_until = NULL
     WHERE org = :org AND state = 'claimed' AND lease_until < now()
@@ -27,9 +29,9 @@ SELECT until, reason FROM org_pauses WHERE org = :org AND until > now()
 -- name: claim
 -- Up to :limit ready rows from id :floor up, oldest first (connector/core/floor.py says why the
 -- floor and how nothing below it is lost), skipping the rows of a parent with a claim in
--- flight. The claims in flight are read once per claim (a hashed set), by lease: after
--- rescue_expired every claim still held has an unexpired lease, and one that expired since
--- has given up (its dispatcher stops sending: decisions.lease_valid). Reading them by lease
+-- flight. The claims in flight are read once per claim (a hashed set), by lease: a claim is
+-- in flight until its lease expires (then its dispatcher has stopped sending:
+-- decisions.lease_valid; rescue_expired makes its rows pending). Reading them by lease
 -- reads only the claims of the last lease, while a snapshot held open (a long report, a
 -- forgotten transaction) keeps every version ever claimed since in any index on claimed rows
 -- (bench/snapshot.py: a probe per pending row through such an index once stalled the
@@ -90,12 +92,15 @@ SET until = GREATEST(org_pauses.until, EXCLUDED.until), reason = EXCLUDED.reason
     updated_at = now()
 
 -- name: next_due
+-- (outbox_open_age: unfinished rows are the pending and claimed ones)
 SELECT min(available_at) AS next_at, count(*) AS open
-FROM outbox WHERE org = :org AND state IN ('pending', 'claimed')
+FROM outbox WHERE org = :org AND finished_at IS NULL AND state IN ('pending', 'claimed')
 
 -- name: list_finished
 SELECT id, lead_id, crm_object, crm_id, owner_id, found_owner, attempts, last_error, finished_at
-FROM outbox WHERE org = :org AND state = :state ORDER BY id LIMIT :limit
+FROM outbox
+WHERE org = :org AND state = :state AND state <> 'claimed'  -- (the predicate of outbox_org_state_id)
+ORDER BY id LIMIT :limit
 
 -- name: retry_dead
 UPDATE outbox

@@ -811,8 +811,8 @@ CREATE INDEX intake_events_pending ON intake_events (org, id) WHERE state = 'pen
 
 -- 0018_claim_paths.sql
 -- The outbox claim reads pending rows in id order from a floor id up; claims in flight are
--- read by lease; no index on claimed or unfinished rows has a predicate that the finish
--- statements' WHERE implies (they replace the indexes created above).
+-- read by lease; no index holds claimed rows by state, so the finish statements look their
+-- rows up by primary key (they replace the indexes created above).
 DROP INDEX outbox_pending;
 CREATE INDEX outbox_pending ON outbox (org, id) WHERE state = 'pending';
 DROP INDEX outbox_claimed;
@@ -822,3 +822,5 @@ DROP INDEX outbox_open_age;
 CREATE INDEX outbox_open_age ON outbox (org, created_at) WHERE finished_at IS NULL;
 DROP INDEX intake_events_claimed;
 CREATE INDEX intake_events_leased ON intake_events (org, lease_until) WHERE lease_until IS NOT NULL;
+DROP INDEX outbox_org_state_id;
+CREATE INDEX outbox_org_state_id ON outbox (org, state, id) WHERE state <> 'claimed';

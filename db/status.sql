@@ -34,9 +34,20 @@ WHERE t.org = :org AND t.in_config
 ORDER BY t.name, m.position, m.crm_user_id
 
 -- name: outbox_counts
--- One range of outbox_org_state_id per state (a plain GROUP BY reads the whole table).
-SELECT s.state, (SELECT count(*) FROM outbox o WHERE o.org = :org AND o.state = s.state) AS n
-FROM unnest(CAST(ARRAY['pending', 'claimed', 'sent', 'dead', 'superseded'] AS text[])) AS s (state)
+-- One index range per state (a plain GROUP BY reads the whole table): outbox_org_state_id,
+-- which leaves the claimed rows out (migration 0018), and outbox_leased for those.
+SELECT 'pending' AS state,
+       (SELECT count(*) FROM outbox WHERE org = :org AND state = 'pending') AS n
+UNION ALL
+SELECT 'claimed',
+       (SELECT count(*) FROM outbox
+        WHERE org = :org AND state = 'claimed' AND lease_until IS NOT NULL)
+UNION ALL
+SELECT 'sent', (SELECT count(*) FROM outbox WHERE org = :org AND state = 'sent')
+UNION ALL
+SELECT 'dead', (SELECT count(*) FROM outbox WHERE org = :org AND state = 'dead')
+UNION ALL
+SELECT 'superseded', (SELECT count(*) FROM outbox WHERE org = :org AND state = 'superseded')
 
 -- name: skipped_counts
 SELECT reason, count(*) AS n FROM skipped_records WHERE org = :org GROUP BY reason

@@ -217,3 +217,19 @@ def test_rows_a_claim_left_pending_hold_the_floor_until_a_claim_covers_them() ->
     f.claimed([5], full=False)  # this claim stopped at 5: it says nothing of 25
     f.skipped(None, floor=5, top=5)
     assert f.next_claim() == (25, False)
+
+
+def test_a_claim_that_stops_short_of_an_earlier_report_keeps_the_floor_below_it() -> None:
+    """Claim 1 took up to 21 and left 1-10 and 15 pending (two Accounts in flight); claim 2,
+    once the first Account's write landed, took only 1-10: it says nothing of 15."""
+    f = ClaimFloor(lag=0, full_every=3600, clock=Ticks())
+    f.claimed([11, 12, 13, 14, 16, 21], full=f.next_claim()[1])
+    f.skipped(1, floor=0, top=21)
+    assert f.next_claim() == (1, False)
+    f.claimed(range(1, 11), full=False)
+    f.skipped(None, floor=1, top=10)
+    assert f.next_claim() == (11, False)  # not 22: 11-21 have not been read again
+    f.claimed([], full=False)  # (a claim that took nothing tells nothing)
+    f.claimed([15, 22], full=False)
+    f.skipped(None, floor=11, top=22)
+    assert f.next_claim() == (23, False)

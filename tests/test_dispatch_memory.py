@@ -19,7 +19,7 @@ from connector.core.config import OrgConfig, parse_config
 from connector.core.floor import ClaimFloor
 from connector.routing.assign import Lead, Router
 from connector.routing.teams import apply_teams
-from connector.writeback.dispatch import Claimed, Dispatcher
+from connector.writeback.dispatch import Claimed, Dispatcher, retry_dead
 from crm_adapters.base import PermanentError, RetryableError
 from crm_adapters.memory import MemoryCrm, ServedRequest
 from tests.clocks import Ticks
@@ -518,8 +518,7 @@ def test_a_row_requeued_below_the_floor_is_claimed_by_the_next_full_claim(org: O
     assert org.rows()[gone]["state"] == "dead"
     org.route(2)
     assert a.run_once().sent == 2  # the floor is now past the dead row
-    with org.engine.begin() as conn:  # restored in the CRM, requeued by an operator
-        conn.execute(text("UPDATE outbox SET state = 'pending' WHERE crm_id = :c"), {"c": gone})
+    assert retry_dead(org.engine, ORG) == 1  # an operator requeues it
     assert a.run_once().claimed == 0  # below the floor
     clock.now += 3600
     assert a.run_once().claimed == 1  # a full claim reads from the start
@@ -558,6 +557,23 @@ def test_a_claim_frees_the_leases_ended_since_the_previous_one_and_a_full_claim_
     assert org.states() == {"sent": 1}
 
 
+def test_a_paused_org_is_not_read_from_the_start_on_every_poll(org: Org) -> None:
+    org.route(2)
+    with org.engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO org_pauses (org, until, reason)"
+                " VALUES (:o, now() + interval '1 minute', 'test')"
+            ),
+            {"o": ORG},
+        )
+    a = _floored(org)
+    assert a.floor.next_claim()[1]  # its first claim is a full one...
+    assert a.run_once().claimed == 0
+    assert not a.floor.next_claim()[1]  # ...and it counts, though the pause claimed nothing
+    assert org.states() == {"pending": 2}
+
+
 def test_each_thread_running_a_dispatcher_keeps_its_own_floor(org: Org) -> None:
     """`connector dispatch --concurrency N` runs one Dispatcher in N threads."""
     d = org.dispatcher()
@@ -571,7 +587,12 @@ def test_each_thread_running_a_dispatcher_keeps_its_own_floor(org: Org) -> None:
 def _land(o: Org) -> None:
     """Every claim in flight finishes (as its dispatcher would, once its writes landed)."""
     with o.engine.begin() as conn:
-        conn.execute(text("UPDATE outbox SET state = 'sent' WHERE state = 'claimed'"))
+        conn.execute(
+            text(
+                "UPDATE outbox SET state = 'sent', lease_until = NULL, finished_at = now() "
+                "WHERE state = 'claimed'"
+            )
+        )
 
 
 def _ids(o: Org, crm_ids: list[str]) -> list[int]:

@@ -7,6 +7,7 @@ from typing import Any
 
 from sqlalchemy import Engine, text
 
+import db
 from connector.core.config import OrgConfig, parse_config
 from connector.routing.assign import Lead, Router
 from connector.routing.teams import apply_teams
@@ -188,3 +189,25 @@ def _without(cfg: OrgConfig, crm_user_id: str) -> list[Any]:
         t.model_copy(update={"members": [m for m in t.members if m.crm_user_id != crm_user_id]})
         for t in cfg.teams
     ]
+
+
+def test_the_inbox_gauge_counts_pending_and_claimed_events(engine: Engine) -> None:
+    """metrics.sql reads claimed events through their lease index; the count is still that of
+    `state IN ('pending', 'claimed')`."""
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO intake_events (org, source, event_key, crm_object, crm_id, state,"
+                " claimed_by, lease_until)"
+                " SELECT 'g', 'hubspot_webhook', 'e' || s, 'contacts', 'c' || s,"
+                " (ARRAY['pending', 'claimed', 'done', 'skipped', 'dead'])[1 + s % 5],"
+                " CASE WHEN s % 5 = 1 THEN 'w' END,"
+                " CASE WHEN s % 5 = 1 THEN now() + interval '1 minute' END"
+                " FROM generate_series(0, 49) AS s"
+            )
+        )
+        gauges = conn.execute(text(db.queries("metrics")["inbox_gauges"])).all()
+        plain = conn.execute(
+            text("SELECT count(*) FROM intake_events WHERE state IN ('pending', 'claimed')")
+        ).scalar_one()
+    assert [(r.org, r.n) for r in gauges] == [("g", plain)] == [("g", 20)]

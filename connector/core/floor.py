@@ -17,8 +17,8 @@ claimed, and an event can become pending again under an old id. So:
   until a claim takes it again or it has been due for a whole ``full_every``;
 * a claim may leave rows pending below the highest id it took (the outbox's rows of a parent
   in flight, a retry not yet due, a partial request given back): it tells the lowest of
-  them (``skipped``), and the floor stays at or below it until a claim whose range covers
-  it tells another;
+  them (``skipped``), and the floor stays at or below it until a claim that reads that far
+  again tells another;
 * every ``full_every`` seconds a claim reads from the start (floor 0) and frees the claims of
   workers whose lease expired. Whatever the floor passed (an insert slower than the lag,
   another process's retry, a dead event requeued by ``connector inbox retry``) is claimed by
@@ -57,12 +57,14 @@ class ClaimFloor:
         self._marks: deque[tuple[float, int]] = deque()  # (when, highest id claimed)
         self._retried: dict[int, float] = {}  # id -> when it is due again
         self._sweep: int | None = None  # where a sweep after a full claim goes on from
-        self._skipped: int | None = None  # the lowest id the last claim left pending below it
+        self._skipped: int | None = None  # lowest id a claim left pending below its top...
+        self._skipped_top = 0  # ...and the highest id those reports covered
 
     @classmethod
     def for_lease(cls, lease_seconds: float) -> ClaimFloor:
-        """The floor of a claim under this lease: a full claim (which also frees expired
-        leases) at least every 30 s, or every quarter of the lease when that is shorter."""
+        """The floor of a claim under this lease: a full claim (which also frees every expired
+        lease) every min(30 s, a quarter of the lease): 30 s for the inbox's 120-s lease, 15 s
+        for the outbox's 60-s lease."""
         return cls(lag=FLOOR_LAG_S, full_every=max(min(30.0, lease_seconds / 4), 0.01))
 
     def next_claim(self) -> tuple[int, bool]:
@@ -109,13 +111,21 @@ class ClaimFloor:
 
     def skipped(self, lowest: int | None, floor: int, top: int) -> None:
         """After a claim from ``floor`` that took rows up to id ``top``: the lowest id it left
-        pending in that range, or None. It replaces what an earlier claim told when this
-        range covered it; one above ``top`` (a claim that stopped short of it: a sweep, a
-        full claim's first batch) still holds."""
-        prev = self._skipped
-        if prev is not None and not floor <= prev <= top:
-            lowest = prev if lowest is None else min(prev, lowest)
-        self._skipped = lowest
+        pending in that range, or None. What earlier claims told stands where this range
+        does not cover it: a report below ``floor`` or above ``top`` still holds, and when
+        an earlier report covered ids beyond ``top``, the floor stays at or below ``top + 1``
+        until a claim covers them again."""
+        prev, prev_top = self._skipped, self._skipped_top
+        if prev is None:
+            self._skipped, self._skipped_top = lowest, max(top, prev_top)
+        elif not floor <= prev <= top:  # this claim did not read the earlier report's row
+            self._skipped = prev if lowest is None else min(prev, lowest)
+            self._skipped_top = max(top, prev_top)
+        elif top >= prev_top:  # it read everything the earlier reports covered
+            self._skipped, self._skipped_top = lowest, top
+        else:  # it stopped short of what they covered: (top, prev_top] is unknown again
+            self._skipped = top + 1 if lowest is None else min(lowest, top + 1)
+            self._skipped_top = prev_top
 
     def rescheduled(self, ids_due_in: Iterable[tuple[int, float]]) -> None:
         """Events this worker set back to pending, each due in so many seconds."""

@@ -7,12 +7,14 @@ claim in flight is not claimed again until that claim finishes, and a claim's re
 (``plan_batches``: sorted by parent, cut into full batches) go out one after another, so one
 Account is never locked by two of our requests at the same time (Salesforce's
 UNABLE_TO_LOCK_ROW). A partial request goes out only from a claim that took every ready row
-while no other claim was in flight (``hold_tail``); CRM quotas count requests. Claims read
+from its floor up while no other claim was in flight (``hold_tail``); CRM quotas count
+requests. (A row below the floor, such as another process's retry, is taken by the next full
+claim, possibly in a partial request of its own.) Claims read
 pending rows from a floor id up (connector/core/floor.py). Each claim first frees the rows
-whose lease ended since the same thread's previous claim (a full claim from the start, at
-least every 15 s, frees every expired lease), so the rows of a dispatcher that died are
-claimed again once their lease expires; the dead worker's late result is ignored because
-finishing checks the claim token.
+whose lease ended since the same thread's previous claim (a full claim from the start,
+every min(30 s, a quarter of the lease), frees every expired lease), so the rows of a
+dispatcher that died are claimed again once their lease expires; the dead worker's late
+result is ignored because finishing checks the claim token.
 
 The CRM is the system of record: just before each write request the dispatcher reads the
 current owners of its records (one read per request, same batching) and writes only those
@@ -208,8 +210,12 @@ class Dispatcher:
                     len(rescued),
                 )
             if conn.execute(_SQL["paused_until"], {"org": self.org}).first() is not None:
-                self._local.rescued_at = rescued_at  # (returning commits the rescue)
+                # Returning commits the rescue. A full claim counts as done: while the org is
+                # paused nothing is claimed, and reading from the start on every poll would
+                # only cost time (with a snapshot held open, a lot of it).
+                self._local.rescued_at = rescued_at
                 self.floor.rescued(rescued)
+                self.floor.claimed([], full)
                 return []
             # Asked before the claim: under claim_lock other claims can only finish, so "none
             # in flight" stays true through the claim, which then excludes no parent. Asked
