@@ -437,9 +437,9 @@ def main() -> None:
                     # events not yet read back and routed, then owner writes not yet sent
                     left = conn.execute(
                         text(
-                            "SELECT (SELECT count(*) FROM intake_events "
-                            "WHERE state IN ('pending','claimed')) + (SELECT count(*) "
-                            "FROM outbox WHERE state IN ('pending','claimed'))"
+                            "SELECT (SELECT count(*) FROM intake_events WHERE state = 'pending'"
+                            " OR (state = 'claimed' AND lease_until IS NOT NULL))"
+                            " + (SELECT count(*) FROM outbox WHERE finished_at IS NULL)"
                         )
                     ).scalar_one()
                 if left == 0:

@@ -543,7 +543,7 @@ def check_invariants(
         leads, assigned, open_rows, dead = conn.execute(
             text(
                 "SELECT (SELECT count(*) FROM leads), (SELECT count(*) FROM assignments), "
-                "(SELECT count(*) FROM outbox WHERE state IN ('pending', 'claimed')), "
+                "(SELECT count(*) FROM outbox WHERE finished_at IS NULL), "
                 "(SELECT count(*) FROM outbox WHERE state = 'dead')"
             )
         ).one()
@@ -588,7 +588,7 @@ def wait_drained(
             leads, assigned, open_rows, inbox = conn.execute(
                 text(
                     "SELECT (SELECT count(*) FROM leads), (SELECT count(*) FROM assignments), "
-                    "(SELECT count(*) FROM outbox WHERE state IN ('pending', 'claimed')), "
+                    "(SELECT count(*) FROM outbox WHERE finished_at IS NULL), "
                     "(SELECT count(*) FROM intake_events WHERE state IN ('pending', 'claimed'))"
                 )
             ).one()

@@ -137,6 +137,18 @@ def test_status_counts_equal_the_plain_join(engine: Engine) -> None:
         )
         conn.execute(text("UPDATE outbox SET state = 'sent', finished_at = now() WHERE id % 3 = 0"))
         conn.execute(text("UPDATE outbox SET state = 'dead' WHERE id % 7 = 1"))
+        conn.execute(
+            text(
+                "UPDATE outbox SET state = 'claimed', claimed_by = 't', "
+                "lease_until = now() + interval '1 minute' WHERE id % 5 = 2 AND state = 'pending'"
+            )
+        )
+        conn.execute(
+            text(
+                "UPDATE outbox SET state = 'superseded', finished_at = now() "
+                "WHERE id % 11 = 4 AND state = 'pending'"
+            )
+        )
     winners = {r: a for a, r in _owners(engine)}
     merge_copy(engine, winners[ada], ada, MATCHED)  # a matched copy: out of both counts
     merge_copy(engine, winners[ada], ada, None)
@@ -154,7 +166,14 @@ def test_status_counts_equal_the_plain_join(engine: Engine) -> None:
     # the cases above are all there (so the comparison can tell the two apart)
     assert got["leads"] == (15, 14)
     assert got["members"][ada][1] == 2 and got["members"][barbara][0] > 0
-    assert set(got["outbox"].values()) != {0}
+    assert all(got["outbox"][s] > 0 for s in ("pending", "claimed", "sent", "dead", "superseded"))
+    # the dashboard's depth and the metrics' gauges count the same rows by state
+    plain = {s: n for s, n in expected["outbox"].items() if s != "sent"}
+    with engine.connect() as conn:
+        depth = conn.execute(text(db.queries("dashboard")["outbox_depth"]), {"org": "acme"}).all()
+        gauges = conn.execute(text(db.queries("metrics")["outbox_gauges"])).all()
+    assert {r.state: r.n for r in depth} == plain
+    assert {r.state: r.n for r in gauges if r.org == "acme"} == plain
     with engine.connect() as conn:
         merged_assigned = conn.execute(
             text(

@@ -241,7 +241,7 @@ def wait_until_done(engine: Engine, expected: int, timeout: float) -> bool:
             leads, assigned, open_rows, inbox = conn.execute(
                 text(
                     "SELECT (SELECT count(*) FROM leads), (SELECT count(*) FROM assignments), "
-                    "(SELECT count(*) FROM outbox WHERE state IN ('pending', 'claimed')), "
+                    "(SELECT count(*) FROM outbox WHERE finished_at IS NULL), "
                     "(SELECT count(*) FROM intake_events WHERE state IN ('pending', 'claimed'))"
                 )
             ).one()

@@ -23,7 +23,7 @@
 --
 -- The migration runs in one transaction, and DROP INDEX locks its table until it commits:
 -- every read and write of outbox and intake_events (claims, finishes, the receivers' inserts,
--- the dashboard) waits while the new indexes are built, which reads both tables once
+-- the dashboard) waits while the new indexes are built, each reading its table once
 -- (seconds for millions of rows). Migrate between bursts.
 DROP INDEX outbox_pending;
 CREATE INDEX outbox_pending ON outbox (org, id) WHERE state = 'pending';
