@@ -180,13 +180,16 @@ def test_a_nudged_dispatcher_writes_after_the_inbox_round_not_before(
     nudges.nudge(cfg.org)  # the first round goes at once
     t.start()
     try:
+        # (a round's stats are reported after its rows are finished: wait for both)
         wait_until(lambda: _outbox_states(engine) == {"sent": 3}, 30, "the first round sent")
+        wait_until(lambda: rounds == [3], 30, "the first round reported")
         later = [hs.add_record("contacts") for _ in range(2)]
         router.assign_many([Lead(i, {}) for i in later], "import")
         assert _outbox_states(engine) == {"sent": 3, "pending": 2}  # waiting for the nudge
         assert rounds == [3]
         nudges.nudge(cfg.org)
         wait_until(lambda: _outbox_states(engine) == {"sent": 5}, 30, "the nudged round sent")
+        wait_until(lambda: len(rounds) == 2, 30, "the nudged round reported")
         assert rounds == [3, 2]
     finally:
         stop.set()
