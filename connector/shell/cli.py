@@ -22,7 +22,7 @@ from connector.core.config import (
     pick_org,
 )
 from connector.core.errors import DatabaseError, DatabaseUnavailable, UsageError
-from connector.shell.store import open_database, vacuum_warning
+from connector.shell.store import open_database, warn_if_vacuum_off
 from crm_adapters.base import CrmError
 
 log = logging.getLogger("connector")
@@ -290,9 +290,7 @@ def cmd_dispatch(args: argparse.Namespace) -> int:
     configs = _configs(args)
     orgs = [pick_org(configs, args.org)] if args.org else list(all_orgs(configs))
     engine = open_database(orgs)
-    warning = vacuum_warning(engine)
-    if warning is not None:
-        log.warning("%s", warning)
+    warn_if_vacuum_off(engine)
     dispatchers = [
         Dispatcher(
             engine,

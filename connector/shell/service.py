@@ -33,7 +33,7 @@ from connector.core.pacing import Nudges, Spacer, org_pacing
 from connector.intake.http_server import build_server
 from connector.intake.poller import Poller
 from connector.shell.adapters import Adapters
-from connector.shell.store import vacuum_warning
+from connector.shell.store import warn_if_vacuum_off
 from connector.writeback.dispatch import Dispatcher, DispatchStats
 from crm_adapters.base import CrmAdapter
 
@@ -266,9 +266,7 @@ def run_service(
 
     if admin_port is not None:
         check_admin_binding(admin_host, admin_token)
-    warning = vacuum_warning(engine)
-    if warning is not None:
-        log.warning("%s", warning)
+    warn_if_vacuum_off(engine)
     adapters = Adapters(configs)
     metrics = Metrics(engine, configs)
     stop = threading.Event()

@@ -338,6 +338,13 @@ def vacuum_warning(engine: Engine) -> str | None:
     return vacuum_warning_for({r.name: r.setting for r in rows})
 
 
+def warn_if_vacuum_off(engine: Engine) -> None:
+    """Log `vacuum_warning` when there is one (the long-running commands, at start)."""
+    warning = vacuum_warning(engine)
+    if warning is not None:
+        log.warning("%s", warning)
+
+
 def pending_migrations(engine: Engine) -> list[int]:
     q = db.queries("migrate")
     with engine.connect() as conn:

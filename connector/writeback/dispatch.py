@@ -6,15 +6,15 @@ open, and the result is recorded in another short transaction. A parent Account 
 claim in flight is not claimed again until that claim finishes, and a claim's requests
 (``plan_batches``: sorted by parent, cut into full batches) go out one after another, so one
 Account is never locked by two of our requests at the same time (Salesforce's
-UNABLE_TO_LOCK_ROW). A partial request goes out only from a claim that took every ready row
-from its floor up while no other claim was in flight (``hold_tail``); CRM quotas count
-requests. (A row below the floor, such as another process's retry, is taken by the next full
-claim, possibly in a partial request of its own.) Claims read
-pending rows from a floor id up (connector/core/floor.py). Each claim first frees the rows
-whose lease ended since the same thread's previous claim (a full claim from the start,
-every min(30 s, a quarter of the lease), frees every expired lease), so the rows of a
-dispatcher that died are claimed again once their lease expires; the dead worker's late
-result is ignored because finishing checks the claim token.
+UNABLE_TO_LOCK_ROW). Claims read pending rows from a floor id up (connector/core/floor.py).
+A partial request goes out only from a claim that took every ready row from its floor up
+while no other claim was in flight (``hold_tail``); CRM quotas count requests. (A row below
+the floor, such as another process's retry, is taken by the next full claim, possibly in a
+partial request of its own.) Each claim first frees the rows whose lease ended since the
+same thread's previous claim (a full claim from the start, every min(30 s, a quarter of the
+lease), frees every expired lease), so the rows of a dispatcher that died are claimed again
+once their lease expires; the dead worker's late result is ignored because finishing checks
+the claim token.
 
 The CRM is the system of record: just before each write request the dispatcher reads the
 current owners of its records (one read per request, same batching) and writes only those
@@ -37,6 +37,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Engine, TextClause, text
@@ -213,9 +214,7 @@ class Dispatcher:
                 # Returning commits the rescue. A full claim counts as done: while the org is
                 # paused nothing is claimed, and reading from the start on every poll would
                 # only cost time (with a snapshot held open, a lot of it).
-                self._local.rescued_at = rescued_at
-                self.floor.rescued(rescued)
-                self.floor.claimed([], full)
+                self._committed(rescued_at, rescued, [], full)
                 return []
             # Asked before the claim: under claim_lock other claims can only finish, so "none
             # in flight" stays true through the claim, which then excludes no parent. Asked
@@ -262,12 +261,18 @@ class Dispatcher:
                 skipped = conn.execute(
                     _SQL["lowest_skipped"], {"org": self.org, "floor": floor, "top": top}
                 ).scalar_one()
-        self._local.rescued_at = rescued_at
-        self.floor.rescued(rescued)
-        self.floor.claimed((c.id for c in claimed), full, exhausted=len(claimed) < self.claim_limit)
+        self._committed(rescued_at, rescued, [c.id for c in claimed], full)
         if claimed:
             self.floor.skipped(skipped, floor, top)
         return plan.kept
+
+    def _committed(
+        self, rescued_at: datetime, rescued: list[int], ids: list[int], full: bool
+    ) -> None:
+        """Tell this thread's floor and rescue window what a committed claim did."""
+        self._local.rescued_at = rescued_at
+        self.floor.rescued(rescued)
+        self.floor.claimed(ids, full, exhausted=len(ids) < self.claim_limit)
 
     # -- one round --------------------------------------------------------------------------
     def run_once(self) -> DispatchStats:
