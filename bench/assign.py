@@ -1,6 +1,7 @@
 """Benchmark: assignment speed and fairness vs the one-statement ceiling and the naive rotation.
 
-    .venv/bin/python -m bench.assign [--quick] [--only MODE:WORKERS[:LEADS[:BATCH]] ...]
+    .venv/bin/python -m bench.assign [--quick] [--history N]
+                                     [--only MODE:WORKERS[:LEADS[:BATCH]] ...]
 
 Every configuration runs in a fresh database on the same server in the same run (the
 embedded PostgreSQL, or BENCH_DATABASE_URL), one team of 10 equal-weight reps, workers as
@@ -8,6 +9,10 @@ separate processes released together. The ceiling (``ceiling``, ``ceiling_batch`
 work as one prepared statement a call (bench/ceiling.sql, see bench/harness.py). Prints a
 table and the ratios project / ceiling, and writes bench/results/assign.json (with the load
 average before and after, since other work on the machine moves these figures).
+
+``--history N`` first gives the team N earlier leads, assigned round robin, and ANALYZEs (as
+autovacuum would): a database in production holds many assignments, and the planner's
+estimates, so its choice of plans, follow the table's size.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import Engine, text
+
 from bench.harness import ENV, RunResult, fairness, run, team_yaml
 from connector.core.config import parse_config
 from connector.routing.teams import apply_teams
@@ -28,14 +35,53 @@ from tests.pg import DatabaseFactory, server_url
 
 RESULTS = Path(__file__).parent / "results"
 
+# The team's earlier leads: N leads assigned round robin over its reps (N a multiple of their
+# number, so the counts stay equal and the fairness check still applies), counts bumped.
+HISTORY = """
+WITH m AS (
+    SELECT mb.id, mb.crm_user_id, mb.team_id, t.epoch,
+           row_number() OVER (ORDER BY mb.id) - 1 AS k, count(*) OVER () AS n
+    FROM members mb JOIN teams t ON t.id = mb.team_id
+), l AS (
+    INSERT INTO leads (org, crm_object, crm_id, fields, source)
+    SELECT 'bench', 'Lead', 'H' || lpad(g::text, 10, '0'), '{}', 'import'
+    FROM generate_series(0, :n - 1) AS g
+    RETURNING id, crm_id
+), a AS (
+    INSERT INTO assignments (lead_id, org, team_id, member_id, crm_user_id, epoch,
+                             rule_index, rule_name, source)
+    SELECT l.id, 'bench', m.team_id, m.id, m.crm_user_id, m.epoch, 0, 'rule 0: default',
+           'import'
+    FROM l JOIN m ON m.k = CAST(substr(l.crm_id, 2) AS bigint) % m.n
+    RETURNING member_id
+)
+UPDATE members mb SET assigned_in_epoch = mb.assigned_in_epoch + c.n
+FROM (SELECT member_id, count(*) AS n FROM a GROUP BY member_id) c
+WHERE mb.id = c.member_id
+"""
+
+
+def seed_history(engine: Engine, n: int) -> None:
+    with engine.begin() as conn:
+        conn.execute(text(HISTORY), {"n": n})
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(text("ANALYZE"))
+
 
 def one(
-    factory: DatabaseFactory, mode: str, workers: int, leads: int, batch: int = 1
+    factory: DatabaseFactory,
+    mode: str,
+    workers: int,
+    leads: int,
+    batch: int = 1,
+    history: int = 0,
 ) -> dict[str, Any]:
     url = factory.new()
     yaml_text = team_yaml(10)
     engine = make_engine(url, pool_size=1)
     apply_teams(engine, parse_config(yaml_text, "bench.yaml", ENV))
+    if history:
+        seed_history(engine, history)
     ids = [f"00Q{mode[:2]}{i:010d}" for i in range(leads)]
     result: RunResult = run(mode, url, yaml_text, ids, workers, batch=batch)
     report = fairness(engine, "bench")
@@ -54,6 +100,7 @@ def one(
         "spread": report["spread"],
         "double_owners": report["double_owners"],
         "assigned": report["assigned"],
+        "history": history,
     }
     print(
         f"{mode:<14} workers={workers:<3} batch={batch:<4} leads={leads:<6} "
@@ -65,7 +112,7 @@ def one(
     return row
 
 
-def adhoc(specs: list[str]) -> None:
+def adhoc(specs: list[str], history: int = 0) -> None:
     """Run the given configurations (e.g. ``ceiling:4:600`` or ``project_batch:1:5000:500``)."""
     factory = DatabaseFactory(os.environ.get("BENCH_DATABASE_URL") or server_url())
     try:
@@ -73,7 +120,7 @@ def adhoc(specs: list[str]) -> None:
             mode, workers, *rest = spec.split(":")
             leads = int(rest[0]) if rest else 600
             batch = int(rest[1]) if len(rest) > 1 else 1
-            one(factory, mode, int(workers), leads, batch=batch)
+            one(factory, mode, int(workers), leads, batch=batch, history=history)
     finally:
         factory.drop_all()
 
@@ -87,9 +134,18 @@ def main() -> None:
         metavar="MODE:WORKERS[:LEADS[:BATCH]]",
         help="run just these configurations, print them, write nothing",
     )
+    ap.add_argument(
+        "--history",
+        type=int,
+        default=0,
+        metavar="N",
+        help="give the team N earlier assigned leads first (a multiple of its 10 reps)",
+    )
     args = ap.parse_args()
+    if args.history % 10:
+        ap.error("--history must be a multiple of the team's 10 reps")
     if args.only:
-        adhoc(args.only)
+        adhoc(args.only, args.history)
         return
     per_lead = 600 if args.quick else 3000
     batched = 5000 if args.quick else 40_000
@@ -101,10 +157,10 @@ def main() -> None:
     try:
         for workers in (1, 4, 16):
             for mode in ("ceiling", "project", "naive"):
-                rows.append(one(factory, mode, workers, per_lead))
+                rows.append(one(factory, mode, workers, per_lead, history=args.history))
         for workers in (1, 4, 16):
             for mode in ("ceiling_batch", "project_batch"):
-                rows.append(one(factory, mode, workers, batched, batch=500))
+                rows.append(one(factory, mode, workers, batched, batch=500, history=args.history))
     finally:
         factory.drop_all()
 
@@ -132,12 +188,13 @@ def main() -> None:
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
         "database": "BENCH_DATABASE_URL" if os.environ.get("BENCH_DATABASE_URL") else "embedded",
         "quick": args.quick,
+        "history": args.history,
         "rows": rows,
         "ratios": ratios,
         "load_average": {"before": load_before, "after": os.getloadavg()},
         "seconds_total": round(time.time() - t0, 1),
     }
-    path = RESULTS / "assign.json"
+    path = RESULTS / ("assign.json" if not args.history else f"assign-history-{args.history}.json")
     path.write_text(json.dumps(out, indent=2) + "\n")
     print(f"wrote {path}")
 

@@ -25,7 +25,8 @@ INSERT INTO schema_migrations (version, name) VALUES
     (15, 'queue_autovacuum'),
     (16, 'catch_up_heavy_reps'),
     (17, 'inbox_claim_floor'),
-    (18, 'claim_paths');
+    (18, 'claim_paths'),
+    (19, 'route_lead_plain');
 
 -- 0001_routing.sql
 -- Routing state: teams, members, leads, assignments and the write-back outbox.
@@ -558,6 +559,37 @@ BEGIN
 END
 $$;
 
+-- Same columns as rotation_pick; ids/weights/turns/positions describe the ACTIVE seats.
+-- Seats in rotation order (heavier first, then position, then id); the pick: released seats
+-- (turns * total / weight <= the turns given so far) before the others, then the earliest
+-- deadline, then rotation order (rotation_pick keeps the first of equal deadlines).
+CREATE FUNCTION rotation_pick_plain(
+    ids bigint[], weights integer[], turns bigint[], positions integer[]
+)
+RETURNS TABLE (
+    member_id bigint, cand_ids bigint[], cand_skips text[], credit_ids bigint[],
+    credit_ns bigint[], cand_weights integer[], cand_turns bigint[]
+)
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    WITH s AS (
+        SELECT u.id, u.w, u.t, row_number() OVER (ORDER BY u.w DESC, u.p, u.id) AS k
+        FROM unnest(ids, weights, turns, positions) AS u (id, w, t, p)
+    ), total AS (
+        SELECT CAST(sum(s.w) AS bigint) AS w, CAST(sum(s.t) AS bigint) AS slot FROM s
+    )
+    SELECT (SELECT s.id FROM s, total
+            ORDER BY s.t * total.w / s.w > total.slot,
+                     ((s.t + 1) * total.w + s.w - 1) / s.w, s.k
+            LIMIT 1),
+           coalesce(array_agg(s.id ORDER BY s.k), '{}'),
+           array_fill(NULL::text, ARRAY[CAST(count(*) AS integer)]),
+           CAST('{}' AS bigint[]), CAST('{}' AS bigint[]),
+           coalesce(array_agg(s.w ORDER BY s.k), '{}'),
+           coalesce(array_agg(s.t ORDER BY s.k), '{}')
+    FROM s
+$$;
+
 -- Assign one new lead of a rotation rule (no overflow team): see the top of this file.
 -- users/blocked/per_day/per_week describe the configured members (by CRM user id); a member
 -- row the config does not name gets the team's caps (team_per_day, team_per_week).
@@ -589,6 +621,7 @@ DECLARE
     v_owner   text;
     v_name    text;
     v_detail  jsonb;
+    v_recent  bigint[] := '{}';
 BEGIN
     team := p_team;
     PERFORM FROM teams t WHERE t.org = p_org AND t.name = p_team AND t.in_config;
@@ -635,8 +668,16 @@ BEGIN
     IF NOT FOUND THEN
         RAISE EXCEPTION 'team of org is no longer in the database' USING ERRCODE = 'P0002';
     END IF;
-    -- A new statement, so a fresh snapshot: the counts, caps counters and latest owners the
-    -- previous lock holder committed. The pick is made in the same statement.
+    -- catch-up's latest owners, read after the lock (a fresh snapshot). Not in the member
+    -- read below: its LIMIT, unknown to a generic plan, made the planner re-plan that
+    -- statement on every call (about half of the function's time, measured).
+    IF p_max_in_a_row IS NOT NULL THEN
+        SELECT coalesce(array_agg(r.member_id ORDER BY r.id DESC), '{}') INTO v_recent
+        FROM (SELECT a.id, a.member_id FROM assignments a WHERE a.team_id = v_team
+              ORDER BY a.id DESC LIMIT p_max_in_a_row) r;
+    END IF;
+    -- A new statement, so a fresh snapshot: the counts and caps counters the previous lock
+    -- holder committed. The pick is made in the same statement.
     SELECT x.*, p.member_id AS pick, p.cand_ids AS seat_ids, p.cand_skips AS seat_skips,
            p.cand_weights AS seat_weights, p.cand_turns AS seat_turns, p.credit_ids, p.credit_ns,
            x.users[array_position(x.ids, p.member_id)] AS owner,
@@ -657,7 +698,11 @@ BEGIN
                coalesce(array_agg(y.turns) FILTER (WHERE y.active), '{}') AS s_turns,
                coalesce(array_agg(y.position) FILTER (WHERE y.active), '{}') AS s_positions,
                coalesce(array_agg(y.why) FILTER (WHERE y.active), '{}') AS s_why,
-               coalesce(array_agg(y.room) FILTER (WHERE y.active), '{}') AS s_room
+               coalesce(array_agg(y.room) FILTER (WHERE y.active), '{}') AS s_room,
+               -- nothing to skip or credit and no catch-up: the plain rotation's pick
+               p_max_in_a_row IS NULL
+               AND coalesce(bool_and(y.why IS NULL AND coalesce(y.room, 1) > 0)
+                            FILTER (WHERE y.active), true) AS plain
         FROM (
             SELECT mb.id, mb.weight, mb.assigned_in_epoch + mb.credited_in_epoch AS turns,
                    mb.position, mb.active, mb.crm_user_id, mb.name,
@@ -696,12 +741,15 @@ BEGIN
             WHERE mb.team_id = v_team AND mb.in_config
         ) y
     ) x
-    CROSS JOIN LATERAL rotation_pick(
-        x.s_ids, x.s_weights, x.s_turns, x.s_positions, x.s_why, x.s_room,
-        p_max_in_a_row,
-        (SELECT coalesce(array_agg(r.member_id ORDER BY r.id DESC), '{}')
-         FROM (SELECT a.id, a.member_id FROM assignments a WHERE a.team_id = v_team
-               ORDER BY a.id DESC LIMIT coalesce(p_max_in_a_row, 0)) r)
+    -- only one arm runs: each is gated by x.plain (a one-time filter)
+    CROSS JOIN LATERAL (
+        SELECT * FROM rotation_pick_plain(x.s_ids, x.s_weights, x.s_turns, x.s_positions)
+        WHERE x.plain
+        UNION ALL
+        SELECT * FROM rotation_pick(
+            x.s_ids, x.s_weights, x.s_turns, x.s_positions, x.s_why, x.s_room,
+            p_max_in_a_row, v_recent)
+        WHERE NOT x.plain
     ) p;
     v_owner := m.owner;
     v_name := m.owner_name;
@@ -744,14 +792,14 @@ BEGIN
     END IF;
     -- every write in one statement (like record_assignments and record_decisions)
     WITH bump AS (
+        -- the pick and the credited seats, by primary key (a join with the credits was
+        -- planned as a scan of every member of every team)
         UPDATE members mb
         SET assigned_in_epoch = mb.assigned_in_epoch
                                 + CASE WHEN mb.id = m.pick THEN 1 ELSE 0 END,
-            credited_in_epoch = mb.credited_in_epoch + c.n
-        FROM (SELECT m.pick AS id, 0::bigint AS n
-              UNION ALL
-              SELECT u.id, u.n FROM unnest(m.credit_ids, m.credit_ns) u (id, n)) c
-        WHERE mb.id = c.id
+            credited_in_epoch = mb.credited_in_epoch
+                                + coalesce(m.credit_ns[array_position(m.credit_ids, mb.id)], 0)
+        WHERE mb.id = ANY (m.pick || m.credit_ids)
         RETURNING mb.id
     ), load AS (
         INSERT INTO member_load (member_id, period, starts_on, assigned)
@@ -824,3 +872,8 @@ DROP INDEX intake_events_claimed;
 CREATE INDEX intake_events_leased ON intake_events (org, lease_until) WHERE lease_until IS NOT NULL;
 DROP INDEX outbox_org_state_id;
 CREATE INDEX outbox_org_state_id ON outbox (org, state, id) WHERE state <> 'claimed';
+
+-- 0019_route_lead_plain.sql
+-- rotation_pick_plain and route_lead (above, as they now read): catch-up's latest owners
+-- read in a statement of their own (the member read was re-planned on every call once
+-- `assignments` grew), the plain rotation's pick in SQL, the members bumped by primary key.

@@ -50,6 +50,13 @@ CATALOG = {
         WHERE n.nspname = 'public' ORDER BY c.relname
     """,
     "versions": "SELECT version, name FROM schema_migrations ORDER BY version",
+    # a function replaced by a migration must read the same in db/schema.sql
+    "functions": """
+        SELECT p.proname, pg_get_function_identity_arguments(p.oid),
+               pg_get_function_result(p.oid), p.provolatile, p.proconfig, md5(p.prosrc)
+        FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+        WHERE n.nspname = 'public' ORDER BY 1, 2
+    """,
 }
 
 
@@ -91,6 +98,9 @@ def test_migrations_produce_schema_sql(databases: DatabaseFactory, blank: Engine
     tables = {r[0] for r in got["relations"] if r[1] == "r"}
     assert {"schema_migrations", "teams", "members", "leads", "assignments", "outbox"} <= tables
     assert ("assignments", "assignments_lead_id_key", "u", "UNIQUE (lead_id)") in got["constraints"]
+    assert {"route_lead", "rotation_pick", "rotation_pick_plain"} <= {
+        r[0] for r in got["functions"]
+    }
 
 
 def test_migrate_is_idempotent(blank: Engine) -> None:
