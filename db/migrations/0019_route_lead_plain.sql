@@ -13,6 +13,7 @@
 --   tests/test_route_lead.py checks it against rotation_pick and pick_available.
 -- * The members it bumps (the pick and the credited seats) are updated by primary key: the
 --   join with the credits was planned as a scan of every member of every team.
+-- * A repeat's stored outcome is looked up in one place (two copies before).
 
 -- Same columns as rotation_pick; ids/weights/turns/positions describe the ACTIVE seats.
 -- Seats in rotation order (heavier first, then position, then id); the pick: released seats
@@ -77,12 +78,20 @@ DECLARE
     v_name    text;
     v_detail  jsonb;
     v_recent  bigint[] := '{}';
+    v_has_team boolean;
 BEGIN
     team := p_team;
     PERFORM FROM teams t WHERE t.org = p_org AND t.name = p_team AND t.in_config;
-    IF NOT FOUND THEN
-        -- a repeat still gets its stored outcome, as on the general path (which never looks
-        -- at the team of a lead it already has)
+    v_has_team := FOUND;
+    IF v_has_team THEN
+        INSERT INTO leads (org, crm_object, crm_id, fields, parent_id, source)
+        VALUES (p_org, p_crm_object, p_crm_id, p_fields, p_parent_id, p_source)
+        ON CONFLICT (org, crm_object, crm_id) WHERE merged_into IS NULL DO NOTHING
+        RETURNING id, received_at INTO v_lead, v_received;
+    END IF;
+    IF v_lead IS NULL THEN
+        -- A repeat gets its stored outcome, even when its team left the database, as on the
+        -- general path (which never looks at the team of a lead it already has).
         SELECT l.id, a.crm_user_id, t.name, mm.name,
                CASE WHEN a.crm_user_id IS NULL THEN l.unassigned_reason END
         INTO lead_id, owner_id, team, owner_name, reason
@@ -92,28 +101,12 @@ BEGIN
         LEFT JOIN members mm ON mm.id = a.member_id
         WHERE l.org = p_org AND l.crm_object = p_crm_object AND l.crm_id = p_crm_id
           AND l.merged_into IS NULL;
-        status := CASE WHEN FOUND THEN 'duplicate' ELSE 'no_team' END;
-        IF NOT FOUND THEN
+        IF FOUND OR v_has_team THEN
+            status := 'duplicate';
+        ELSE  -- nothing written
+            status := 'no_team';
             team := p_team;
         END IF;
-        RETURN NEXT;
-        RETURN;
-    END IF;
-    INSERT INTO leads (org, crm_object, crm_id, fields, parent_id, source)
-    VALUES (p_org, p_crm_object, p_crm_id, p_fields, p_parent_id, p_source)
-    ON CONFLICT (org, crm_object, crm_id) WHERE merged_into IS NULL DO NOTHING
-    RETURNING id, received_at INTO v_lead, v_received;
-    IF v_lead IS NULL THEN
-        status := 'duplicate';
-        SELECT l.id, a.crm_user_id, t.name, mm.name,
-               CASE WHEN a.crm_user_id IS NULL THEN l.unassigned_reason END
-        INTO lead_id, owner_id, team, owner_name, reason
-        FROM leads l
-        LEFT JOIN assignments a ON a.lead_id = l.id
-        LEFT JOIN teams t ON t.id = a.team_id
-        LEFT JOIN members mm ON mm.id = a.member_id
-        WHERE l.org = p_org AND l.crm_object = p_crm_object AND l.crm_id = p_crm_id
-          AND l.merged_into IS NULL;
         RETURN NEXT;
         RETURN;
     END IF;
