@@ -99,7 +99,7 @@ def one(
         "p99_ms": round(result.percentile(99) * 1000, 2),
         "spread": report["spread"],
         "double_owners": report["double_owners"],
-        "assigned": report["assigned"],
+        "assigned": report["assigned"] - history,  # this run's leads only
         "history": history,
     }
     print(
@@ -142,8 +142,8 @@ def main() -> None:
         help="give the team N earlier assigned leads first (a multiple of its 10 reps)",
     )
     args = ap.parse_args()
-    if args.history % 10:
-        ap.error("--history must be a multiple of the team's 10 reps")
+    if args.history < 0 or args.history % 10:
+        ap.error("--history must be 0 or a positive multiple of the team's 10 reps")
     if args.only:
         adhoc(args.only, args.history)
         return

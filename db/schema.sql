@@ -590,7 +590,7 @@ AS $$
     FROM s
 $$;
 
--- Assign one new lead of a rotation rule (no overflow team): see the top of this file.
+-- Assign one new lead of a rotation rule (no overflow team): see 0014_route_lead.sql above.
 -- users/blocked/per_day/per_week describe the configured members (by CRM user id); a member
 -- row the config does not name gets the team's caps (team_per_day, team_per_week).
 -- Returns status 'assigned', 'unassigned' (reason set), 'duplicate' (the stored outcome of
@@ -623,6 +623,7 @@ DECLARE
     v_detail  jsonb;
     v_recent  bigint[] := '{}';
     v_has_team boolean;
+    v_member  bigint;
 BEGIN
     team := p_team;
     PERFORM FROM teams t WHERE t.org = p_org AND t.name = p_team AND t.in_config;
@@ -660,13 +661,18 @@ BEGIN
     IF NOT FOUND THEN
         RAISE EXCEPTION 'team of org is no longer in the database' USING ERRCODE = 'P0002';
     END IF;
-    -- catch-up's latest owners, read after the lock (a fresh snapshot). Not in the member
-    -- read below: its LIMIT, unknown to a generic plan, made the planner re-plan that
-    -- statement on every call (about half of the function's time, measured).
+    -- catch-up's latest owners, newest first, read after the lock (a fresh snapshot). Not
+    -- in the member read below, and not with a LIMIT: a LIMIT that is a parameter is unknown
+    -- to a generic plan, which the planner then costs by the size of `assignments`, and it
+    -- re-plans the statement on every call (the header of migration 0019). A loop over the
+    -- team's assignments in index order stops after K.
     IF p_max_in_a_row IS NOT NULL THEN
-        SELECT coalesce(array_agg(r.member_id ORDER BY r.id DESC), '{}') INTO v_recent
-        FROM (SELECT a.id, a.member_id FROM assignments a WHERE a.team_id = v_team
-              ORDER BY a.id DESC LIMIT p_max_in_a_row) r;
+        FOR v_member IN
+            SELECT a.member_id FROM assignments a WHERE a.team_id = v_team ORDER BY a.id DESC
+        LOOP
+            v_recent := v_recent || v_member;
+            EXIT WHEN cardinality(v_recent) >= p_max_in_a_row;
+        END LOOP;
     END IF;
     -- A new statement, so a fresh snapshot: the counts and caps counters the previous lock
     -- holder committed. The pick is made in the same statement.

@@ -53,8 +53,10 @@ CATALOG = {
     # a function replaced by a migration must read the same in db/schema.sql
     "functions": """
         SELECT p.proname, pg_get_function_identity_arguments(p.oid),
-               pg_get_function_result(p.oid), p.provolatile, p.proconfig, md5(p.prosrc)
+               pg_get_function_result(p.oid), l.lanname, p.provolatile, p.proisstrict,
+               p.proparallel, p.prosecdef, p.proconfig, md5(p.prosrc)
         FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+        JOIN pg_language l ON l.oid = p.prolang
         WHERE n.nspname = 'public' ORDER BY 1, 2
     """,
 }

@@ -1,7 +1,9 @@
-"""The single-lead call (migration 0014, connector/routing/single.py) on real Postgres.
+"""The single-lead call (migrations 0014 and 0019, connector/routing/single.py) on real Postgres.
 
 * ``rotation_pick`` (plpgsql) picks exactly as ``pick_available`` does (the Python reference),
-  checked with Hypothesis over random teams, availability, caps and catch-up, pick by pick.
+  checked with Hypothesis over random teams, availability, caps and catch-up, pick by pick;
+  ``rotation_pick_plain`` (SQL, for a team with nothing blocked or capped and no catch-up)
+  returns exactly what ``rotation_pick`` returns there.
 * ``route_lead`` reads the members AFTER it waits for the team lock with a fresh snapshot
   (the function is VOLATILE), so a waiter sees what the lock holder committed.
 * A sequence of leads through the single call and through the general path (the Router

@@ -4,12 +4,13 @@
 --   `assignments` and, with 200,000 rows there (not with a few thousand), chose a fresh
 --   custom plan for that statement on every call: 0.5 ms of planning per lead, measured with
 --   pg_stat_statements (track = all, track_planning) on PostgreSQL 15. The latest owners are
---   now read in a statement of their own, only for a team with catch-up, so the member read
---   keeps one generic plan whatever the table's size.
+--   now read in a loop of their own (no LIMIT), only for a team with catch-up, so every
+--   statement keeps one generic plan whatever the table's size.
 -- * The plain rotation's pick in SQL. When no seat is blocked or capped and the team has no
 --   catch-up (the common case: nothing to skip, credit or exclude), rotation_pick's plpgsql
 --   loop picks the released seat with the earliest deadline; rotation_pick_plain, a
---   set-returning SQL function the planner inlines, picks the same seat with one sort.
+--   set-returning SQL function the planner inlines, picks the same seat with a few sorts of
+--   the team's seats (no loop).
 --   tests/test_route_lead.py checks it against rotation_pick and pick_available.
 -- * The members it bumps (the pick and the credited seats) are updated by primary key: the
 --   join with the credits was planned as a scan of every member of every team.
@@ -46,7 +47,7 @@ AS $$
     FROM s
 $$;
 
--- Assign one new lead of a rotation rule (no overflow team): see the top of this file.
+-- Assign one new lead of a rotation rule (no overflow team): see the top of migration 0014.
 -- users/blocked/per_day/per_week describe the configured members (by CRM user id); a member
 -- row the config does not name gets the team's caps (team_per_day, team_per_week).
 -- Returns status 'assigned', 'unassigned' (reason set), 'duplicate' (the stored outcome of
@@ -79,6 +80,7 @@ DECLARE
     v_detail  jsonb;
     v_recent  bigint[] := '{}';
     v_has_team boolean;
+    v_member  bigint;
 BEGIN
     team := p_team;
     PERFORM FROM teams t WHERE t.org = p_org AND t.name = p_team AND t.in_config;
@@ -116,13 +118,18 @@ BEGIN
     IF NOT FOUND THEN
         RAISE EXCEPTION 'team of org is no longer in the database' USING ERRCODE = 'P0002';
     END IF;
-    -- catch-up's latest owners, read after the lock (a fresh snapshot). Not in the member
-    -- read below: its LIMIT, unknown to a generic plan, made the planner re-plan that
-    -- statement on every call (about half of the function's time, measured).
+    -- catch-up's latest owners, newest first, read after the lock (a fresh snapshot). Not
+    -- in the member read below, and not with a LIMIT: a LIMIT that is a parameter is unknown
+    -- to a generic plan, which the planner then costs by the size of `assignments`, and it
+    -- re-plans the statement on every call (the header of migration 0019). A loop over the
+    -- team's assignments in index order stops after K.
     IF p_max_in_a_row IS NOT NULL THEN
-        SELECT coalesce(array_agg(r.member_id ORDER BY r.id DESC), '{}') INTO v_recent
-        FROM (SELECT a.id, a.member_id FROM assignments a WHERE a.team_id = v_team
-              ORDER BY a.id DESC LIMIT p_max_in_a_row) r;
+        FOR v_member IN
+            SELECT a.member_id FROM assignments a WHERE a.team_id = v_team ORDER BY a.id DESC
+        LOOP
+            v_recent := v_recent || v_member;
+            EXIT WHEN cardinality(v_recent) >= p_max_in_a_row;
+        END LOOP;
     END IF;
     -- A new statement, so a fresh snapshot: the counts and caps counters the previous lock
     -- holder committed. The pick is made in the same statement.
