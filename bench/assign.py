@@ -7,8 +7,9 @@ Every configuration runs in a fresh database on the same server in the same run 
 embedded PostgreSQL, or BENCH_DATABASE_URL), one team of 10 equal-weight reps, workers as
 separate processes released together. The ceiling (``ceiling``, ``ceiling_batch``) is the same
 work as one prepared statement a call (bench/ceiling.sql, see bench/harness.py). Prints a
-table and the ratios project / ceiling, and writes bench/results/assign.json (with the load
-average before and after, since other work on the machine moves these figures).
+table and the ratios project / ceiling, and writes bench/results/assign.json (or
+assign-history-N.json with ``--history N``), with the load average before and after, since
+other work on the machine moves these figures.
 
 ``--history N`` first gives the team N earlier leads, assigned round robin, and ANALYZEs (as
 autovacuum would): a database in production holds many assignments, and the planner's

@@ -662,13 +662,16 @@ BEGIN
         RAISE EXCEPTION 'team of org is no longer in the database' USING ERRCODE = 'P0002';
     END IF;
     -- catch-up's latest owners, newest first, read after the lock (a fresh snapshot). Not
-    -- in the member read below, and not with a LIMIT: a LIMIT that is a parameter is unknown
+    -- in the member read below, and not with LIMIT K: a LIMIT that is a parameter is unknown
     -- to a generic plan, which the planner then costs by the size of `assignments`, and it
-    -- re-plans the statement on every call (the header of migration 0019). A loop over the
-    -- team's assignments in index order stops after K.
+    -- re-plans the statement on every call (the header of migration 0019). The constant
+    -- LIMIT is the largest K (config.py MAX_IN_A_ROW): with it the generic plan reads the
+    -- team's index backwards (without it, a sort of the team's whole history), and the loop
+    -- stops after K.
     IF p_max_in_a_row IS NOT NULL THEN
         FOR v_member IN
-            SELECT a.member_id FROM assignments a WHERE a.team_id = v_team ORDER BY a.id DESC
+            SELECT a.member_id FROM assignments a WHERE a.team_id = v_team
+            ORDER BY a.id DESC LIMIT 1000
         LOOP
             v_recent := v_recent || v_member;
             EXIT WHEN cardinality(v_recent) >= p_max_in_a_row;
@@ -873,5 +876,5 @@ CREATE INDEX outbox_org_state_id ON outbox (org, state, id) WHERE state <> 'clai
 
 -- 0019_route_lead_plain.sql
 -- rotation_pick_plain and route_lead (above, as they now read): catch-up's latest owners
--- read in a statement of their own (the member read was re-planned on every call once
+-- read by a loop of their own (the member read was re-planned on every call once
 -- `assignments` grew), the plain rotation's pick in SQL, the members bumped by primary key.

@@ -230,12 +230,18 @@ def click_and_wait(driver: Any, selector: str, by: str = "css selector") -> None
 
 
 def _stale(element: Any) -> bool:
-    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
 
     try:
         element.tag_name  # noqa: B018 - raises once the page was replaced
     except StaleElementReferenceException:
         return True
+    except WebDriverException as exc:
+        # Chromium 156 may answer this instead, while the old document is being replaced
+        # (seen once in CI: "Node with given id does not belong to the document")
+        if "does not belong to the document" in str(exc):
+            return True
+        raise
     return False
 
 

@@ -52,7 +52,7 @@ CATALOG = {
     "versions": "SELECT version, name FROM schema_migrations ORDER BY version",
     # a function replaced by a migration must read the same in db/schema.sql
     "functions": """
-        SELECT p.proname, pg_get_function_identity_arguments(p.oid),
+        SELECT p.proname, pg_get_function_arguments(p.oid),
                pg_get_function_result(p.oid), l.lanname, p.provolatile, p.proisstrict,
                p.proparallel, p.prosecdef, p.proconfig, md5(p.prosrc)
         FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace

@@ -462,7 +462,7 @@ def _catch_up_owners(engine: Engine, single: bool) -> list[str | None]:
 def test_the_single_call_reads_catch_ups_latest_owners(databases: DatabaseFactory) -> None:
     """catch_up {max_in_a_row: 1}: Rae comes back two turns behind and makes them up one
     lead at a time, never twice in a row, on the single call (which reads the team's latest
-    owners in a statement of their own, migration 0019) as on the general path."""
+    owners by a loop of their own, migration 0019) as on the general path."""
     got = []
     for single in (True, False):
         engine = make_engine(databases.new(), pool_size=2)

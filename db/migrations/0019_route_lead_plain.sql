@@ -4,8 +4,8 @@
 --   `assignments` and, with 200,000 rows there (not with a few thousand), chose a fresh
 --   custom plan for that statement on every call: 0.5 ms of planning per lead, measured with
 --   pg_stat_statements (track = all, track_planning) on PostgreSQL 15. The latest owners are
---   now read in a loop of their own (no LIMIT), only for a team with catch-up, so every
---   statement keeps one generic plan whatever the table's size.
+--   now read by a loop of their own (with a constant LIMIT, the largest K), only for a team
+--   with catch-up, so no statement's generic plan depends on a LIMIT parameter.
 -- * The plain rotation's pick in SQL. When no seat is blocked or capped and the team has no
 --   catch-up (the common case: nothing to skip, credit or exclude), rotation_pick's plpgsql
 --   loop picks the released seat with the earliest deadline; rotation_pick_plain, a
@@ -119,13 +119,16 @@ BEGIN
         RAISE EXCEPTION 'team of org is no longer in the database' USING ERRCODE = 'P0002';
     END IF;
     -- catch-up's latest owners, newest first, read after the lock (a fresh snapshot). Not
-    -- in the member read below, and not with a LIMIT: a LIMIT that is a parameter is unknown
+    -- in the member read below, and not with LIMIT K: a LIMIT that is a parameter is unknown
     -- to a generic plan, which the planner then costs by the size of `assignments`, and it
-    -- re-plans the statement on every call (the header of migration 0019). A loop over the
-    -- team's assignments in index order stops after K.
+    -- re-plans the statement on every call (the header of migration 0019). The constant
+    -- LIMIT is the largest K (config.py MAX_IN_A_ROW): with it the generic plan reads the
+    -- team's index backwards (without it, a sort of the team's whole history), and the loop
+    -- stops after K.
     IF p_max_in_a_row IS NOT NULL THEN
         FOR v_member IN
-            SELECT a.member_id FROM assignments a WHERE a.team_id = v_team ORDER BY a.id DESC
+            SELECT a.member_id FROM assignments a WHERE a.team_id = v_team
+            ORDER BY a.id DESC LIMIT 1000
         LOOP
             v_recent := v_recent || v_member;
             EXIT WHEN cardinality(v_recent) >= p_max_in_a_row;
