@@ -5,11 +5,11 @@ of the server-side function ``route_lead`` (migration 0014, replaced by 0019): i
 lead, locks the team row, reads the members with their turns, CLI time off and caps counters,
 picks with a mirror of ``connector.routing.rotation.pick_available`` (``rotation_pick``, or
 its SQL form ``rotation_pick_plain`` when nothing is blocked or capped and the team has no
-catch-up), and records the
-assignment, counts, caps counters, outbox row and decision. So the team row is locked for one
-statement plus the commit. What only the config knows is computed here (pure, clock
-injected) and passed in: each configured member's working hours and YAML time off at ``now``
-(as ``away``/``off_shift``), its caps, catch-up's K, the rules tried and the SLA.
+catch-up), and records the assignment, counts, caps counters, outbox row and decision. So the
+team row is locked for one statement plus the commit. What only the config knows is computed
+here (pure, clock injected) and passed in: each configured member's working hours and YAML
+time off at ``now`` (as ``away``/``off_shift``), its caps, catch-up's K, the rules tried and
+the SLA.
 
 One difference from the general path, by design: ``now`` is read before the call, so before
 the wait for the team lock, while the general path reads it once the locks are held. A lead
