@@ -75,6 +75,31 @@ def _header(headers: Mapping[str, str] | None, name: str) -> str | None:
     return None
 
 
+def window_budget(headers: Mapping[str, str]) -> tuple[int, int] | None:
+    """(max, remaining) of the rolling ten-second window from lower-cased X-HubSpot-RateLimit-*
+    headers, or None when they are missing, not numbers, or for another interval."""
+    try:
+        interval = headers.get("x-hubspot-ratelimit-interval-milliseconds")
+        if interval is not None and int(interval) != 10_000:
+            return None
+        server_max = int(headers["x-hubspot-ratelimit-max"])
+        remaining = int(headers["x-hubspot-ratelimit-remaining"])
+    except (KeyError, ValueError):
+        return None
+    if server_max < 1 or remaining < 0:
+        return None
+    return server_max, remaining
+
+
+def refusal_hold(policy: str, retry_after: float | None, window: float) -> float:
+    """Seconds to send nothing more on an account after a request-scoped 429: the server's
+    Retry-After when it gave one, else the refused policy's window (SECONDLY: one second),
+    else the limiter's own window."""
+    if retry_after is not None:
+        return retry_after
+    return 1.0 if policy == "SECONDLY" else window
+
+
 def seconds_until_utc_midnight(now: datetime | None = None) -> float:
     """Seconds to the next UTC midnight (HubSpot's DAILY limit resets around then)."""
     n = (now or datetime.now(UTC)).astimezone(UTC)
@@ -233,16 +258,25 @@ class HubSpotAdapter:
         self._calls = 0
 
     # ----------------------------------------------------------------- transport
-    def _remember(self, headers: Mapping[str, str] | None) -> None:
+    def _remember(
+        self, headers: Mapping[str, str] | None, search: bool = False, learn: bool = True
+    ) -> None:
+        """Keep the last rate-limit headers for `usage`, and let the general limiter learn the
+        account's real budget from them (search answers carry none)."""
         if not headers:
             return
         found = {
-            k: str(v) for k, v in headers.items() if k.lower().startswith("x-hubspot-ratelimit")
+            k.lower(): str(v)
+            for k, v in headers.items()
+            if k.lower().startswith("x-hubspot-ratelimit")
         }
         with self._usage_lock:
             self._calls += 1
             if found:
-                self._rate_headers = {k.lower(): v for k, v in found.items()}
+                self._rate_headers = found
+        budget = window_budget(found) if learn and not search else None
+        if budget is not None:
+            self._limiter.observe(*budget)
 
     def _call(self, fn: Callable[..., Any], *args: Any, search: bool = False, **kw: Any) -> Any:
         """Call a generated API method under the client-side budget; return the parsed JSON."""
@@ -250,13 +284,24 @@ class HubSpotAdapter:
         try:
             resp = fn(*args, _preload_content=False, _request_timeout=self.settings.timeout, **kw)
         except _API_EXCEPTIONS as exc:
-            self._remember(dict(exc.headers) if exc.headers else None)
-            raise classify_hubspot_exception(exc) from exc
+            headers = dict(exc.headers) if exc.headers else None
+            err = classify_hubspot_exception(exc)
+            if not (isinstance(err, RateLimitedError) and err.scope == "request"):
+                self._remember(headers, search=search)
+                raise err from exc
+            # Refused: every call on this account waits here instead of being refused again
+            # (HubSpot counts repeated 429s against an app). A refusal's counts are not
+            # learned from: its Retry-After, or else a whole window, decides the wait.
+            self._remember(headers, search=search, learn=False)
+            limiter = self._search_limiter if search else self._limiter
+            told = err.retry_after if _header(headers, "Retry-After") is not None else None
+            limiter.hold(refusal_hold(err.code, told, limiter.window))
+            raise err from exc
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise classify_hubspot_exception(exc) from exc
         try:
             raw = resp.data
-            self._remember(dict(resp.headers))
+            self._remember(dict(resp.headers), search=search)
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise classify_hubspot_exception(exc) from exc
         finally:
@@ -501,7 +546,10 @@ class HubSpotAdapter:
             "kind": self.kind,
             "calls": calls,
             "limit_per_10s": self.settings.limit_per_10s,
+            # the configured limit, lowered to what the account's headers say it really is
+            "effective_limit_per_10s": self._limiter.limit,
             "used_in_window": self._limiter.in_window(),
+            "held_s": round(self._limiter.held_for(), 3),
             "client_waited_s": round(self._limiter.waited_s, 3),
             "rate_limit_headers": headers,
         }

@@ -23,11 +23,13 @@ class RollingWindowLimiter:
         if limit < 1 or window <= 0:
             raise ValueError("limit must be >= 1 and window > 0")
         self.limit = limit
+        self.configured_limit = limit
         self.window = window
         self._clock = clock
         self._sleep = sleep
         self._stamps: deque[float] = deque()
         self._lock = threading.Lock()
+        self._held_until = float("-inf")
         self.waited_s = 0.0
 
     def _prune(self, now: float) -> None:
@@ -38,6 +40,8 @@ class RollingWindowLimiter:
         """Take a slot and return 0.0, or return the seconds to wait before one frees up."""
         with self._lock:
             now = self._clock()
+            if now < self._held_until:
+                return self._held_until - now
             self._prune(now)
             if len(self._stamps) < self.limit:
                 self._stamps.append(now)
@@ -56,6 +60,37 @@ class RollingWindowLimiter:
                 return waited
             self._sleep(wait)
             waited += wait
+
+    def observe(self, server_max: int, remaining: int) -> None:
+        """Learn from the CRM's own count (its rate-limit headers after a call).
+
+        The limit becomes the smaller of the configured one and the server's; and when the
+        server has counted more calls in its window than this process has (other processes or
+        apps on the same account), the missing ones are counted here from now on. Counting
+        them from now is conservative: the server's calls are older, so they free up sooner
+        there than here. Calls still in flight are already counted here and not there, which is
+        why the two counts are compared, never added.
+        """
+        if server_max < 1 or remaining < 0:
+            return
+        used = min(max(server_max - remaining, 0), server_max)
+        with self._lock:
+            now = self._clock()
+            self._prune(now)
+            self.limit = min(self.configured_limit, server_max)
+            while len(self._stamps) < used:
+                self._stamps.append(now)
+
+    def hold(self, seconds: float) -> None:
+        """The server refused a call: give out no slot for `seconds` from now (its Retry-After,
+        or a whole window when it named no time), so a refusal is not retried into."""
+        with self._lock:
+            self._held_until = max(self._held_until, self._clock() + max(seconds, 0.0))
+
+    def held_for(self) -> float:
+        """Seconds left of a hold (0.0 when none)."""
+        with self._lock:
+            return max(self._held_until - self._clock(), 0.0)
 
     def in_window(self) -> int:
         """Slots used in the current window."""

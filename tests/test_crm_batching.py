@@ -107,6 +107,35 @@ def test_limiter_rolling_window() -> None:
     assert lim.waited_s == pytest.approx(6.0)
 
 
+def test_limiter_learns_a_lower_limit_and_calls_it_did_not_make() -> None:
+    clock = Ticks()
+    lim = RollingWindowLimiter(100, 10.0, clock=clock, sleep=clock.sleep)
+    assert lim.try_acquire() == 0.0
+    lim.observe(4, 1)  # the server counts 3 in its window: two came from elsewhere
+    assert lim.limit == 4 and lim.in_window() == 3
+    lim.observe(4, 2)  # an older answer: counts are compared, never added
+    assert lim.in_window() == 3
+    assert lim.try_acquire() == 0.0
+    assert lim.try_acquire() == pytest.approx(10.0)  # full: wait for the window
+    lim.observe(200, 199)  # the limit never rises above the configured one
+    assert lim.limit == 100
+    lim.observe(0, 5)  # nonsense is ignored
+    lim.observe(5, -1)
+    assert lim.limit == 100 and lim.in_window() == 4
+
+
+def test_limiter_hold_blocks_every_slot_until_it_ends() -> None:
+    clock = Ticks()
+    lim = RollingWindowLimiter(3, 10.0, clock=clock, sleep=clock.sleep)
+    lim.hold(2.5)
+    assert lim.held_for() == pytest.approx(2.5)
+    assert lim.try_acquire() == pytest.approx(2.5) and lim.in_window() == 0
+    lim.hold(1.0)  # a shorter hold never shortens a longer one
+    assert lim.held_for() == pytest.approx(2.5)
+    assert lim.acquire() == pytest.approx(2.5)  # sleeps on the fake clock, then takes a slot
+    assert lim.held_for() == 0.0 and lim.in_window() == 1
+
+
 def test_limiter_is_thread_safe() -> None:
     clock = Ticks()
     lim = RollingWindowLimiter(37, 10.0, clock=clock, sleep=clock.sleep)

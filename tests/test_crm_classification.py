@@ -25,6 +25,8 @@ from crm_adapters.hubspot import (
     HubSpotSettings,
     classify_hubspot_http,
     classify_hubspot_record_error,
+    refusal_hold,
+    window_budget,
 )
 from crm_adapters.salesforce import (
     SalesforceAdapter,
@@ -308,6 +310,17 @@ def test_hubspot_whole_request_errors_over_http(
     assert ei.value.code == code
     if "Retry-After" in headers:
         assert isinstance(ei.value, RetryableError) and ei.value.retry_after == 3.0
+    held = a.usage()["held_s"]
+    assert isinstance(held, float)
+    if expected == "rate:request":
+        # every call on the account waits out the refusal: Retry-After, else the policy's
+        # window (SECONDLY: 1 s; TEN_SECONDLY_ROLLING: 10 s, padded as the limiter is)
+        low, high = {"SECONDLY": (0.5, 1.0)}.get(code, (2.0, 3.0) if headers else (9.5, 10.6))
+        assert low < held <= high, held
+        if held > 3.0:
+            return  # the retry would only wait; the table's other rows cover it
+    else:
+        assert held == 0.0
     assert a.write_owners([OwnerWrite("k", rid, owner)])[0].ok
 
 
@@ -335,3 +348,30 @@ def test_hubspot_connection_refused() -> None:
     with pytest.raises(RetryableError) as ei:
         a.check_owners(["1"])
     assert ei.value.code == "connection"
+
+
+def test_window_budget_reads_the_ten_second_headers() -> None:
+    h = {
+        "x-hubspot-ratelimit-interval-milliseconds": "10000",
+        "x-hubspot-ratelimit-max": "190",
+        "x-hubspot-ratelimit-remaining": "12",
+    }
+    assert window_budget(h) == (190, 12)
+    assert window_budget({k: v for k, v in h.items() if "interval" not in k}) == (190, 12)
+    for bad in (
+        {**h, "x-hubspot-ratelimit-interval-milliseconds": "1000"},  # another window
+        {**h, "x-hubspot-ratelimit-max": "lots"},
+        {**h, "x-hubspot-ratelimit-remaining": "-1"},
+        {**h, "x-hubspot-ratelimit-max": "0"},
+        {k: v for k, v in h.items() if "remaining" not in k},
+        {},
+    ):
+        assert window_budget(bad) is None, bad
+
+
+def test_refusal_hold_prefers_the_servers_word() -> None:
+    assert refusal_hold("TEN_SECONDLY_ROLLING", 3.0, 10.55) == 3.0
+    assert refusal_hold("SECONDLY", 0.0, 10.55) == 0.0
+    assert refusal_hold("SECONDLY", None, 10.55) == 1.0
+    assert refusal_hold("TEN_SECONDLY_ROLLING", None, 10.55) == 10.55
+    assert refusal_hold("429", None, 1.05) == 1.05

@@ -226,17 +226,60 @@ def test_adapter_for_builds_each_crm_from_its_config(
 
 
 # ---------------------------------------------------------------- HubSpot limits
-def test_hs_rolling_limit_returns_429(hs: HubSpotSandbox) -> None:
+def _spend_window(settings: HubSpotSettings, calls: int) -> None:
+    """Another app on the same account spends `calls` of its ten-second window."""
+    for _ in range(calls):
+        r = requests.get(
+            f"{settings.base_url}/crm/v3/owners",
+            headers={"Authorization": f"Bearer {settings.access_token}"},
+            timeout=5,
+        )
+        assert r.status_code == 200, r.status_code
+
+
+def test_hs_real_limit_is_learned_from_the_headers(hs: HubSpotSandbox) -> None:
+    hs.configure(limit_per_10s=3)  # the adapter is configured for 100
+    settings = hs_settings(hs)
+    _spend_window(settings, 1)
+    a = HubSpotAdapter(settings)
+    a.fetch_records(["1"], [])
+    u = a.usage()
+    assert u["limit_per_10s"] == 100 and u["effective_limit_per_10s"] == 3
+    # the other app's call is counted too: one call of its own, two counted
+    assert u["used_in_window"] == 2 and u["held_s"] == 0.0
+    a.fetch_records(["1"], [])
+    assert a.usage()["used_in_window"] == 3  # a third call would wait here, not be refused
+    assert hs.counters().get("rate_limited", 0) == 0
+
+
+def test_hs_rolling_limit_429_holds_the_account_for_a_window(hs: HubSpotSandbox) -> None:
     hs.configure(limit_per_10s=3)
-    a = HubSpotAdapter(hs_settings(hs))
-    for _ in range(3):
-        a.fetch_records(["1"], [])
+    settings = hs_settings(hs)
+    _spend_window(settings, 3)
+    a = HubSpotAdapter(settings)
     with pytest.raises(RateLimitedError) as ei:
         a.fetch_records(["1"], [])
     assert ei.value.scope == "request" and ei.value.code == "TEN_SECONDLY_ROLLING"
     assert hs.counters()["rate_limited_ten_secondly_rolling"] == 1
-    headers = a.usage()["rate_limit_headers"]
+    u = a.usage()
+    headers = u["rate_limit_headers"]
     assert isinstance(headers, dict) and headers["x-hubspot-ratelimit-remaining"] == "0"
+    # no Retry-After: the next call on this account waits a whole (padded) window
+    held = u["held_s"]
+    assert isinstance(held, float) and 9.0 < held <= 10.6
+    # a refusal's counts are not learned from: the hold alone decides
+    assert u["effective_limit_per_10s"] == 100
+
+
+def test_hs_429_with_retry_after_holds_for_that_long(hs: HubSpotSandbox) -> None:
+    body = {"status": "error", "message": "slow down", "policyName": "TEN_SECONDLY_ROLLING"}
+    hs.inject_failures(1, 429, body, headers={"Retry-After": "3"})
+    a = HubSpotAdapter(hs_settings(hs))
+    with pytest.raises(RateLimitedError) as ei:
+        a.fetch_records(["1"], [])
+    assert ei.value.retry_after == 3.0
+    held = a.usage()["held_s"]
+    assert isinstance(held, float) and 2.0 < held <= 3.0
 
 
 def test_hs_daily_limit_is_org_scoped(hs: HubSpotSandbox) -> None:
