@@ -109,6 +109,16 @@ SET state = 'pending', attempts = 0, available_at = now(), finished_at = NULL,
 WHERE org = :org AND state = 'dead' AND (CAST(:ids AS bigint[]) IS NULL OR id = ANY(CAST(:ids AS bigint[])))
 RETURNING id
 
+-- name: renew
+-- A claim's lease is extended before a CRM call once half of it has gone (a claim of several
+-- requests, a slow CRM), so that every call starts with at least half a lease left. Only rows
+-- still claimed under this token whose lease has not ended: a row missing from the answer was
+-- taken back (another dispatcher may hold it), and the claim sends nothing more.
+UPDATE outbox SET lease_until = now() + make_interval(secs => :lease_seconds)
+WHERE id = ANY(CAST(:ids AS bigint[])) AND state = 'claimed' AND claimed_by = :token
+  AND lease_until > now()
+RETURNING id
+
 -- name: release
 -- Give back, in the claiming transaction, the rows of a partial last request the claim holds
 -- back (decisions.hold_tail), so they fill a later claim's requests instead of going out in

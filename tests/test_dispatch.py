@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 
 from sqlalchemy import Engine, text
 
 from connector.routing.assign import Lead, Router
 from connector.routing.teams import apply_teams
 from connector.shell.adapters import adapter_for
-from connector.writeback.dispatch import Dispatcher, finished_rows, retry_dead
+from connector.writeback.decisions import requests_of
+from connector.writeback.dispatch import Dispatcher, DispatchStats, finished_rows, retry_dead
 from crm_sandboxes import HubSpotSandbox, SalesforceSandbox
 from tests.crm_orgs import hubspot_org, salesforce_org
 
@@ -176,6 +178,82 @@ def test_a_dead_dispatchers_claim_is_taken_over_after_its_lease(
     dying._record("dead-worker-token", late, s)
     assert s.stale == 30
     assert _states(engine, cfg.org) == {"sent": 30}
+
+
+def test_a_slow_claim_renews_its_lease_and_no_one_takes_its_rows(
+    engine: Engine, sf: SalesforceSandbox
+) -> None:
+    # 450 rows: one claim of 3 requests, each after an owner read: 6 calls of 0.3 s, so the
+    # claim takes about twice its 1 s lease. It renews the lease once half has gone; without
+    # that it stopped when the first lease ended and left its last requests to others.
+    reps, leads = _seed_contacts(sf, 450, accounts=12)
+    cfg = salesforce_org(sf, reps)
+    apply_teams(engine, cfg)
+    Router(engine, cfg).assign_many(leads, "import")
+    sf.set_latency(0.3)
+
+    def dispatcher() -> Dispatcher:
+        return Dispatcher(
+            engine, cfg.org, adapter_for(cfg), intake_owner_ids=cfg.intake_owner_ids,
+            lease_seconds=1.0,
+        )  # fmt: skip
+
+    slow = dispatcher()
+    done = threading.Event()
+    taken: list[int] = []
+
+    def rival() -> None:  # claims again and again (each claim frees ended leases first)
+        other = dispatcher()
+        while _states(engine, cfg.org).get("claimed", 0) < 450 and not done.is_set():
+            done.wait(0.01)  # not before the slow claim has its rows
+        while not done.is_set():
+            taken.extend(c.id for c in other.claim("rival-token"))
+            done.wait(0.05)
+
+    t = threading.Thread(target=rival)
+    t.start()
+    try:
+        stats = slow.run_once()
+    finally:
+        done.set()
+        t.join()
+    assert (stats.claimed, stats.sent, stats.stale, stats.requests) == (450, 450, 0, 3)
+    assert stats.renewals >= 2
+    assert taken == []
+    assert _states(engine, cfg.org) == {"sent": 450}
+
+
+def test_a_claim_whose_rows_were_taken_back_sends_nothing_more(
+    engine: Engine, sf: SalesforceSandbox
+) -> None:
+    reps, leads = _seed_contacts(sf, 30, accounts=3)
+    cfg = salesforce_org(sf, reps)
+    apply_teams(engine, cfg)
+    Router(engine, cfg).assign_many(leads, "import")
+    d = Dispatcher(
+        engine, cfg.org, adapter_for(cfg), intake_owner_ids=cfg.intake_owner_ids, lease_seconds=10
+    )
+    claimed = d.claim("paused-token")
+    assert len(claimed) == 30
+    with engine.begin() as conn:  # its lease ended and another dispatcher took two rows
+        conn.execute(
+            text("UPDATE outbox SET claimed_by = 'other' WHERE id = ANY(:ids)"),
+            {"ids": [c.id for c in claimed[:2]]},
+        )
+    batches = requests_of(claimed, 200)
+    stats = DispatchStats()
+    half_gone = time.monotonic() - 6.0
+    assert d._keep_lease("paused-token", batches, half_gone, stats) is None
+    assert (stats.renewals, stats.stale) == (1, 30)
+    # still well within the lease: no renewal asked, the claim goes on
+    fresh = DispatchStats()
+    now = time.monotonic()
+    assert d._keep_lease("paused-token", batches, now, fresh) == now
+    assert (fresh.renewals, fresh.stale) == (0, 0)
+    # a lease that may have ended is never renewed
+    late = DispatchStats()
+    assert d._keep_lease("paused-token", batches, time.monotonic() - 10.0, late) is None
+    assert (late.renewals, late.stale) == (0, 30)
 
 
 def test_hubspot_owners_reach_the_crm(engine: Engine, hs: HubSpotSandbox) -> None:

@@ -24,6 +24,7 @@ from connector.writeback.decisions import (
     finish_params,
     hold_tail,
     lease_valid,
+    lease_wants_renewal,
     outcome_error,
     plan_round,
     retry_delay,
@@ -163,6 +164,14 @@ def test_plan_round_sends_full_requests_or_the_whole_claim(
 )
 def test_lease_valid(elapsed: float, lease: float, stale: int, valid: bool) -> None:
     assert lease_valid(elapsed, lease, stale) is valid
+
+
+@pytest.mark.parametrize(
+    ("elapsed", "lease", "renew"),
+    [(0.0, 60.0, False), (29.9, 60.0, False), (30.0, 60.0, True), (59.0, 60.0, True)],
+)
+def test_lease_wants_renewal_once_half_has_gone(elapsed: float, lease: float, renew: bool) -> None:
+    assert lease_wants_renewal(elapsed, lease) is renew
 
 
 # -- decide_guard ------------------------------------------------------------------------------

@@ -601,7 +601,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--lease-seconds",
         type=float,
         default=60.0,
-        help="a claim not finished within this is taken over by another dispatcher",
+        help="a claim not finished within this is taken over by another dispatcher (a live "
+        "claim renews it before a CRM call once half has gone: keep it at least twice the "
+        "CRM timeout of 30 s)",
     )
     s.set_defaults(func=cmd_dispatch)
     s = sub.add_parser("outbox", help="list dead or superseded owner writes, or requeue dead ones")

@@ -63,6 +63,7 @@ __all__ = [
     "guard_writes",
     "hold_tail",
     "lease_valid",
+    "lease_wants_renewal",
     "outcome_error",
     "plan_round",
     "requests_of",
@@ -219,6 +220,14 @@ def lease_valid(elapsed: float, lease_seconds: float, stale_results: int) -> boo
     dispatcher may hold them now, and writing them too would put two of our requests on one
     record or Account."""
     return stale_results == 0 and elapsed < lease_seconds
+
+
+def lease_wants_renewal(elapsed: float, lease_seconds: float) -> bool:
+    """Extend the lease before the next CRM call? Once half of it has gone: every call then
+    starts with at least half a lease left, so a call that ends within its timeout ends
+    within the lease when the timeout is at most half the lease (the defaults: 30 s and
+    60 s). Renewing earlier would cost a statement per request for nothing."""
+    return elapsed >= lease_seconds / 2
 
 
 def guard_writes(

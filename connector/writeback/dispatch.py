@@ -14,7 +14,10 @@ partial request of its own.) Each claim first frees the rows whose lease ended s
 same thread's previous claim (a full claim from the start, every min(30 s, a quarter of the
 lease), frees every expired lease), so the rows of a dispatcher that died are claimed again
 once their lease expires; the dead worker's late result is ignored because finishing checks
-the claim token.
+the claim token. A live claim renews its lease before a CRM call once half of it has gone
+(``lease_wants_renewal``), so every call starts with at least half a lease left: with a CRM
+timeout of at most half the lease (the defaults: 30 s and 60 s), no call of ours is still
+waiting for its answer once the lease has ended and another dispatcher may take the rows.
 
 The CRM is the system of record: just before each write request the dispatcher reads the
 current owners of its records (one read per request, same batching) and writes only those
@@ -61,6 +64,7 @@ from connector.writeback.decisions import (
     finish_params,
     guard_writes,
     lease_valid,
+    lease_wants_renewal,
     outcome_error,
     plan_round,
     requests_of,
@@ -96,6 +100,7 @@ class DispatchStats:
     stale: int = 0
     superseded: int = 0
     reads: int = 0
+    renewals: int = 0  # leases extended before a CRM call (half the lease gone)
     errors: dict[str, int] = field(default_factory=dict)
 
     def add(self, other: DispatchStats) -> None:
@@ -107,6 +112,7 @@ class DispatchStats:
         self.stale += other.stale
         self.superseded += other.superseded
         self.reads += other.reads
+        self.renewals += other.renewals
         for k, v in other.errors.items():
             self.errors[k] = self.errors.get(k, 0) + v
 
@@ -285,15 +291,10 @@ class Dispatcher:
             return stats
         rows = {str(c.id): c for c in claimed}
         batches = requests_of(claimed, self.adapter.max_batch)
+        lease_from: float | None = claimed_at
         for i, batch in enumerate(batches):
-            if not lease_valid(time.monotonic() - claimed_at, self.lease_seconds, stats.stale):
-                left = sum(len(b) for b in batches[i:])
-                stats.stale += left
-                log.warning(
-                    "org %s: claim lease expired; %d unsent writes left to another dispatcher",
-                    self.org,
-                    left,
-                )
+            lease_from = self._keep_lease(token, batches[i:], lease_from, stats)
+            if lease_from is None:
                 break
             decisions: list[Decision] = []
             failure: CrmError | None = None
@@ -301,6 +302,13 @@ class Dispatcher:
             try:
                 to_write = undecided = self._guard(batch, rows, decisions, stats)
                 if to_write:
+                    # the owner read may have been slow: the write needs the lease too
+                    lease_from = self._keep_lease(
+                        token, [to_write, *batches[i + 1 :]], lease_from, stats
+                    )
+                    if lease_from is None:
+                        self._record(token, decisions, stats)
+                        break
                     stats.requests += 1
                     outcomes = self.adapter.write_owners(to_write)
                     for o in outcomes:
@@ -334,6 +342,45 @@ class Dispatcher:
                 break
             self._record(token, decisions, stats)
         return stats
+
+    def _keep_lease(
+        self,
+        token: str,
+        left: Sequence[Sequence[OwnerWrite]],
+        lease_from: float | None,
+        stats: DispatchStats,
+    ) -> float | None:
+        """Before a CRM call: when the lease started (monotonic, never later than the
+        database's), renewed once half of it has gone; None when the claim must send nothing
+        more (its lease may have ended, a finish found rows taken back, or a renewal did),
+        with the writes `left` counted as stale."""
+        now = time.monotonic()
+        ok = lease_from is not None and lease_valid(
+            now - lease_from, self.lease_seconds, stats.stale
+        )
+        if (
+            ok
+            and lease_from is not None
+            and lease_wants_renewal(now - lease_from, self.lease_seconds)
+        ):
+            ids = [int(w.key) for b in left for w in b]
+            with self.engine.begin() as conn:
+                params = {"ids": ids, "token": token, "lease_seconds": self.lease_seconds}
+                renewed = len(conn.execute(_SQL["renew"], params).all())
+            ok = renewed == len(ids)
+            lease_from = now if ok else None
+            stats.renewals += 1
+        if ok:
+            return lease_from
+        n = sum(len(b) for b in left)
+        stats.stale += n
+        log.warning(
+            "org %s: claim lease ended or rows taken back; "
+            "%d unsent writes left to another dispatcher",
+            self.org,
+            n,
+        )
+        return None
 
     def _guard(
         self,
