@@ -5,8 +5,10 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import re
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -31,7 +33,7 @@ from crm_adapters.base import (
 )
 from crm_adapters.batching import HUBSPOT_BATCH_MAX
 from crm_adapters.fields import HUBSPOT_OWNER_PROPERTY
-from crm_adapters.ratelimit import RollingWindowLimiter
+from crm_adapters.ratelimit import MAX_HOLD_S, RollingWindowLimiter
 
 __all__ = [
     "HubSpotAdapter",
@@ -133,6 +135,8 @@ def classify_hubspot_http(
             retry_after = max(float(ra), 0.0)
         except ValueError:
             retry_after = None
+        if retry_after is not None and not math.isfinite(retry_after):
+            retry_after = None  # "inf", "nan": not a time
     if status == 429:
         policy = str(data.get("policyName") or "")
         if policy == "DAILY":
@@ -259,7 +263,11 @@ class HubSpotAdapter:
 
     # ----------------------------------------------------------------- transport
     def _remember(
-        self, headers: Mapping[str, str] | None, search: bool = False, learn: bool = True
+        self,
+        headers: Mapping[str, str] | None,
+        search: bool = False,
+        learn: bool = True,
+        sent_at: float | None = None,
     ) -> None:
         """Keep the last rate-limit headers for `usage`, and let the general limiter learn the
         account's real budget from them (search answers carry none)."""
@@ -276,18 +284,19 @@ class HubSpotAdapter:
                 self._rate_headers = found
         budget = window_budget(found) if learn and not search else None
         if budget is not None:
-            self._limiter.observe(*budget)
+            self._limiter.observe(*budget, sent_at=sent_at)
 
     def _call(self, fn: Callable[..., Any], *args: Any, search: bool = False, **kw: Any) -> Any:
         """Call a generated API method under the client-side budget; return the parsed JSON."""
         (self._search_limiter if search else self._limiter).acquire()
+        sent_at = time.monotonic()
         try:
             resp = fn(*args, _preload_content=False, _request_timeout=self.settings.timeout, **kw)
         except _API_EXCEPTIONS as exc:
             headers = dict(exc.headers) if exc.headers else None
             err = classify_hubspot_exception(exc)
             if not (isinstance(err, RateLimitedError) and err.scope == "request"):
-                self._remember(headers, search=search)
+                self._remember(headers, search=search, sent_at=sent_at)
                 raise err from exc
             # Refused: every call on this account waits here instead of being refused again
             # (HubSpot counts repeated 429s against an app). A refusal's counts are not
@@ -295,13 +304,15 @@ class HubSpotAdapter:
             self._remember(headers, search=search, learn=False)
             limiter = self._search_limiter if search else self._limiter
             told = err.retry_after if _header(headers, "Retry-After") is not None else None
-            limiter.hold(refusal_hold(err.code, told, limiter.window))
-            raise err from exc
+            held = min(refusal_hold(err.code, told, limiter.window), MAX_HOLD_S)
+            limiter.hold(held)
+            # the records are retried once the hold is over, not claimed to wait in it
+            raise RateLimitedError(err.code, err.message, held, scope="request") from exc
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise classify_hubspot_exception(exc) from exc
         try:
             raw = resp.data
-            self._remember(dict(resp.headers), search=search)
+            self._remember(dict(resp.headers), search=search, sent_at=sent_at)
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise classify_hubspot_exception(exc) from exc
         finally:

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import bisect
+import math
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
 
-__all__ = ["RollingWindowLimiter"]
+__all__ = ["MAX_HOLD_S", "RollingWindowLimiter"]
+
+# The longest a refusal holds the calls (a Retry-After beyond it, or not a number, is not
+# believed): the request-scoped limits it stands for are windows of 10 s at most.
+MAX_HOLD_S = 60.0
 
 
 class RollingWindowLimiter:
@@ -61,31 +67,40 @@ class RollingWindowLimiter:
             self._sleep(wait)
             waited += wait
 
-    def observe(self, server_max: int, remaining: int) -> None:
-        """Learn from the CRM's own count (its rate-limit headers after a call).
+    def observe(self, server_max: int, remaining: int, sent_at: float | None = None) -> None:
+        """Learn from the CRM's own count (its rate-limit headers on a call's answer).
 
         The limit becomes the smaller of the configured one and the server's; and when the
-        server has counted more calls in its window than this process has (other processes or
-        apps on the same account), the missing ones are counted here from now on. Counting
-        them from now is conservative: the server's calls are older, so they free up sooner
-        there than here. Calls still in flight are already counted here and not there, which is
-        why the two counts are compared, never added.
+        server has counted more calls in its window than this process has (other processes
+        with the same token), the missing ones are counted here, as made when this call was
+        sent (`sent_at`, default now): the server counted them before it answered, so they
+        free up there no later than here, with the window's padding to spare. (Stamped at the
+        answer instead, a slow answer would bring back calls of our own that had left the
+        window.) Calls still in flight are counted here and not there, which is why the two
+        counts are compared, never added.
         """
         if server_max < 1 or remaining < 0:
             return
         used = min(max(server_max - remaining, 0), server_max)
         with self._lock:
             now = self._clock()
-            self._prune(now)
             self.limit = min(self.configured_limit, server_max)
+            at = now if sent_at is None else min(sent_at, now)
+            self._prune(now)
+            if now - at >= self.window:
+                return
             while len(self._stamps) < used:
-                self._stamps.append(now)
+                bisect.insort(self._stamps, at)
 
     def hold(self, seconds: float) -> None:
         """The server refused a call: give out no slot for `seconds` from now (its Retry-After,
-        or a whole window when it named no time), so a refusal is not retried into."""
+        or a whole window when it named no time), so a refusal is not retried into. At most
+        MAX_HOLD_S; a value that is not a finite number counts as that."""
+        if not math.isfinite(seconds):
+            seconds = MAX_HOLD_S
         with self._lock:
-            self._held_until = max(self._held_until, self._clock() + max(seconds, 0.0))
+            until = self._clock() + min(max(seconds, 0.0), MAX_HOLD_S)
+            self._held_until = max(self._held_until, until)
 
     def held_for(self) -> float:
         """Seconds left of a hold (0.0 when none)."""

@@ -110,10 +110,11 @@ WHERE org = :org AND state = 'dead' AND (CAST(:ids AS bigint[]) IS NULL OR id = 
 RETURNING id
 
 -- name: renew
--- A claim's lease is extended before a CRM call once half of it has gone (a claim of several
--- requests, a slow CRM), so that every call starts with at least half a lease left. Only rows
--- still claimed under this token whose lease has not ended: a row missing from the answer was
--- taken back (another dispatcher may hold it), and the claim sends nothing more.
+-- A claim's lease is extended before a CRM call once a quarter of it has gone (a claim of
+-- several requests, a slow CRM), so that every call starts with at least three quarters of a
+-- lease left. Only rows still claimed under this token whose lease has not ended: a row
+-- missing from the answer was taken back (another dispatcher may hold it); the renewal is
+-- then rolled back and the claim sends nothing more.
 UPDATE outbox SET lease_until = now() + make_interval(secs => :lease_seconds)
 WHERE id = ANY(CAST(:ids AS bigint[])) AND state = 'claimed' AND claimed_by = :token
   AND lease_until > now()

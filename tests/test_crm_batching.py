@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from crm_adapters.base import OwnerWrite
 from crm_adapters.batching import backoff_delay, plan_batches
-from crm_adapters.ratelimit import RollingWindowLimiter
+from crm_adapters.ratelimit import MAX_HOLD_S, RollingWindowLimiter
 from tests.clocks import Ticks
 
 
@@ -122,6 +122,35 @@ def test_limiter_learns_a_lower_limit_and_calls_it_did_not_make() -> None:
     lim.observe(0, 5)  # nonsense is ignored
     lim.observe(5, -1)
     assert lim.limit == 100 and lim.in_window() == 4
+
+
+def test_limiter_counts_others_calls_from_when_the_call_was_sent() -> None:
+    clock = Ticks()
+    lim = RollingWindowLimiter(100, 10.0, clock=clock, sleep=clock.sleep)
+    for _ in range(4):
+        assert lim.try_acquire() == 0.0
+    sent = clock.now
+    clock.now += 3.0  # a slow answer: the server counted 10 when the call arrived
+    lim.observe(100, 90, sent_at=sent)
+    assert lim.in_window() == 10
+    clock.now = sent + 10.0  # they leave the window with the call's own, not 3 s later
+    assert lim.in_window() == 0
+    lim.observe(100, 0, sent_at=clock.now - 12.0)  # an answer older than a window: no count
+    assert lim.in_window() == 0
+
+
+def test_limiter_hold_is_capped_and_refuses_nonsense() -> None:
+    clock = Ticks()
+    lim = RollingWindowLimiter(3, 10.0, clock=clock, sleep=clock.sleep)
+    lim.hold(float("inf"))
+    assert lim.held_for() == pytest.approx(MAX_HOLD_S)
+    clock.now += MAX_HOLD_S
+    assert lim.try_acquire() == 0.0
+    lim.hold(float("nan"))
+    assert lim.held_for() == pytest.approx(MAX_HOLD_S)
+    clock.now += MAX_HOLD_S
+    lim.hold(3600.0)
+    assert lim.held_for() == pytest.approx(MAX_HOLD_S)
 
 
 def test_limiter_hold_blocks_every_slot_until_it_ends() -> None:

@@ -375,3 +375,10 @@ def test_refusal_hold_prefers_the_servers_word() -> None:
     assert refusal_hold("SECONDLY", None, 10.55) == 1.0
     assert refusal_hold("TEN_SECONDLY_ROLLING", None, 10.55) == 10.55
     assert refusal_hold("429", None, 1.05) == 1.05
+
+
+def test_a_retry_after_that_is_not_a_finite_time_is_not_believed() -> None:
+    body = {"status": "error", "policyName": "TEN_SECONDLY_ROLLING", "message": "m"}
+    for value in ("inf", "nan", "-inf"):
+        err = classify_hubspot_http(429, body, {"Retry-After": value})
+        assert isinstance(err, RateLimitedError) and err.retry_after == 1.0, value

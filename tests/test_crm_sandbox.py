@@ -260,6 +260,8 @@ def test_hs_rolling_limit_429_holds_the_account_for_a_window(hs: HubSpotSandbox)
     with pytest.raises(RateLimitedError) as ei:
         a.fetch_records(["1"], [])
     assert ei.value.scope == "request" and ei.value.code == "TEN_SECONDLY_ROLLING"
+    # the records are retried after the hold, not claimed again to wait in it
+    assert ei.value.retry_after is not None and 10.0 < ei.value.retry_after <= 10.6
     assert hs.counters()["rate_limited_ten_secondly_rolling"] == 1
     u = a.usage()
     headers = u["rate_limit_headers"]

@@ -183,19 +183,21 @@ def test_a_dead_dispatchers_claim_is_taken_over_after_its_lease(
 def test_a_slow_claim_renews_its_lease_and_no_one_takes_its_rows(
     engine: Engine, sf: SalesforceSandbox
 ) -> None:
-    # 450 rows: one claim of 3 requests, each after an owner read: 6 calls of 0.3 s, so the
-    # claim takes about twice its 1 s lease. It renews the lease once half has gone; without
-    # that it stopped when the first lease ended and left its last requests to others.
+    # 450 rows: one claim of 3 requests, each after an owner read: 6 calls of 0.5 s, so the
+    # claim takes about twice its 2 s lease. It renews the lease once a quarter has gone, so
+    # each call starts with 1.5 s left (a reviewer timed 0.1 s of margin with renewals at half
+    # of a 1 s lease). Without renewals it stopped when the first lease ended and left its
+    # last requests to others.
     reps, leads = _seed_contacts(sf, 450, accounts=12)
     cfg = salesforce_org(sf, reps)
     apply_teams(engine, cfg)
     Router(engine, cfg).assign_many(leads, "import")
-    sf.set_latency(0.3)
+    sf.set_latency(0.5)
 
     def dispatcher() -> Dispatcher:
         return Dispatcher(
             engine, cfg.org, adapter_for(cfg), intake_owner_ids=cfg.intake_owner_ids,
-            lease_seconds=1.0,
+            lease_seconds=2.0,
         )  # fmt: skip
 
     slow = dispatcher()
@@ -240,11 +242,16 @@ def test_a_claim_whose_rows_were_taken_back_sends_nothing_more(
             text("UPDATE outbox SET claimed_by = 'other' WHERE id = ANY(:ids)"),
             {"ids": [c.id for c in claimed[:2]]},
         )
+    leases = text("SELECT id, lease_until FROM outbox WHERE claimed_by = 'paused-token'")
+    with engine.connect() as conn:
+        before = sorted(conn.execute(leases).all())
     batches = requests_of(claimed, 200)
     stats = DispatchStats()
-    half_gone = time.monotonic() - 6.0
-    assert d._keep_lease("paused-token", batches, half_gone, stats) is None
-    assert (stats.renewals, stats.stale) == (1, 30)
+    over_a_quarter = time.monotonic() - 6.0
+    assert d._keep_lease("paused-token", batches, over_a_quarter, stats) is None
+    assert (stats.renewals, stats.stale) == (0, 30)
+    with engine.connect() as conn:  # rolled back: the rows still ours keep their lease
+        assert sorted(conn.execute(leases).all()) == before and len(before) == 28
     # still well within the lease: no renewal asked, the claim goes on
     fresh = DispatchStats()
     now = time.monotonic()

@@ -168,9 +168,11 @@ def test_lease_valid(elapsed: float, lease: float, stale: int, valid: bool) -> N
 
 @pytest.mark.parametrize(
     ("elapsed", "lease", "renew"),
-    [(0.0, 60.0, False), (29.9, 60.0, False), (30.0, 60.0, True), (59.0, 60.0, True)],
+    [(0.0, 60.0, False), (14.9, 60.0, False), (15.0, 60.0, True), (59.0, 60.0, True)],
 )
-def test_lease_wants_renewal_once_half_has_gone(elapsed: float, lease: float, renew: bool) -> None:
+def test_lease_wants_renewal_once_a_quarter_has_gone(
+    elapsed: float, lease: float, renew: bool
+) -> None:
     assert lease_wants_renewal(elapsed, lease) is renew
 
 

@@ -602,8 +602,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=60.0,
         help="a claim not finished within this is taken over by another dispatcher (a live "
-        "claim renews it before a CRM call once half has gone: keep it at least twice the "
-        "CRM timeout of 30 s)",
+        "claim renews it before a CRM call once a quarter has gone; keep it above 55 s: the "
+        "CRM timeout of 30 s plus a rate-limit wait must fit in three quarters of it)",
     )
     s.set_defaults(func=cmd_dispatch)
     s = sub.add_parser("outbox", help="list dead or superseded owner writes, or requeue dead ones")

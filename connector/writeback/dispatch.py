@@ -14,10 +14,11 @@ partial request of its own.) Each claim first frees the rows whose lease ended s
 same thread's previous claim (a full claim from the start, every min(30 s, a quarter of the
 lease), frees every expired lease), so the rows of a dispatcher that died are claimed again
 once their lease expires; the dead worker's late result is ignored because finishing checks
-the claim token. A live claim renews its lease before a CRM call once half of it has gone
-(``lease_wants_renewal``), so every call starts with at least half a lease left: with a CRM
-timeout of at most half the lease (the defaults: 30 s and 60 s), no call of ours is still
-waiting for its answer once the lease has ended and another dispatcher may take the rows.
+the claim token. A live claim renews its lease before a CRM call once a quarter of it has
+gone (``lease_wants_renewal``), so every call starts with at least three quarters of a lease
+left: with the defaults (60 s lease, 30 s CRM timeout) a call's limiter wait and HTTP
+exchange end within the lease. Not covered: a write split after a whole-batch validation
+error (several calls), or a lease set below about 55 s with `--lease-seconds`.
 
 The CRM is the system of record: just before each write request the dispatcher reads the
 current owners of its records (one read per request, same batching) and writes only those
@@ -90,6 +91,10 @@ class _Deferred(Exception):
     """A claim not worth a CRM request yet (see Dispatcher.claim)."""
 
 
+class _TakenBack(Exception):
+    """A lease renewal found rows of the claim no longer ours."""
+
+
 @dataclass
 class DispatchStats:
     claimed: int = 0
@@ -100,7 +105,7 @@ class DispatchStats:
     stale: int = 0
     superseded: int = 0
     reads: int = 0
-    renewals: int = 0  # leases extended before a CRM call (half the lease gone)
+    renewals: int = 0  # leases extended before a CRM call (a quarter of the lease gone)
     errors: dict[str, int] = field(default_factory=dict)
 
     def add(self, other: DispatchStats) -> None:
@@ -364,12 +369,17 @@ class Dispatcher:
             and lease_wants_renewal(now - lease_from, self.lease_seconds)
         ):
             ids = [int(w.key) for b in left for w in b]
-            with self.engine.begin() as conn:
-                params = {"ids": ids, "token": token, "lease_seconds": self.lease_seconds}
-                renewed = len(conn.execute(_SQL["renew"], params).all())
-            ok = renewed == len(ids)
-            lease_from = now if ok else None
-            stats.renewals += 1
+            try:
+                with self.engine.begin() as conn:
+                    params = {"ids": ids, "token": token, "lease_seconds": self.lease_seconds}
+                    if len(conn.execute(_SQL["renew"], params).all()) != len(ids):
+                        # rolled back: the rows still ours keep the lease they had, so their
+                        # parents are not held for another lease by a claim that stops here
+                        raise _TakenBack
+                lease_from = now
+                stats.renewals += 1
+            except _TakenBack:
+                ok = False
         if ok:
             return lease_from
         n = sum(len(b) for b in left)
