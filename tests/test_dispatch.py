@@ -9,6 +9,7 @@ import time
 
 from sqlalchemy import Engine, text
 
+from connector.core.config import OrgConfig
 from connector.routing.assign import Lead, Router
 from connector.routing.teams import apply_teams
 from connector.shell.adapters import adapter_for
@@ -53,13 +54,21 @@ def _seed_contacts(sf: SalesforceSandbox, n: int, accounts: int) -> tuple[list[s
     return reps, leads
 
 
-def test_salesforce_owners_reach_the_crm_in_batches_without_lock_errors(
-    engine: Engine, sf: SalesforceSandbox
-) -> None:
-    reps, leads = _seed_contacts(sf, 900, accounts=12)
+def _routed_contacts(
+    engine: Engine, sf: SalesforceSandbox, n: int, accounts: int
+) -> tuple[OrgConfig, list[Lead]]:
+    """A Salesforce org of 4 reps whose `n` Contacts are routed (outbox rows pending)."""
+    reps, leads = _seed_contacts(sf, n, accounts)
     cfg = salesforce_org(sf, reps)
     apply_teams(engine, cfg)
     Router(engine, cfg).assign_many(leads, "import")
+    return cfg, leads
+
+
+def test_salesforce_owners_reach_the_crm_in_batches_without_lock_errors(
+    engine: Engine, sf: SalesforceSandbox
+) -> None:
+    cfg, _ = _routed_contacts(engine, sf, 900, accounts=12)
 
     dispatchers = [
         Dispatcher(engine, cfg.org, adapter_for(cfg), intake_owner_ids=cfg.intake_owner_ids)
@@ -114,10 +123,7 @@ def test_naive_parallel_writes_hit_unable_to_lock_row(sf: SalesforceSandbox) -> 
 def test_permanent_errors_go_dead_with_the_reason_and_can_be_retried(
     engine: Engine, sf: SalesforceSandbox
 ) -> None:
-    reps, leads = _seed_contacts(sf, 20, accounts=4)
-    cfg = salesforce_org(sf, reps)
-    apply_teams(engine, cfg)
-    Router(engine, cfg).assign_many(leads, "import")
+    cfg, leads = _routed_contacts(engine, sf, 20, accounts=4)
     sf.delete_record(leads[3].crm_id)
     d = Dispatcher(engine, cfg.org, adapter_for(cfg), intake_owner_ids=cfg.intake_owner_ids)
     d.drain(timeout=30)
@@ -134,10 +140,7 @@ def test_permanent_errors_go_dead_with_the_reason_and_can_be_retried(
 
 
 def test_server_errors_are_retried_until_sent(engine: Engine, sf: SalesforceSandbox) -> None:
-    reps, leads = _seed_contacts(sf, 50, accounts=5)
-    cfg = salesforce_org(sf, reps)
-    apply_teams(engine, cfg)
-    Router(engine, cfg).assign_many(leads, "import")
+    cfg, _ = _routed_contacts(engine, sf, 50, accounts=5)
     sf.inject_failures(3, status=503, path_contains="composite")
     d = Dispatcher(
         engine,
@@ -155,10 +158,7 @@ def test_server_errors_are_retried_until_sent(engine: Engine, sf: SalesforceSand
 def test_a_dead_dispatchers_claim_is_taken_over_after_its_lease(
     engine: Engine, sf: SalesforceSandbox
 ) -> None:
-    reps, leads = _seed_contacts(sf, 30, accounts=3)
-    cfg = salesforce_org(sf, reps)
-    apply_teams(engine, cfg)
-    Router(engine, cfg).assign_many(leads, "import")
+    cfg, _ = _routed_contacts(engine, sf, 30, accounts=3)
     dying = Dispatcher(
         engine, cfg.org, adapter_for(cfg), intake_owner_ids=cfg.intake_owner_ids, lease_seconds=0.5
     )
@@ -188,10 +188,7 @@ def test_a_slow_claim_renews_its_lease_and_no_one_takes_its_rows(
     # each call starts with 1.5 s left (a reviewer timed 0.1 s of margin with renewals at half
     # of a 1 s lease). Without renewals it stopped when the first lease ended and left its
     # last requests to others.
-    reps, leads = _seed_contacts(sf, 450, accounts=12)
-    cfg = salesforce_org(sf, reps)
-    apply_teams(engine, cfg)
-    Router(engine, cfg).assign_many(leads, "import")
+    cfg, _ = _routed_contacts(engine, sf, 450, accounts=12)
     sf.set_latency(0.5)
 
     def dispatcher() -> Dispatcher:
@@ -228,10 +225,7 @@ def test_a_slow_claim_renews_its_lease_and_no_one_takes_its_rows(
 def test_a_claim_whose_rows_were_taken_back_sends_nothing_more(
     engine: Engine, sf: SalesforceSandbox
 ) -> None:
-    reps, leads = _seed_contacts(sf, 30, accounts=3)
-    cfg = salesforce_org(sf, reps)
-    apply_teams(engine, cfg)
-    Router(engine, cfg).assign_many(leads, "import")
+    cfg, _ = _routed_contacts(engine, sf, 30, accounts=3)
     d = Dispatcher(
         engine, cfg.org, adapter_for(cfg), intake_owner_ids=cfg.intake_owner_ids, lease_seconds=10
     )
