@@ -33,7 +33,7 @@ from crm_adapters.base import (
 )
 from crm_adapters.batching import HUBSPOT_BATCH_MAX
 from crm_adapters.fields import HUBSPOT_OWNER_PROPERTY
-from crm_adapters.ratelimit import MAX_HOLD_S, RollingWindowLimiter
+from crm_adapters.ratelimit import RollingWindowLimiter
 
 __all__ = [
     "HubSpotAdapter",
@@ -91,6 +91,15 @@ def window_budget(headers: Mapping[str, str]) -> tuple[int, int] | None:
     if server_max < 1 or remaining < 0:
         return None
     return server_max, remaining
+
+
+def seconds_or_none(value: str | None) -> float | None:
+    """A Retry-After in seconds when it is a positive finite number, else None."""
+    try:
+        seconds = float(value) if value is not None else math.nan
+    except ValueError:
+        return None
+    return seconds if math.isfinite(seconds) and seconds > 0 else None
 
 
 def refusal_hold(policy: str, retry_after: float | None, window: float) -> float:
@@ -303,8 +312,10 @@ class HubSpotAdapter:
             # learned from: its Retry-After, or else a whole window, decides the wait.
             self._remember(headers, search=search, learn=False)
             limiter = self._search_limiter if search else self._limiter
-            told = err.retry_after if _header(headers, "Retry-After") is not None else None
-            held = min(refusal_hold(err.code, told, limiter.window), MAX_HOLD_S)
+            # at most one window of the general limiter: a write waiting here must still end
+            # within its claim's lease (connector/writeback/dispatch.py `_keep_lease`)
+            told = seconds_or_none(_header(headers, "Retry-After"))
+            held = min(refusal_hold(err.code, told, limiter.window), self._limiter.window)
             limiter.hold(held)
             # the records are retried once the hold is over, not claimed to wait in it
             raise RateLimitedError(err.code, err.message, held, scope="request") from exc

@@ -52,7 +52,8 @@ class RollingWindowLimiter:
             if len(self._stamps) < self.limit:
                 self._stamps.append(now)
                 return 0.0
-            return max(self._stamps[0] + self.window - now, 1e-3)
+            # the wait until enough stamps leave (observe can leave more than the limit)
+            return max(self._stamps[len(self._stamps) - self.limit] + self.window - now, 1e-3)
 
     def acquire(self) -> float:
         """Block until a slot is taken; return the seconds spent waiting."""
@@ -87,8 +88,6 @@ class RollingWindowLimiter:
             self.limit = min(self.configured_limit, server_max)
             at = now if sent_at is None else min(sent_at, now)
             self._prune(now)
-            if now - at >= self.window:
-                return
             while len(self._stamps) < used:
                 bisect.insort(self._stamps, at)
 

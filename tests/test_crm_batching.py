@@ -139,6 +139,17 @@ def test_limiter_counts_others_calls_from_when_the_call_was_sent() -> None:
     assert lim.in_window() == 0
 
 
+def test_limiter_waits_exactly_for_enough_stamps_to_leave() -> None:
+    clock = Ticks()
+    lim = RollingWindowLimiter(10, 10.0, clock=clock, sleep=clock.sleep)
+    for _ in range(4):
+        assert lim.try_acquire() == 0.0
+        clock.now += 1.0
+    lim.observe(3, 0)  # the real limit is 3, and the server counts 3: we hold 4 stamps
+    # the oldest two must leave (at +10 and +11 from the first): one wake-up, not two
+    assert lim.try_acquire() == pytest.approx(11.0 - 4.0)
+
+
 def test_limiter_hold_is_capped_and_refuses_nonsense() -> None:
     clock = Ticks()
     lim = RollingWindowLimiter(3, 10.0, clock=clock, sleep=clock.sleep)

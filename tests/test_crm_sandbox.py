@@ -284,6 +284,22 @@ def test_hs_429_with_retry_after_holds_for_that_long(hs: HubSpotSandbox) -> None
     assert isinstance(held, float) and 2.0 < held <= 3.0
 
 
+@pytest.mark.parametrize("value", ["inf", "nan", "0", "Wed, 21 Oct 2026 07:28:00 GMT", "999"])
+def test_hs_429_with_a_retry_after_that_is_no_usable_time_holds_a_window(
+    hs: HubSpotSandbox, value: str
+) -> None:
+    body = {"status": "error", "message": "slow down", "policyName": "TEN_SECONDLY_ROLLING"}
+    hs.inject_failures(1, 429, body, headers={"Retry-After": value})
+    a = HubSpotAdapter(hs_settings(hs))
+    with pytest.raises(RateLimitedError) as ei:
+        a.fetch_records(["1"], [])
+    held = a.usage()["held_s"]
+    # not a time, or longer than a window (999 s): one window, so that a write waiting here
+    # still ends within its claim's lease
+    assert isinstance(held, float) and 10.0 < held <= 10.6, held
+    assert ei.value.retry_after is not None and 10.0 < ei.value.retry_after <= 10.6
+
+
 def test_hs_daily_limit_is_org_scoped(hs: HubSpotSandbox) -> None:
     hs.configure(daily_limit=1)
     a = HubSpotAdapter(hs_settings(hs))

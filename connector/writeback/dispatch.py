@@ -45,8 +45,10 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Engine, TextClause, text
+from sqlalchemy.exc import SQLAlchemyError
 
 import db
+from connector.core.errors import DatabaseError
 from connector.core.floor import ClaimFloor
 from connector.core.ownership import owner_key
 from connector.core.pacing import NOMINAL_CALLS_PER_S, Spacer, pacing_for
@@ -148,6 +150,7 @@ class Dispatcher:
         spacer: Spacer | None = None,
         nudge: threading.Event | None = None,
         rng: Callable[[], float] = random.random,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.engine = engine
         self.org = org
@@ -165,6 +168,8 @@ class Dispatcher:
         self.nudge = nudge
         self.spacer = spacer or Spacer(pacing_for(NOMINAL_CALLS_PER_S).cycle_s)
         self.rng = rng
+        # the lease is timed on it (monotonic seconds; tests step it)
+        self.clock = clock
         self._local = threading.local()
 
     @property
@@ -289,7 +294,7 @@ class Dispatcher:
     def run_once(self) -> DispatchStats:
         """Claim what is ready, write it to the CRM, record the results."""
         token = uuid.uuid4().hex
-        claimed_at = time.monotonic()  # taken before the claim: never later than its lease
+        claimed_at = self.clock()  # taken before the claim: never later than its lease
         claimed = self.claim(token)
         stats = DispatchStats(claimed=len(claimed))
         if not claimed:
@@ -356,10 +361,10 @@ class Dispatcher:
         stats: DispatchStats,
     ) -> float | None:
         """Before a CRM call: when the lease started (monotonic, never later than the
-        database's), renewed once half of it has gone; None when the claim must send nothing
-        more (its lease may have ended, a finish found rows taken back, or a renewal did),
-        with the writes `left` counted as stale."""
-        now = time.monotonic()
+        database's), renewed once a quarter of it has gone; None when the claim must send
+        nothing more (its lease may have ended, a finish found rows taken back, a renewal did,
+        or the renewal failed), with the writes `left` counted as stale."""
+        now = self.clock()
         ok = lease_from is not None and lease_valid(
             now - lease_from, self.lease_seconds, stats.stale
         )
@@ -379,6 +384,11 @@ class Dispatcher:
                 lease_from = now
                 stats.renewals += 1
             except _TakenBack:
+                ok = False
+            except (DatabaseError, SQLAlchemyError):
+                # not the CRM's failure, so no row is judged by it: the rows stay claimed
+                # until their lease ends and are taken again then
+                log.warning("org %s: could not renew a claim's lease; stopping it", self.org)
                 ok = False
         if ok:
             return lease_from
