@@ -11,8 +11,8 @@ from collections.abc import Callable
 
 __all__ = ["MAX_HOLD_S", "RollingWindowLimiter"]
 
-# The longest a refusal holds the calls (a Retry-After beyond it, or not a number, is not
-# believed): the request-scoped limits it stands for are windows of 10 s at most.
+# The longest any hold lasts (a safety cap; a value that is not a finite number counts as
+# it). The HubSpot adapter holds for at most one window of its general limiter (10.55 s).
 MAX_HOLD_S = 60.0
 
 

@@ -183,8 +183,9 @@ def test_a_long_claim_renews_its_lease_and_sends_every_request(
 ) -> None:
     # 450 rows: one claim of 3 requests, each after an owner read, so 6 lease checks. The
     # dispatcher's clock moves 1 s at each reading (it is read once before the claim and once
-    # per check): the claim lasts 6 s of that clock against its 3 s lease, whatever the
-    # machine's load (a wall-clock version of this test failed on a loaded machine). Each
+    # per check): the claim lasts 6 s of that clock against its 3 s lease (a wall-clock version
+    # of this test failed on a loaded machine; the database's lease is still real time, 3 s
+    # a call). Each
     # check is a quarter of the lease or more after the last renewal, so each renews; without
     # renewals the third check finds the lease over and leaves the rest to others.
     cfg, _ = _routed_contacts(engine, sf, 450, accounts=12)
