@@ -14,10 +14,12 @@ from connector.core.config import OrgConfig
 from connector.routing.assign import Lead, Router
 from connector.routing.teams import apply_teams
 from connector.shell.adapters import adapter_for
+from connector.shell.store import make_engine
 from connector.writeback.decisions import Dead, requests_of
 from connector.writeback.dispatch import Dispatcher, DispatchStats, finished_rows, retry_dead
 from crm_sandboxes import HubSpotSandbox, SalesforceSandbox
 from tests.crm_orgs import hubspot_org, salesforce_org
+from tests.pg import with_database
 
 
 def _states(engine: Engine, org: str) -> dict[str, int]:
@@ -201,7 +203,7 @@ def test_a_long_claim_renews_its_lease_and_sends_every_request(
 
 
 def test_a_claim_whose_rows_were_taken_back_sends_nothing_more(
-    engine: Engine, sf: SalesforceSandbox
+    engine: Engine, db_url: str, sf: SalesforceSandbox
 ) -> None:
     cfg, _ = _routed_contacts(engine, sf, 30, accounts=3)
     d = Dispatcher(
@@ -233,6 +235,15 @@ def test_a_claim_whose_rows_were_taken_back_sends_nothing_more(
     late = DispatchStats()
     assert d._keep_lease("paused-token", batches, time.monotonic() - 10.0, late) is None
     assert (late.renewals, late.stale) == (0, 30)
+    # a database that cannot be reached stops the claim; its rows wait for their lease
+    gone = Dispatcher(
+        make_engine(with_database(db_url, "no_such_database")), cfg.org, adapter_for(cfg),
+        intake_owner_ids=cfg.intake_owner_ids, lease_seconds=10,
+    )  # fmt: skip
+    failed = DispatchStats()
+    assert gone._keep_lease("paused-token", batches, over_a_quarter, failed) is None
+    assert (failed.renewals, failed.stale) == (0, 30)
+    gone.engine.dispose()
 
 
 def test_hubspot_owners_reach_the_crm(engine: Engine, hs: HubSpotSandbox) -> None:

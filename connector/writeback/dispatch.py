@@ -45,7 +45,6 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Engine, TextClause, text
-from sqlalchemy.exc import SQLAlchemyError
 
 import db
 from connector.core.errors import DatabaseError
@@ -385,7 +384,7 @@ class Dispatcher:
                 stats.renewals += 1
             except _TakenBack:
                 ok = False
-            except (DatabaseError, SQLAlchemyError):
+            except DatabaseError:  # the engine translates driver errors (core/errors.py)
                 # not the CRM's failure, so no row is judged by it: the rows stay claimed
                 # until their lease ends and are taken again then
                 log.warning("org %s: could not renew a claim's lease; stopping it", self.org)
