@@ -137,15 +137,7 @@ def classify_hubspot_http(
     data = _body_dict(body)
     message = str(data.get("message", ""))
     category = str(data.get("category") or "")
-    retry_after: float | None = None
-    ra = _header(headers, "Retry-After")
-    if ra is not None:
-        try:
-            retry_after = max(float(ra), 0.0)
-        except ValueError:
-            retry_after = None
-        if retry_after is not None and not math.isfinite(retry_after):
-            retry_after = None  # "inf", "nan": not a time
+    retry_after = seconds_or_none(_header(headers, "Retry-After"))
     if status == 429:
         policy = str(data.get("policyName") or "")
         if policy == "DAILY":

@@ -364,33 +364,38 @@ class Dispatcher:
         nothing more (its lease may have ended, a finish found rows taken back, a renewal did,
         or the renewal failed), with the writes `left` counted as stale."""
         now = self.clock()
-        ok = lease_from is not None and lease_valid(
-            now - lease_from, self.lease_seconds, stats.stale
-        )
-        if (
-            ok
-            and lease_from is not None
-            and lease_wants_renewal(now - lease_from, self.lease_seconds)
-        ):
-            ids = [int(w.key) for b in left for w in b]
-            try:
-                with self.engine.begin() as conn:
-                    params = {"ids": ids, "token": token, "lease_seconds": self.lease_seconds}
-                    if len(conn.execute(_SQL["renew"], params).all()) != len(ids):
-                        # rolled back: the rows still ours keep the lease they had, so their
-                        # parents are not held for another lease by a claim that stops here
-                        raise _TakenBack
-                lease_from = now
-                stats.renewals += 1
-            except _TakenBack:
-                ok = False
-            except DatabaseError:  # the engine translates driver errors (core/errors.py)
-                # not the CRM's failure, so no row is judged by it: the rows stay claimed
-                # until their lease ends and are taken again then
-                log.warning("org %s: could not renew a claim's lease; stopping it", self.org)
-                ok = False
-        if ok:
-            return lease_from
+        if lease_from is None or not lease_valid(now - lease_from, self.lease_seconds, stats.stale):
+            self._give_up(left, stats)
+            return None
+        if lease_wants_renewal(now - lease_from, self.lease_seconds):
+            if not self._renew(token, [int(w.key) for b in left for w in b]):
+                self._give_up(left, stats)
+                return None
+            stats.renewals += 1
+            lease_from = now
+        return lease_from
+
+    def _renew(self, token: str, ids: list[int]) -> bool:
+        """Extend the lease of these rows of the claim (one statement): False, with nothing
+        changed, when any was taken back or the database could not be reached."""
+        try:
+            with self.engine.begin() as conn:
+                params = {"ids": ids, "token": token, "lease_seconds": self.lease_seconds}
+                if len(conn.execute(_SQL["renew"], params).all()) != len(ids):
+                    # rolled back: the rows still ours keep the lease they had, so their
+                    # parents are not held for another lease by a claim that stops here
+                    raise _TakenBack
+        except _TakenBack:
+            return False
+        except DatabaseError:  # the engine translates driver errors (core/errors.py)
+            # not the CRM's failure, so no row is judged by it: the rows stay claimed until
+            # their lease ends and are taken again then
+            log.warning("org %s: could not renew a claim's lease; stopping it", self.org)
+            return False
+        return True
+
+    def _give_up(self, left: Sequence[Sequence[OwnerWrite]], stats: DispatchStats) -> None:
+        """The claim sends nothing more: its unsent writes are counted stale."""
         n = sum(len(b) for b in left)
         stats.stale += n
         log.warning(
@@ -399,7 +404,6 @@ class Dispatcher:
             self.org,
             n,
         )
-        return None
 
     def _guard(
         self,
