@@ -1,5 +1,12 @@
 -- Named SQL for `connector rep`: time off set from the command line.
 
+-- name: touch_team
+-- A new version of a team row of the rep (locked until the transaction ends), written before
+-- the time off: a lead of that team waiting for the team lock while this commits sees the
+-- team changed and is decided by route_lead, which reads the time off with a fresh snapshot
+-- (route_plain's snapshot, taken before its wait, could not see it; migration 0020).
+UPDATE teams SET updated_at = now() WHERE org = :org AND name = :name AND in_config
+
 -- name: set_away
 INSERT INTO rep_time_off (org, crm_user_id, starts_at, until, reason)
 VALUES (:org, :crm_user_id, :starts_at, :until, :reason)

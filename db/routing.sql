@@ -117,6 +117,18 @@ RETURNING lead_id
 -- name: mark_unassigned
 UPDATE leads SET unassigned_reason = :reason WHERE id = ANY(CAST(:lead_ids AS bigint[]))
 
+-- name: route_plain
+-- One new lead of a PLAIN team (connector/routing/single.py plain_call) in ONE statement
+-- (migration 0020): route_lead's work and records, or status 'route_lead' (nothing written)
+-- or SQLSTATE LR001 (everything rolled back) when route_lead must decide it.
+SELECT status, lead_id, team, owner_id, owner_name, reason, cand_ids, cand_skips
+FROM route_plain(
+    CAST(:org AS text), CAST(:crm_object AS text), CAST(:source AS text),
+    CAST(:crm_id AS text), CAST(:fields AS jsonb), CAST(:parent_id AS text),
+    CAST(:team AS text), CAST(:rule_index AS integer), CAST(:rule_name AS text),
+    CAST(:now AS timestamptz), CAST(:day AS date), CAST(:week AS date),
+    CAST(:detail AS jsonb), CAST(:sla_minutes AS integer))
+
 -- name: route_lead
 -- One new lead of a rotation rule, decided and recorded in ONE call (migration 0014): the team
 -- row is locked for this statement plus the commit. What only the config knows is passed in.

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import threading
 from collections.abc import Iterator
@@ -24,9 +25,13 @@ from hypothesis import strategies as st
 from sqlalchemy import Connection, Engine, text
 
 from connector.core.config import OrgConfig, parse_config
+from connector.core.errors import DatabaseError
+from connector.routing import assign as assign_module
 from connector.routing.assign import Lead, Outcome, Router, RoutingError
 from connector.routing.decisions import expand
+from connector.routing.reassign import deactivate_rep
 from connector.routing.rotation import Seat, pick_available
+from connector.routing.single import ROUTE_LEAD_INSTEAD
 from connector.routing.teams import apply_teams
 from connector.shell.reps import resolve_rep, set_away
 from connector.shell.store import make_engine
@@ -244,9 +249,17 @@ teams:
       - {{crm_user_id: "005E", name: Eve}}
       - {{crm_user_id: "005F", name: Fay, weight: 3}}
       - {{crm_user_id: "005G", name: Gus}}
+  - name: p
+    sla: {{minutes: 15, status_field: Status, initial: [New]}}
+    members:
+      - {{crm_user_id: "005H", name: Hal, weight: 2}}
+      - {{crm_user_id: "005I", name: Ida}}
+      - {{crm_user_id: "005J", name: Jo, active: false}}
+      - {{crm_user_id: "005K", name: Kim}}
 {extra}
 rules:
   - {{name: catch, team: k, when: {{Country: DE}}}}
+  - {{name: plain, team: p, when: {{Country: FR}}}}
   - {{name: rest, team: a}}
 """,
         "t.yaml",
@@ -312,8 +325,14 @@ def _decisions(engine: Engine) -> list[tuple[str, dict[str, Any]]]:
                 "ON l.id = d.lead_id ORDER BY l.crm_id"
             )
         ).all()
+        leads = dict(c.execute(text("SELECT id, crm_id FROM leads")).all())
     out = []
     for crm_id, detail in rows:
+        # the lead's own id (a lead id is drawn even for an insert that conflicts or is
+        # rolled back, so ids differ between paths that try the insert a different number
+        # of times)
+        if "batch" in detail:
+            detail["batch"] = leads[detail["batch"]]
         if "seats" in detail:
             detail["seats"]["ids"] = [users[i] for i in detail["seats"]["ids"]]
         if "chosen_id" in detail:
@@ -351,23 +370,28 @@ def _outcome(o: Outcome, users: dict[int, str]) -> tuple[Any, ...]:
     return (o.crm_id, o.status, o.team, o.owner_id, o.owner_name, o.reason, cands)
 
 
-def _run(engine: Engine, single: bool) -> tuple[list[tuple[Any, ...]], Any, Any]:
+def _run(engine: Engine, path: str) -> tuple[list[tuple[Any, ...]], Any, Any]:
     cfg = org()
     apply_teams(engine, cfg)
     clock = WallClock(MONDAY)
     r = Router(engine, cfg, clock=clock)
-    if not single:
+    if path == "route_lead":  # no lead of a plain team takes route_plain
+        r.single = {k: dataclasses.replace(v, plain=False) for k, v in r.single.items()}
+    elif path == "general":
         r.single = {}  # every lead through the general path
     outcomes: list[Outcome] = []
     for i in range(70):
         if i == 20:  # time off set from the command line, read under the lock
-            set_away(
-                engine, cfg, resolve_rep(cfg, "Ada"), clock.at + timedelta(hours=3), None, clock.at
-            )
-            set_away(
-                engine, cfg, resolve_rep(cfg, "Eve"), clock.at + timedelta(hours=2), None, clock.at
-            )
-        country = "DE" if i % 3 == 0 else "US"
+            for name, hours in (("Ada", 3), ("Eve", 2), ("Hal", 2)):
+                set_away(
+                    engine,
+                    cfg,
+                    resolve_rep(cfg, name),
+                    clock.at + timedelta(hours=hours),
+                    None,
+                    clock.at,
+                )
+        country = ("DE", "FR", "US", "US")[i % 4]
         outcomes.append(r.assign(Lead(f"00Qs{i:03d}", {"Country": country}), "api"))
         if i % 10 == 5:  # a repeat
             outcomes.append(r.assign(Lead(f"00Qs{i - 1:03d}", {"Country": country}), "api"))
@@ -377,14 +401,42 @@ def _run(engine: Engine, single: bool) -> tuple[list[tuple[Any, ...]], Any, Any]
     return [_outcome(o, users) for o in outcomes], _decisions(engine), _state(engine)
 
 
-def test_single_call_and_general_path_record_the_same(databases: DatabaseFactory) -> None:
-    engines = [make_engine(databases.new(), pool_size=2) for _ in range(2)]
+def test_single_call_and_general_path_record_the_same(
+    databases: DatabaseFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same leads through route_plain (team p's leads, while none of its reps is away),
+    through route_lead only, and through the general path: the same outcomes, decisions,
+    counts, caps counters, assignments and outbox rows."""
+    plain: list[str] = []  # what each route_plain call answered
+    real = assign_module.one_statement
+
+    def spy(engine: Engine, sql: str, params: Any) -> Any:
+        if sql is not assign_module._ROUTE_PLAIN:
+            return real(engine, sql, params)
+        try:
+            row = real(engine, sql, params)
+        except Exception:
+            plain.append("error")
+            raise
+        plain.append(row[0] if row else "none")
+        return row
+
+    monkeypatch.setattr(assign_module, "one_statement", spy)
+    engines = [make_engine(databases.new(), pool_size=2) for _ in range(3)]
     try:
-        single = _run(engines[0], single=True)
-        general = _run(engines[1], single=False)
+        single = _run(engines[0], "route_plain")
+        answered = list(plain)
+        by_function = _run(engines[1], "route_lead")
+        general = _run(engines[2], "general")
     finally:
         for e in engines:
             e.dispose()
+    # team p's 18 new leads and 4 repeats sent as FR: route_plain assigned the 16 new ones
+    # that came while no rep of p was away, and handed on the 2 that came while Hal was
+    # away (set by command) and the 4 repeats, having written nothing for them
+    assert (answered.count("assigned"), answered.count("route_lead")) == (16, 6), answered
+    assert plain == answered  # the other two runs never took route_plain
+    assert by_function == single
     assert single[0] == general[0]
     statuses = {o[1] for o in single[0]}
     assert statuses == {"assigned", "unassigned", "duplicate"}, statuses
@@ -473,3 +525,238 @@ def test_the_single_call_reads_catch_ups_latest_owners(databases: DatabaseFactor
     assert got[0] == got[1]
     back = got[0][6:]
     assert back == ["005R", "005P", "005R", "005Q", "005R", "005P"], back
+
+
+def _wait_until_blocked(engine: Engine, function: str, like: str | None = None) -> None:
+    """Until one session's call of ``function`` (or a query LIKE ``like``) waits for a
+    lock."""
+    with engine.connect() as watch:
+        for _ in range(200):
+            waiting = watch.execute(
+                text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                    "AND query LIKE :q"
+                ),
+                {"q": like or f"%FROM {function}(%"},
+            ).scalar_one()
+            watch.rollback()  # pg_stat_activity is read once per transaction
+            if waiting:
+                return
+            threading.Event().wait(0.05)
+    raise AssertionError(f"no call of {function} waited for a lock")
+
+
+def _spy_plain(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """What each route_plain call answered: its status, or the SQLSTATE it ended with."""
+    answered: list[str] = []
+    real = assign_module.one_statement
+
+    def spy(engine: Engine, sql: str, params: Any) -> Any:
+        if sql is not assign_module._ROUTE_PLAIN:
+            return real(engine, sql, params)
+        try:
+            row = real(engine, sql, params)
+        except DatabaseError as exc:
+            answered.append(str(exc.sqlstate))
+            raise
+        answered.append(row[0] if row else "none")
+        return row
+
+    monkeypatch.setattr(assign_module, "one_statement", spy)
+    return answered
+
+
+def _lead_rows(engine: Engine) -> dict[str, int]:
+    with engine.connect() as c:
+        return {
+            t: c.execute(text(f"SELECT count(*) FROM {t}")).scalar_one()
+            for t in ("leads", "assignments", "outbox", "routing_decisions")
+        }
+
+
+def test_route_plain_waiter_reads_what_the_lock_holder_committed(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """route_plain's snapshot is taken before it waits for the team lock; it reads the
+    members through row locks (FOR SHARE), which re-read each row at its newest version. The
+    holder's pick (Hal, weight 2 of 4) is committed while the waiter waits: read with the
+    waiter's snapshot Hal would be owed the lead again; read at the newest version, Ida is."""
+    answered = _spy_plain(monkeypatch)
+    cfg = org()
+    apply_teams(engine, cfg)
+    r = Router(engine, cfg, clock=WallClock(MONDAY))
+    got: list[Outcome] = []
+    with engine.connect() as holder:
+        holder.begin()
+        first = r.assign_in(holder, [Lead("00Qpw1", {"Country": "FR"})], "api")[0]
+        waiter = threading.Thread(
+            target=lambda: got.append(r.assign(Lead("00Qpw2", {"Country": "FR"}), "api"))
+        )
+        waiter.start()
+        _wait_until_blocked(engine, "route_plain")
+        holder.commit()
+        waiter.join(timeout=30)
+    assert answered == ["assigned"]
+    assert (first.owner_id, got[0].status, got[0].owner_id) == ("005H", "assigned", "005I")
+    with engine.connect() as c:
+        counts = dict(c.execute(text("SELECT crm_user_id, assigned_in_epoch FROM members")).all())
+        detail = c.execute(
+            text(
+                "SELECT d.detail FROM routing_decisions d JOIN leads l "
+                "ON l.id = d.lead_id WHERE l.crm_id = '00Qpw2'"
+            )
+        ).scalar_one()
+    assert (counts["005H"], counts["005I"], counts["005K"]) == (1, 1, 0)
+    assert detail["seats"]["counts"][:3] == [1, 0, 0]  # Hal, Ida, Kim as the waiter saw them
+
+
+def test_route_plain_hands_a_lead_whose_team_changed_while_it_waited_to_route_lead(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A config apply writes the team row and may add members, which the waiting statement's
+    snapshot cannot see. route_plain finds the team row changed, ends with LR001 (its lead
+    insert rolled back), and route_lead, with a fresh snapshot, decides among every member:
+    the new one (Lee) is a candidate, and the lead is stored once."""
+    answered = _spy_plain(monkeypatch)
+    cfg = org()
+    apply_teams(engine, cfg)
+    r = Router(engine, cfg, clock=WallClock(MONDAY))
+    got: list[Outcome] = []
+    with engine.connect() as holder:
+        holder.begin()
+        team_id = holder.execute(
+            text("UPDATE teams SET in_config = true WHERE name = 'p' RETURNING id")
+        ).scalar_one()
+        holder.execute(
+            text(
+                "INSERT INTO members (team_id, crm_user_id, name, weight, active, position) "
+                "VALUES (:t, '005L', 'Lee', 5, true, 9)"
+            ),
+            {"t": team_id},
+        )
+        waiter = threading.Thread(
+            target=lambda: got.append(r.assign(Lead("00Qpc1", {"Country": "FR"}), "api"))
+        )
+        waiter.start()
+        _wait_until_blocked(engine, "route_plain")
+        holder.commit()
+        waiter.join(timeout=30)
+    assert answered == [ROUTE_LEAD_INSTEAD]
+    with engine.connect() as c:
+        users = dict(c.execute(text("SELECT id, crm_user_id FROM members")).all())
+    # Lee (weight 5 of 9) is owed the first lead of the rotation
+    assert (got[0].status, got[0].owner_id) == ("assigned", "005L")
+    assert "005L" in {users[m] for m, _ in got[0].candidates}
+    assert _lead_rows(engine) == {
+        "leads": 1,
+        "assignments": 1,
+        "outbox": 1,
+        "routing_decisions": 1,
+    }
+
+
+def test_route_plain_hands_a_team_without_active_members_to_route_lead(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No active member: route_plain ends with LR001 (nothing kept) and route_lead records the
+    lead as unassigned with its reason, once."""
+    answered = _spy_plain(monkeypatch)
+    cfg = org()
+    apply_teams(engine, cfg)
+    with engine.begin() as c:
+        c.execute(
+            text(
+                "UPDATE members SET active = false "
+                "WHERE team_id = (SELECT id FROM teams WHERE name = 'p')"
+            )
+        )
+    r = Router(engine, cfg, clock=WallClock(MONDAY))
+    got = r.assign(Lead("00Qpn1", {"Country": "FR"}), "api")
+    assert answered == [ROUTE_LEAD_INSTEAD]
+    assert (got.status, got.reason) == ("unassigned", "no_active_member")
+    assert _lead_rows(engine) == {
+        "leads": 1,
+        "assignments": 0,
+        "outbox": 0,
+        "routing_decisions": 1,
+    }
+    with engine.connect() as c:
+        reason = c.execute(text("SELECT unassigned_reason FROM leads")).scalar_one()
+    assert reason == "no_active_member"
+
+
+def test_a_deactivation_takes_the_team_lock_before_the_members(engine: Engine) -> None:
+    """A lead being assigned holds its team's lock, then updates a member. `connector rep
+    deactivate` used to update the member row first and take the team lock after: with a
+    lead in between, each waited for the other (a deadlock, one of them aborted). Now the
+    deactivation waits for the team lock first, and both finish."""
+    cfg = org()
+    apply_teams(engine, cfg)
+    r = Router(engine, cfg, clock=WallClock(MONDAY))
+    errors: list[BaseException] = []
+
+    def deactivate() -> None:
+        try:
+            deactivate_rep(engine, cfg, "Ida", reroute=False)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    with engine.connect() as holder:
+        holder.begin()
+        first = r.assign_in(holder, [Lead("00Qpd1", {"Country": "FR"})], "api")[0]
+        worker = threading.Thread(target=deactivate)
+        worker.start()
+        _wait_until_blocked(engine, "", like="%")  # the deactivation waits for a lock
+        # Ida is owed the next lead: this updates her row, which the old order had locked
+        second = r.assign_in(holder, [Lead("00Qpd2", {"Country": "FR"})], "api")[0]
+        holder.commit()
+        worker.join(timeout=30)
+    assert errors == []
+    assert (first.owner_id, second.owner_id) == ("005H", "005I")
+    with engine.connect() as c:
+        active = c.execute(text("SELECT active FROM members WHERE crm_user_id = '005I'")).scalar()
+    assert active is False
+
+
+def test_rep_away_waits_for_the_leads_already_waiting_for_its_team(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`connector rep away` writes the rep's team rows before the time off, so it commits
+    only after the leads already waiting for the team lock, never while one of them waits
+    with a snapshot that cannot see it (route_plain's is taken before its wait). Once it has
+    returned, no lead goes to the rep."""
+    answered = _spy_plain(monkeypatch)
+    cfg = org()
+    apply_teams(engine, cfg)
+    clock = WallClock(MONDAY)
+    r = Router(engine, cfg, clock=clock)
+    got: list[Outcome] = []
+    done = threading.Event()
+
+    def away() -> None:
+        set_away(
+            engine, cfg, resolve_rep(cfg, "Ida"), clock.at + timedelta(hours=1), None, clock.at
+        )
+        done.set()
+
+    with engine.connect() as holder:
+        holder.begin()
+        first = r.assign_in(holder, [Lead("00Qpa1", {"Country": "FR"})], "api")[0]
+        waiter = threading.Thread(
+            target=lambda: got.append(r.assign(Lead("00Qpa2", {"Country": "FR"}), "api"))
+        )
+        waiter.start()
+        _wait_until_blocked(engine, "route_plain")
+        setter = threading.Thread(target=away)
+        setter.start()
+        # the time off is not stored while the lead waits for the team lock
+        assert not done.wait(1.0)
+        holder.commit()
+        waiter.join(timeout=30)
+        setter.join(timeout=30)
+    assert done.is_set()
+    # the waiting lead was decided before the time off, as its place in the queue says
+    assert (first.owner_id, got[0].owner_id) == ("005H", "005I")
+    later = [r.assign(Lead(f"00Qpa{i}", {"Country": "FR"}), "api") for i in range(3, 7)]
+    assert "005I" not in {o.owner_id for o in later}
+    assert answered == ["assigned"] + ["route_lead"] * 4

@@ -20,8 +20,9 @@ its 15-character id and later by its 18-character id (in any case) is one lead. 
 lock is what serialises a team's rotation across any number of processes; in a batch it is
 held for the read of the members, the pick, one recording statement and the commit, and
 never while a CRM is called. A single new lead of a rotation rule (team without an overflow
-team) is one call of ``route_lead`` (``connector.routing.single``): the lock is held for
-that statement plus the commit, and ``assign`` sends it in autocommit, one round trip.
+team) is one call of ``route_lead`` (``connector.routing.single``), or for a plain team
+``route_plain``, one statement: the lock is held for that statement plus the commit, and
+``assign`` sends it in autocommit, one round trip.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from sqlalchemy import Connection, Engine, TextClause, text
 
 import db
 from connector.core.config import Member, OrgConfig, Team
-from connector.core.errors import DatabaseUnavailable, one_statement
+from connector.core.errors import DatabaseError, DatabaseUnavailable, one_statement
 from connector.routing import accounts
 from connector.routing.availability import (
     Candidate,
@@ -53,7 +54,7 @@ from connector.routing.availability import (
 from connector.routing.decisions import DecisionRecorder
 from connector.routing.rotation import Seat, Turn, pick_available
 from connector.routing.rules import Match, compile_rules, match
-from connector.routing.single import call_params, single_teams
+from connector.routing.single import ROUTE_LEAD_INSTEAD, call_params, plain_call, single_teams
 from crm_adapters.salesforce_ids import id_key
 
 log = logging.getLogger(__name__)
@@ -66,6 +67,7 @@ RECONNECT_ATTEMPTS = 3
 _SQL: dict[str, TextClause] = {k: text(v) for k, v in db.queries("routing").items()}
 # the single-lead call as the driver takes it (Router.assign sends it without SQLAlchemy)
 _ROUTE_LEAD = db.pyformat(db.queries("routing")["route_lead"])
+_ROUTE_PLAIN = db.pyformat(db.queries("routing")["route_plain"])
 
 Status = Literal["assigned", "duplicate", "unassigned"]
 
@@ -276,13 +278,29 @@ class Router:
             return self.assign_many([lead], source)[0]
         for attempt in range(RECONNECT_ATTEMPTS):
             try:
-                row = one_statement(self.engine, _ROUTE_LEAD, params)
-                return self._single_outcome(row, params)
+                return self._single_outcome(self._call_single(params), params)
             except DatabaseUnavailable as exc:
                 if not exc.connection_invalidated or attempt == RECONNECT_ATTEMPTS - 1:
                     raise
                 log.warning("database connection lost; retrying (attempt %d)", attempt + 2)
         raise AssertionError("unreachable")
+
+    def _call_single(self, params: Mapping[str, Any]) -> tuple[Any, ...] | None:
+        """The single-lead call's row: ``route_plain`` (one statement) for a plain call,
+        ``route_lead`` for the others and for what ``route_plain`` hands on."""
+        if plain_call(self.single[params["team"]], params):
+            try:
+                row = one_statement(self.engine, _ROUTE_PLAIN, params)
+            except DatabaseError as exc:
+                if exc.sqlstate != ROUTE_LEAD_INSTEAD:
+                    raise
+                log.debug(
+                    "lead %s of team %s: route_lead decides", params["crm_id"], params["team"]
+                )
+            else:
+                if row is not None and row[0] != "route_lead":
+                    return row
+        return one_statement(self.engine, _ROUTE_LEAD, params)
 
     def _single_params(self, lead: Lead, source: str) -> dict[str, Any] | None:
         """The ``route_lead`` call for a lead that can take it (a rotation rule matched and

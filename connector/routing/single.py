@@ -11,6 +11,15 @@ here (pure, clock injected) and passed in: each configured member's working hour
 time off at ``now`` (as ``away``/``off_shift``), its caps, catch-up's K, the rules tried and
 the SLA.
 
+A PLAIN team's lead (no caps, no catch-up, nobody blocked by the config at ``now``:
+``plain_call``) takes ``route_plain`` instead: the same work and the same records as ONE
+statement, without the function's six executors (db/routing.sql says how it reads the
+rotation correctly with the snapshot it took before the lock). It hands the lead to
+``route_lead`` when it wrote nothing (a repeat, a rep of the team away by `connector rep
+away`, a team not in the database) or ended with ``ROUTE_LEAD_INSTEAD`` (the team changed
+while the lead waited for its lock, or has no active member): two round trips then, the same
+outcome.
+
 One difference from the general path, by design: ``now`` is read before the call, so before
 the wait for the team lock, while the general path reads it once the locks are held. A lead
 that waits behind a batch across midnight or a shift's end is judged (caps day, hours, time
@@ -31,6 +40,10 @@ from connector.routing.availability import Window, config_windows, periods
 from connector.routing.decisions import trace_rules
 from connector.routing.rules import CompiledRule, Match
 
+# The SQLSTATE route_plain ends with (route_plain_retry, migration 0020) when route_lead must
+# decide the lead instead; the error rolled back everything the statement wrote.
+ROUTE_LEAD_INSTEAD = "LR001"
+
 
 @dataclass(frozen=True)
 class TeamInputs:
@@ -46,6 +59,9 @@ class TeamInputs:
     team_per_day: int | None
     team_per_week: int | None
     max_in_a_row: int | None
+    # no caps and no catch-up: a lead that finds nobody blocked by the config at its ``now``
+    # takes the one-statement path (``route_plain``)
+    plain: bool
 
 
 def team_inputs(team: Team) -> TeamInputs:
@@ -61,6 +77,12 @@ def team_inputs(team: Team) -> TeamInputs:
         team_per_day=team.caps.per_day,
         team_per_week=team.caps.per_week,
         max_in_a_row=team.max_in_a_row,
+        plain=(
+            team.max_in_a_row is None
+            and team.caps.per_day is None
+            and team.caps.per_week is None
+            and all(c.per_day is None and c.per_week is None for c in caps)
+        ),
     )
 
 
@@ -83,6 +105,12 @@ def config_blocked(inputs: TeamInputs, now: datetime) -> list[str | None]:
         else:
             out.append(None)
     return out
+
+
+def plain_call(inputs: TeamInputs, params: Mapping[str, Any]) -> bool:
+    """Whether a call may take ``route_plain`` (one statement): its team has no caps and no
+    catch-up, and no member is away or off shift by the config at the call's ``now``."""
+    return inputs.plain and all(b is None for b in params["blocked"])
 
 
 def call_params(

@@ -16,6 +16,7 @@ from sqlalchemy import Engine, text
 import db
 from connector.core.config import ConfigError, OrgConfig
 from connector.core.hours import parse_local_time
+from connector.routing.assign import overflow_order
 from connector.routing.availability import config_windows
 
 MAX_REASON = 200
@@ -95,6 +96,10 @@ def set_away(
     engine: Engine, cfg: OrgConfig, rep: Rep, until: datetime, reason: str | None, now: datetime
 ) -> None:
     with engine.begin() as conn:
+        # the rep's teams first, in the order routers lock them (db/reps.sql touch_team says
+        # why): every lead assigned after this commits, waiting or not, sees the time off
+        for name in overflow_order(cfg, set(rep.teams)):
+            conn.execute(text(db.queries("reps")["touch_team"]), {"org": cfg.org, "name": name})
         conn.execute(
             text(db.queries("reps")["set_away"]),
             {
