@@ -1,11 +1,21 @@
 -- Named SQL for `connector rep`: time off set from the command line.
 
--- name: touch_team
--- A new version of a team row of the rep (locked until the transaction ends), written before
--- the time off: a lead of that team waiting for the team lock while this commits sees the
--- team changed and is decided by route_lead, which reads the time off with a fresh snapshot
+-- name: touch_teams
+-- A new version of each team row of the rep as the database has it (locked until the
+-- transaction ends, in name order as routers and config applies lock teams), written before
+-- the time off: a lead of such a team waiting for its lock while this commits sees the team
+-- changed and is decided by route_lead, which reads the time off with a fresh snapshot
 -- (route_plain's snapshot, taken before its wait, could not see it; migration 0020).
-UPDATE teams SET updated_at = now() WHERE org = :org AND name = :name AND in_config
+WITH mine AS (
+    SELECT t.id FROM teams t
+    WHERE t.org = :org AND t.in_config
+      AND EXISTS (SELECT FROM members m
+                  WHERE m.team_id = t.id AND m.crm_user_id = :crm_user_id AND m.in_config)
+    ORDER BY t.name
+    FOR UPDATE OF t
+)
+UPDATE teams SET updated_at = now() FROM mine WHERE teams.id = mine.id
+RETURNING teams.id
 
 -- name: set_away
 INSERT INTO rep_time_off (org, crm_user_id, starts_at, until, reason)

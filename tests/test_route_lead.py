@@ -31,7 +31,7 @@ from connector.routing.assign import Lead, Outcome, Router, RoutingError
 from connector.routing.decisions import expand
 from connector.routing.reassign import deactivate_rep
 from connector.routing.rotation import Seat, pick_available
-from connector.routing.single import ROUTE_LEAD_INSTEAD
+from connector.routing.single import ROUTE_LEAD_INSTEAD, team_inputs
 from connector.routing.teams import apply_teams
 from connector.shell.reps import resolve_rep, set_away
 from connector.shell.store import make_engine
@@ -223,7 +223,7 @@ def test_rotation_pick_lets_a_heavy_rep_run_like_pick_available(conn: Connection
     assert (102, 102) in pairs and (100, 100) not in pairs
 
 
-def org(extra: str = "") -> OrgConfig:
+def org(extra: str = "", p_extra: str = "") -> OrgConfig:
     return parse_config(
         f"""
 org: acme
@@ -256,6 +256,8 @@ teams:
       - {{crm_user_id: "005I", name: Ida}}
       - {{crm_user_id: "005J", name: Jo, active: false}}
       - {{crm_user_id: "005K", name: Kim}}
+      - {{crm_user_id: "005L", name: Lou,
+         hours: {{timezone: Europe/Berlin, mon-fri: "09:00-17:00"}}}}{p_extra}
 {extra}
 rules:
   - {{name: catch, team: k, when: {{Country: DE}}}}
@@ -372,6 +374,8 @@ def _outcome(o: Outcome, users: dict[int, str]) -> tuple[Any, ...]:
 
 def _run(engine: Engine, path: str) -> tuple[list[tuple[Any, ...]], Any, Any]:
     cfg = org()
+    # Max was in team p and is dropped: his row stays (in_config false), never a seat
+    apply_teams(engine, org(p_extra='\n      - {crm_user_id: "005M", name: Max}'))
     apply_teams(engine, cfg)
     clock = WallClock(MONDAY)
     r = Router(engine, cfg, clock=clock)
@@ -431,10 +435,12 @@ def test_single_call_and_general_path_record_the_same(
     finally:
         for e in engines:
             e.dispose()
-    # team p's 18 new leads and 4 repeats sent as FR: route_plain assigned the 16 new ones
-    # that came while no rep of p was away, and handed on the 2 that came while Hal was
-    # away (set by command) and the 4 repeats, having written nothing for them
-    assert (answered.count("assigned"), answered.count("route_lead")) == (16, 6), answered
+    # team p's 18 new leads and 4 repeats sent as FR (a lead every 23 minutes from Monday
+    # 13:00 UTC): route_lead took those that came while Lou was off shift (before 08:00 or
+    # after 16:00 UTC: blocked by the config, so never sent to route_plain), which include
+    # the 2 that came while Hal was away by command; route_plain assigned the other 7 new
+    # ones and handed on the 2 repeats it was sent, having written nothing for them
+    assert (answered.count("assigned"), answered.count("route_lead")) == (7, 2), answered
     assert plain == answered  # the other two runs never took route_plain
     assert by_function == single
     assert single[0] == general[0]
@@ -630,7 +636,7 @@ def test_route_plain_hands_a_lead_whose_team_changed_while_it_waited_to_route_le
         holder.execute(
             text(
                 "INSERT INTO members (team_id, crm_user_id, name, weight, active, position) "
-                "VALUES (:t, '005L', 'Lee', 5, true, 9)"
+                "VALUES (:t, '005N', 'Lee', 5, true, 9)"
             ),
             {"t": team_id},
         )
@@ -645,8 +651,8 @@ def test_route_plain_hands_a_lead_whose_team_changed_while_it_waited_to_route_le
     with engine.connect() as c:
         users = dict(c.execute(text("SELECT id, crm_user_id FROM members")).all())
     # Lee (weight 5 of 9) is owed the first lead of the rotation
-    assert (got[0].status, got[0].owner_id) == ("assigned", "005L")
-    assert "005L" in {users[m] for m, _ in got[0].candidates}
+    assert (got[0].status, got[0].owner_id) == ("assigned", "005N")
+    assert "005N" in {users[m] for m, _ in got[0].candidates}
     assert _lead_rows(engine) == {
         "leads": 1,
         "assignments": 1,
@@ -760,3 +766,84 @@ def test_rep_away_waits_for_the_leads_already_waiting_for_its_team(
     later = [r.assign(Lead(f"00Qpa{i}", {"Country": "FR"}), "api") for i in range(3, 7)]
     assert "005I" not in {o.owner_id for o in later}
     assert answered == ["assigned"] + ["route_lead"] * 4
+
+
+@pytest.mark.parametrize(
+    ("members", "team_keys", "plain"),
+    [
+        ('{crm_user_id: "005A", name: Ada}', "", True),
+        ('{crm_user_id: "005A", name: Ada, caps: {per_week: 9}}', "", False),
+        ('{crm_user_id: "005A", name: Ada}', "caps: {per_day: 3}", False),
+        ('{crm_user_id: "005A", name: Ada}', "catch_up: {max_in_a_row: 1}", False),
+        # hours and time off block at some instants only: plain_call checks each call
+        (
+            '{crm_user_id: "005A", name: Ada, hours: {timezone: UTC, mon-fri: "09:00-17:00"}}',
+            "",
+            True,
+        ),
+    ],
+    ids=["plain", "member caps", "team caps", "catch-up", "hours"],
+)
+def test_which_teams_are_plain(members: str, team_keys: str, plain: bool) -> None:
+    cfg = parse_config(
+        f"""
+org: acme
+crm:
+  kind: salesforce
+  instance_url: https://x.my.salesforce.com
+  auth: {{method: session, access_token: "${{TOKEN}}"}}
+teams:
+  - name: t
+    {team_keys}
+    members:
+      - {members}
+      - {{crm_user_id: "005B", name: Bo}}
+rules:
+  - {{name: all, team: t}}
+""",
+        "t.yaml",
+        ENV,
+    )
+    assert team_inputs(cfg.teams[0]).plain is plain
+
+
+OVERFLOW = """
+  - name: b
+    overflow_team: a
+    members:
+      - {crm_user_id: "005A", name: Ada}
+      - {crm_user_id: "005O", name: Oz}
+"""
+
+
+@pytest.mark.parametrize("command", ["rep away", "rep deactivate"])
+def test_rep_commands_lock_the_reps_teams_in_name_order(engine: Engine, command: str) -> None:
+    """Ada is in teams a and b, and b overflows into a. Routers and config applies lock
+    teams in name order: a router holding a's lock may go on to lock b. A command that
+    locked b first (a team before the one it overflows into) and then waited for a would
+    deadlock with it; in name order it waits for a, holding nothing, and both finish."""
+    cfg = org(extra=OVERFLOW)
+    apply_teams(engine, cfg)
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            if command == "rep away":
+                ada = resolve_rep(cfg, "Ada")
+                set_away(engine, cfg, ada, MONDAY + timedelta(hours=1), None, MONDAY)
+            else:
+                deactivate_rep(engine, cfg, "Ada", reroute=False)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    lock = text("SELECT id FROM teams WHERE org = 'acme' AND name = :name FOR UPDATE")
+    with engine.connect() as holder:
+        holder.begin()
+        holder.execute(lock, {"name": "a"}).one()
+        worker = threading.Thread(target=run)
+        worker.start()
+        _wait_until_blocked(engine, "", like="%")
+        holder.execute(lock, {"name": "b"}).one()
+        holder.commit()
+        worker.join(timeout=30)
+    assert errors == []

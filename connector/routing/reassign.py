@@ -36,7 +36,6 @@ import db
 from connector.core.config import OrgConfig
 from connector.core.errors import UsageError
 from connector.routing.assign import member_candidate as candidate_of
-from connector.routing.assign import overflow_order
 from connector.routing.availability import eligibility, periods
 from connector.routing.decisions import DecisionRecorder
 from connector.routing.rotation import Seat, next_owners
@@ -325,10 +324,10 @@ def deactivate_rep(engine: Engine, cfg: OrgConfig, rep: str, reroute: bool) -> D
                 f"rep {rep!r} names several reps of org {cfg.org!r} ({', '.join(users)}): "
                 "give the crm_user_id"
             )
-        # the teams' locks before their members' rows, in the order every router takes them:
-        # a lead being assigned holds its team's lock and then updates (route_plain also
-        # share-locks) the members, so the other order could deadlock with it
-        for team in overflow_order(cfg, {r.team for r in rows if r.crm_user_id == users[0]}):
+        # the teams' locks before their members' rows, in name order as routers and config
+        # applies take them: a lead being assigned holds its team's lock and then updates
+        # (route_plain also share-locks) the members, so the other order could deadlock
+        for team in sorted({r.team for r in rows if r.crm_user_id == users[0]}):
             conn.execute(_ROUTING["lock_team"], {"org": cfg.org, "name": team}).all()
         changed = conn.execute(
             _SQL["deactivate_member"], {"org": cfg.org, "crm_user_id": users[0]}

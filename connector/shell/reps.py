@@ -16,7 +16,6 @@ from sqlalchemy import Engine, text
 import db
 from connector.core.config import ConfigError, OrgConfig
 from connector.core.hours import parse_local_time
-from connector.routing.assign import overflow_order
 from connector.routing.availability import config_windows
 
 MAX_REASON = 200
@@ -96,10 +95,12 @@ def set_away(
     engine: Engine, cfg: OrgConfig, rep: Rep, until: datetime, reason: str | None, now: datetime
 ) -> None:
     with engine.begin() as conn:
-        # the rep's teams first, in the order routers lock them (db/reps.sql touch_team says
-        # why): every lead assigned after this commits, waiting or not, sees the time off
-        for name in overflow_order(cfg, set(rep.teams)):
-            conn.execute(text(db.queries("reps")["touch_team"]), {"org": cfg.org, "name": name})
+        # the rep's teams first (db/reps.sql touch_teams says why): every lead assigned
+        # after this commits, waiting or not, sees the time off
+        conn.execute(
+            text(db.queries("reps")["touch_teams"]),
+            {"org": cfg.org, "crm_user_id": rep.crm_user_id},
+        ).all()
         conn.execute(
             text(db.queries("reps")["set_away"]),
             {
