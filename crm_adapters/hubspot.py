@@ -111,6 +111,16 @@ def refusal_hold(policy: str, retry_after: float | None, window: float) -> float
     return 1.0 if policy == "SECONDLY" else window
 
 
+def refused_limiters(policy: str, search: bool) -> tuple[str, ...]:
+    """Which of an account's limiters a request-scoped 429 holds: a search refused for the
+    searches' own per-second limit holds searches only; refused for any other policy (the
+    account's ten-second budget, which every call spends) it holds every call; any other
+    call's refusal holds the calls that share its budget."""
+    if not search:
+        return ("general",)
+    return ("search",) if policy == "SECONDLY" else ("search", "general")
+
+
 def seconds_until_utc_midnight(now: datetime | None = None) -> float:
     """Seconds to the next UTC midnight (HubSpot's DAILY limit resets around then)."""
     n = (now or datetime.now(UTC)).astimezone(UTC)
@@ -303,12 +313,16 @@ class HubSpotAdapter:
             # (HubSpot counts repeated 429s against an app). A refusal's counts are not
             # learned from: its Retry-After, or else a whole window, decides the wait.
             self._remember(headers, search=search, learn=False)
-            limiter = self._search_limiter if search else self._limiter
-            # at most one window of the general limiter: a write waiting here must still end
+            which = refused_limiters(err.code, search)
+            limiters = [self._search_limiter if w == "search" else self._limiter for w in which]
+            # the refused budget's window (the general one's when every call waits), and at
+            # most one window of the general limiter: a write waiting here must still end
             # within its claim's lease (connector/writeback/dispatch.py `_keep_lease`)
             told = seconds_or_none(_header(headers, "Retry-After"))
-            held = min(refusal_hold(err.code, told, limiter.window), self._limiter.window)
-            limiter.hold(held)
+            window = max(limiter.window for limiter in limiters)
+            held = min(refusal_hold(err.code, told, window), self._limiter.window)
+            for limiter in limiters:
+                limiter.hold(held)
             # the records are retried once the hold is over, not claimed to wait in it
             raise RateLimitedError(err.code, err.message, held, scope="request") from exc
         except (urllib3.exceptions.HTTPError, OSError) as exc:
@@ -564,6 +578,7 @@ class HubSpotAdapter:
             "effective_limit_per_10s": self._limiter.limit,
             "used_in_window": self._limiter.in_window(),
             "held_s": round(self._limiter.held_for(), 3),
+            "search_held_s": round(self._search_limiter.held_for(), 3),
             "client_waited_s": round(self._limiter.waited_s, 3),
             "rate_limit_headers": headers,
         }

@@ -26,6 +26,7 @@ from crm_adapters.hubspot import (
     classify_hubspot_http,
     classify_hubspot_record_error,
     refusal_hold,
+    refused_limiters,
     window_budget,
 )
 from crm_adapters.salesforce import (
@@ -322,6 +323,40 @@ def test_hubspot_whole_request_errors_over_http(
     else:
         assert held == 0.0
     assert a.write_owners([OwnerWrite("k", rid, owner)])[0].ok
+
+
+@pytest.mark.parametrize(
+    ("policy", "held", "search_held"),
+    [
+        ("SECONDLY", (0.0, 0.0), (0.5, 1.0)),  # the searches' own limit: searches wait
+        ("TEN_SECONDLY_ROLLING", (9.5, 10.6), (9.5, 10.6)),  # the account's: every call
+    ],
+)
+def test_a_refused_search_holds_the_calls_that_share_the_refused_budget(
+    hs: HubSpotSandbox,
+    policy: str,
+    held: tuple[float, float],
+    search_held: tuple[float, float],
+) -> None:
+    a = HubSpotAdapter(hs_settings(hs))
+    hs.add_record()
+    hs.inject_failures(1, 429, _rate_body(policy), {}, path_contains="/search")
+    with pytest.raises(RetryableError) as ei:
+        list(a.changed_since(datetime(2020, 1, 1, tzinfo=UTC)))
+    assert (ei.value.code, ei.value.scope) == (policy, "request")
+    u = a.usage()
+    for key, (low, high) in (("held_s", held), ("search_held_s", search_held)):
+        value = u[key]
+        assert isinstance(value, float)
+        assert value == 0.0 if high == 0.0 else low < value <= high, (key, value)
+
+
+def test_refused_limiters() -> None:
+    assert refused_limiters("TEN_SECONDLY_ROLLING", search=False) == ("general",)
+    assert refused_limiters("SECONDLY", search=False) == ("general",)
+    assert refused_limiters("SECONDLY", search=True) == ("search",)
+    assert refused_limiters("TEN_SECONDLY_ROLLING", search=True) == ("search", "general")
+    assert refused_limiters("SOMETHING_NEW", search=True) == ("search", "general")
 
 
 def test_hubspot_timeout_and_dropped_connection(hs: HubSpotSandbox) -> None:
