@@ -391,6 +391,11 @@ class HubSpotAdapter:
             )
             for rid in (e.get("context") or {}).get("ids") or []:
                 errors[str(rid)] = rec_err
+        refused = [err for err in errors.values() if isinstance(err, RateLimitedError)]
+        if refused:
+            # records refused for rate limits: every call on the account waits as after a
+            # refused call, so their retry is not refused again (no policy is named here)
+            self._limiter.hold(max(err.retry_after or 1.0 for err in refused))
         for i, w in items:
             if w.record_id in errors:
                 log.info(

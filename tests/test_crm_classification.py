@@ -351,6 +351,32 @@ def test_a_refused_search_holds_the_calls_that_share_the_refused_budget(
         assert value == 0.0 if high == 0.0 else low < value <= high, (key, value)
 
 
+def test_records_refused_for_rate_limits_hold_the_account(hs: HubSpotSandbox) -> None:
+    """A 207 whose errors refuse records for RATE_LIMITS: those records fail as rate limited
+    (retried later), the others are written, and every call on the account waits a second
+    before the retry instead of being refused again."""
+    a = HubSpotAdapter(hs_settings(hs))
+    rids, owner = [hs.add_record(), hs.add_record()], hs.add_owner()
+    body = {
+        "status": "COMPLETE",
+        "results": [{"id": rids[0], "properties": {"hubspot_owner_id": owner}}],
+        "errors": [
+            {
+                "status": "error",
+                "category": "RATE_LIMITS",
+                "message": "You have reached your secondly limit.",
+                "context": {"ids": [rids[1]]},
+            }
+        ],
+    }
+    hs.inject_failures(1, 207, body, {}, path_contains="batch/update")
+    got = a.write_owners([OwnerWrite("k0", rids[0], owner), OwnerWrite("k1", rids[1], owner)])
+    assert got[0].ok and not got[1].ok
+    assert isinstance(got[1].error, RateLimitedError) and got[1].error.code == "RATE_LIMITS"
+    held = a.usage()["held_s"]
+    assert isinstance(held, float) and 0.5 < held <= 1.0, held
+
+
 def test_refused_limiters() -> None:
     assert refused_limiters("TEN_SECONDLY_ROLLING", search=False) == ("general",)
     assert refused_limiters("SECONDLY", search=False) == ("general",)
