@@ -119,8 +119,8 @@ UPDATE leads SET unassigned_reason = :reason WHERE id = ANY(CAST(:lead_ids AS bi
 
 -- name: route_plain
 -- One new lead of a PLAIN team (connector/routing/single.py plain_call) in ONE statement
--- (migration 0020): route_lead's work and records, or status 'route_lead' (nothing written)
--- or SQLSTATE LR001 (everything rolled back) when route_lead must decide it.
+-- (migration 0020): route_lead's work and records, or status 'route_lead' with nothing
+-- written when route_lead must decide it.
 SELECT status, lead_id, team, owner_id, owner_name, reason, cand_ids, cand_skips
 FROM route_plain(
     CAST(:org AS text), CAST(:crm_object AS text), CAST(:source AS text),

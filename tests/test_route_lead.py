@@ -25,13 +25,12 @@ from hypothesis import strategies as st
 from sqlalchemy import Connection, Engine, text
 
 from connector.core.config import OrgConfig, parse_config
-from connector.core.errors import DatabaseError
 from connector.routing import assign as assign_module
 from connector.routing.assign import Lead, Outcome, Router, RoutingError
 from connector.routing.decisions import expand
 from connector.routing.reassign import deactivate_rep
 from connector.routing.rotation import Seat, pick_available
-from connector.routing.single import ROUTE_LEAD_INSTEAD, team_inputs
+from connector.routing.single import team_inputs
 from connector.routing.teams import apply_teams
 from connector.shell.reps import resolve_rep, set_away
 from connector.shell.store import make_engine
@@ -553,18 +552,14 @@ def _wait_until_blocked(engine: Engine, function: str, like: str | None = None) 
 
 
 def _spy_plain(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """What each route_plain call answered: its status, or the SQLSTATE it ended with."""
+    """What each route_plain call in autocommit (``Router.assign``) answered: its status."""
     answered: list[str] = []
     real = assign_module.one_statement
 
     def spy(engine: Engine, sql: str, params: Any) -> Any:
         if sql is not assign_module._ROUTE_PLAIN:
             return real(engine, sql, params)
-        try:
-            row = real(engine, sql, params)
-        except DatabaseError as exc:
-            answered.append(str(exc.sqlstate))
-            raise
+        row = real(engine, sql, params)
         answered.append(row[0] if row else "none")
         return row
 
@@ -616,18 +611,29 @@ def test_route_plain_waiter_reads_what_the_lock_holder_committed(
     assert detail["seats"]["counts"][:3] == [1, 0, 0]  # Hal, Ida, Kim as the waiter saw them
 
 
+@pytest.mark.parametrize("in_transaction", [False, True], ids=["autocommit", "in a transaction"])
 def test_route_plain_hands_a_lead_whose_team_changed_while_it_waited_to_route_lead(
-    engine: Engine, monkeypatch: pytest.MonkeyPatch
+    engine: Engine, monkeypatch: pytest.MonkeyPatch, in_transaction: bool
 ) -> None:
     """A config apply writes the team row and may add members, which the waiting statement's
-    snapshot cannot see. route_plain finds the team row changed, ends with LR001 (its lead
-    insert rolled back), and route_lead, with a fresh snapshot, decides among every member:
-    the new one (Lee) is a candidate, and the lead is stored once."""
+    snapshot cannot see. route_plain finds the team row changed, undoes its writes (its lead
+    too) and answers 'route_lead'; route_lead, with a fresh snapshot, decides among every
+    member: the new one (Lee) is a candidate, and the lead is stored once. In the caller's
+    transaction (the inbox's, the poller's) that transaction goes on and commits."""
     answered = _spy_plain(monkeypatch)
     cfg = org()
     apply_teams(engine, cfg)
     r = Router(engine, cfg, clock=WallClock(MONDAY))
     got: list[Outcome] = []
+
+    def waiter_run() -> None:
+        lead = Lead("00Qpc1", {"Country": "FR"})
+        if in_transaction:
+            with engine.begin() as c:
+                got.extend(r.assign_in(c, [lead], "api"))
+        else:
+            got.append(r.assign(lead, "api"))
+
     with engine.connect() as holder:
         holder.begin()
         team_id = holder.execute(
@@ -640,14 +646,12 @@ def test_route_plain_hands_a_lead_whose_team_changed_while_it_waited_to_route_le
             ),
             {"t": team_id},
         )
-        waiter = threading.Thread(
-            target=lambda: got.append(r.assign(Lead("00Qpc1", {"Country": "FR"}), "api"))
-        )
+        waiter = threading.Thread(target=waiter_run)
         waiter.start()
         _wait_until_blocked(engine, "route_plain")
         holder.commit()
         waiter.join(timeout=30)
-    assert answered == [ROUTE_LEAD_INSTEAD]
+    assert answered == ([] if in_transaction else ["route_lead"])
     with engine.connect() as c:
         users = dict(c.execute(text("SELECT id, crm_user_id FROM members")).all())
     # Lee (weight 5 of 9) is owed the first lead of the rotation
@@ -664,8 +668,8 @@ def test_route_plain_hands_a_lead_whose_team_changed_while_it_waited_to_route_le
 def test_route_plain_hands_a_team_without_active_members_to_route_lead(
     engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """No active member: route_plain ends with LR001 (nothing kept) and route_lead records the
-    lead as unassigned with its reason, once."""
+    """No active member: route_plain undoes its writes and answers 'route_lead', which
+    records the lead as unassigned with its reason, once."""
     answered = _spy_plain(monkeypatch)
     cfg = org()
     apply_teams(engine, cfg)
@@ -678,7 +682,7 @@ def test_route_plain_hands_a_team_without_active_members_to_route_lead(
         )
     r = Router(engine, cfg, clock=WallClock(MONDAY))
     got = r.assign(Lead("00Qpn1", {"Country": "FR"}), "api")
-    assert answered == [ROUTE_LEAD_INSTEAD]
+    assert answered == ["route_lead"]
     assert (got.status, got.reason) == ("unassigned", "no_active_member")
     assert _lead_rows(engine) == {
         "leads": 1,

@@ -22,7 +22,8 @@ held for the read of the members, the pick, one recording statement and the comm
 never while a CRM is called. A single new lead of a rotation rule (team without an overflow
 team) is one call of ``route_lead`` (``connector.routing.single``), or for a plain team
 ``route_plain``, one statement: the lock is held for that statement plus the commit, and
-``assign`` sends it in autocommit, one round trip.
+``assign`` sends it in autocommit, one round trip (``assign_in`` sends it in the caller's
+transaction).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from sqlalchemy import Connection, Engine, TextClause, text
 
 import db
 from connector.core.config import Member, OrgConfig, Team
-from connector.core.errors import DatabaseError, DatabaseUnavailable, one_statement
+from connector.core.errors import DatabaseUnavailable, one_statement
 from connector.routing import accounts
 from connector.routing.availability import (
     Candidate,
@@ -54,7 +55,7 @@ from connector.routing.availability import (
 from connector.routing.decisions import DecisionRecorder
 from connector.routing.rotation import Seat, Turn, pick_available
 from connector.routing.rules import Match, compile_rules, match
-from connector.routing.single import ROUTE_LEAD_INSTEAD, call_params, plain_call, single_teams
+from connector.routing.single import call_params, plain_call, single_teams
 from crm_adapters.salesforce_ids import id_key
 
 log = logging.getLogger(__name__)
@@ -286,20 +287,13 @@ class Router:
         raise AssertionError("unreachable")
 
     def _call_single(self, params: Mapping[str, Any]) -> tuple[Any, ...] | None:
-        """The single-lead call's row: ``route_plain`` (one statement) for a plain call,
-        ``route_lead`` for the others and for what ``route_plain`` hands on."""
+        """The single-lead call's row, in autocommit: ``route_plain`` (one statement) for a
+        plain call, ``route_lead`` for the others and for what ``route_plain`` hands on."""
         if plain_call(self.single[params["team"]], params):
-            try:
-                row = one_statement(self.engine, _ROUTE_PLAIN, params)
-            except DatabaseError as exc:
-                if exc.sqlstate != ROUTE_LEAD_INSTEAD:
-                    raise
-                log.debug(
-                    "lead %s of team %s: route_lead decides", params["crm_id"], params["team"]
-                )
-            else:
-                if row is not None and row[0] != "route_lead":
-                    return row
+            row = one_statement(self.engine, _ROUTE_PLAIN, params)
+            if row is None or row[0] != "route_lead":
+                return row
+            log.debug("lead %s of team %s: route_lead decides", params["crm_id"], params["team"])
         return one_statement(self.engine, _ROUTE_LEAD, params)
 
     def _single_params(self, lead: Lead, source: str) -> dict[str, Any] | None:
@@ -315,7 +309,12 @@ class Router:
         return call_params(self.cfg, self.rules, inputs, key, m, source, self.clock())
 
     def _route_single(self, conn: Connection, params: Mapping[str, Any]) -> Outcome:
-        """One ``route_lead`` call in the caller's transaction."""
+        """The single-lead call in the caller's transaction: ``route_plain`` for a plain call
+        (a lead it hands on leaves nothing behind), else or then ``route_lead``."""
+        if plain_call(self.single[params["team"]], params):
+            row = tuple(conn.execute(_SQL["route_plain"], params).one())
+            if row[0] != "route_lead":
+                return self._single_outcome(row, params)
         return self._single_outcome(tuple(conn.execute(_SQL["route_lead"], params).one()), params)
 
     def _single_outcome(self, row: Sequence[Any] | None, params: Mapping[str, Any]) -> Outcome:

@@ -13,12 +13,11 @@ the SLA.
 
 A PLAIN team's lead (no caps, no catch-up, nobody blocked by the config at ``now``:
 ``plain_call``) takes ``route_plain`` instead: the same work and the same records as ONE
-statement, without the function's six executors (db/routing.sql says how it reads the
-rotation correctly with the snapshot it took before the lock). It hands the lead to
-``route_lead`` when it wrote nothing (a repeat, a rep of the team away by `connector rep
-away`, a team not in the database) or ended with ``ROUTE_LEAD_INSTEAD`` (the team changed
-while the lead waited for its lock, or has no active member): two round trips then, the same
-outcome.
+statement, without route_lead's six executors (migration 0020 says how it reads the rotation
+correctly with the snapshot it took before the lock). It hands the lead to ``route_lead``,
+having left nothing behind, when it must not decide it: a repeat, a rep of the team away by
+`connector rep away`, a team not in the database, a team that changed while the lead waited
+for its lock, or one with no active member. Two round trips then, the same outcome.
 
 One difference from the general path, by design: ``now`` is read before the call, so before
 the wait for the team lock, while the general path reads it once the locks are held. A lead
@@ -39,10 +38,6 @@ from connector.core.hours import WeeklyHours
 from connector.routing.availability import Window, config_windows, periods
 from connector.routing.decisions import trace_rules
 from connector.routing.rules import CompiledRule, Match
-
-# The SQLSTATE route_plain ends with (route_plain_retry, migration 0020) when route_lead must
-# decide the lead instead; the error rolled back everything the statement wrote.
-ROUTE_LEAD_INSTEAD = "LR001"
 
 
 @dataclass(frozen=True)
