@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -268,6 +268,63 @@ rules:
     )
 
 
+def _wait_until_blocked(engine: Engine, function: str, like: str | None = None) -> None:
+    """Until one session's call of ``function`` (or a query LIKE ``like``) waits for a
+    lock."""
+    with engine.connect() as watch:
+        for _ in range(200):
+            waiting = watch.execute(
+                text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                    "AND query LIKE :q"
+                ),
+                {"q": like or f"%FROM {function}(%"},
+            ).scalar_one()
+            watch.rollback()  # pg_stat_activity is read once per transaction
+            if waiting:
+                return
+            threading.Event().wait(0.05)
+    raise AssertionError(f"no call of {function} waited for a lock")
+
+
+def _decision_of(c: Connection, crm_id: str) -> dict[str, Any]:
+    """The routing decision recorded for the lead with this CRM id."""
+    detail: dict[str, Any] = c.execute(
+        text(
+            "SELECT d.detail FROM routing_decisions d JOIN leads l "
+            "ON l.id = d.lead_id WHERE l.crm_id = :crm_id"
+        ),
+        {"crm_id": crm_id},
+    ).scalar_one()
+    return detail
+
+
+def _behind_a_holder(
+    engine: Engine,
+    r: Router,
+    held: Lead,
+    waiting: Lead,
+    function: str,
+    meanwhile: Callable[[], None] | None = None,
+) -> tuple[Outcome, Outcome]:
+    """``held`` is assigned in a transaction left open, so it holds its team's lock, while
+    ``waiting`` is assigned by ``Router.assign`` in a thread until its call of ``function``
+    waits for that lock; then ``meanwhile`` runs, the holder commits, and both outcomes are
+    returned."""
+    got: list[Outcome] = []
+    with engine.connect() as holder:
+        holder.begin()
+        first = r.assign_in(holder, [held], "api")[0]
+        waiter = threading.Thread(target=lambda: got.append(r.assign(waiting, "api")))
+        waiter.start()
+        _wait_until_blocked(engine, function)
+        if meanwhile is not None:
+            meanwhile()
+        holder.commit()
+        waiter.join(timeout=30)
+    return first, got[0]
+
+
 def test_a_waiter_reads_what_the_lock_holder_committed(engine: Engine) -> None:
     """The first call holds the team lock in an open transaction while a second call waits
     for it. Read with the snapshot the waiter's statement started with, the team would still
@@ -275,40 +332,13 @@ def test_a_waiter_reads_what_the_lock_holder_committed(engine: Engine) -> None:
     cfg = org()
     apply_teams(engine, cfg)
     r = Router(engine, cfg, clock=WallClock(MONDAY))
-    got: list[Outcome] = []
-    with engine.connect() as holder:
-        holder.begin()
-        first = r.assign_in(holder, [Lead("00Qw1", {"Country": "DE"})], "api")[0]
-        waiter = threading.Thread(
-            target=lambda: got.append(r.assign(Lead("00Qw2", {"Country": "DE"}), "api"))
-        )
-        waiter.start()
-        with engine.connect() as watch:  # the waiter is blocked on the team row
-            for _ in range(200):
-                waiting = watch.execute(
-                    text(
-                        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                        "AND query LIKE '%route_lead%'"
-                    )
-                ).scalar_one()
-                # pg_stat_activity is read once per transaction: end it, or every later poll
-                # sees the first poll's picture (a waiter that was not blocked yet, for ever)
-                watch.rollback()
-                if waiting:
-                    break
-                threading.Event().wait(0.05)
-            assert waiting == 1
-        holder.commit()
-        waiter.join(timeout=30)
+    first, second = _behind_a_holder(
+        engine, r, Lead("00Qw1", {"Country": "DE"}), Lead("00Qw2", {"Country": "DE"}), "route_lead"
+    )
     # Fay (weight 3 of 5) is owed both of the first two leads
-    assert (first.owner_id, got[0].status, got[0].owner_id) == ("005F", "assigned", "005F")
+    assert (first.owner_id, second.status, second.owner_id) == ("005F", "assigned", "005F")
     with engine.connect() as c:
-        detail = c.execute(
-            text(
-                "SELECT d.detail FROM routing_decisions d JOIN leads l "
-                "ON l.id = d.lead_id WHERE l.crm_id = '00Qw2'"
-            )
-        ).scalar_one()
+        detail = _decision_of(c, "00Qw2")
         who = {r.id: (r.crm_user_id, r.name) for r in c.execute(text("SELECT * FROM members"))}
         chosen = expand(detail, who)["chosen"]
         counts = dict(c.execute(text("SELECT crm_user_id, assigned_in_epoch FROM members")).all())
@@ -532,25 +562,6 @@ def test_the_single_call_reads_catch_ups_latest_owners(databases: DatabaseFactor
     assert back == ["005R", "005P", "005R", "005Q", "005R", "005P"], back
 
 
-def _wait_until_blocked(engine: Engine, function: str, like: str | None = None) -> None:
-    """Until one session's call of ``function`` (or a query LIKE ``like``) waits for a
-    lock."""
-    with engine.connect() as watch:
-        for _ in range(200):
-            waiting = watch.execute(
-                text(
-                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                    "AND query LIKE :q"
-                ),
-                {"q": like or f"%FROM {function}(%"},
-            ).scalar_one()
-            watch.rollback()  # pg_stat_activity is read once per transaction
-            if waiting:
-                return
-            threading.Event().wait(0.05)
-    raise AssertionError(f"no call of {function} waited for a lock")
-
-
 def _spy_plain(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """What each route_plain call in autocommit (``Router.assign``) answered: its status."""
     answered: list[str] = []
@@ -586,27 +597,13 @@ def test_route_plain_waiter_reads_what_the_lock_holder_committed(
     cfg = org()
     apply_teams(engine, cfg)
     r = Router(engine, cfg, clock=WallClock(MONDAY))
-    got: list[Outcome] = []
-    with engine.connect() as holder:
-        holder.begin()
-        first = r.assign_in(holder, [Lead("00Qpw1", {"Country": "FR"})], "api")[0]
-        waiter = threading.Thread(
-            target=lambda: got.append(r.assign(Lead("00Qpw2", {"Country": "FR"}), "api"))
-        )
-        waiter.start()
-        _wait_until_blocked(engine, "route_plain")
-        holder.commit()
-        waiter.join(timeout=30)
+    held, waiting = Lead("00Qpw1", {"Country": "FR"}), Lead("00Qpw2", {"Country": "FR"})
+    first, second = _behind_a_holder(engine, r, held, waiting, "route_plain")
     assert answered == ["assigned"]
-    assert (first.owner_id, got[0].status, got[0].owner_id) == ("005H", "assigned", "005I")
+    assert (first.owner_id, second.status, second.owner_id) == ("005H", "assigned", "005I")
     with engine.connect() as c:
         counts = dict(c.execute(text("SELECT crm_user_id, assigned_in_epoch FROM members")).all())
-        detail = c.execute(
-            text(
-                "SELECT d.detail FROM routing_decisions d JOIN leads l "
-                "ON l.id = d.lead_id WHERE l.crm_id = '00Qpw2'"
-            )
-        ).scalar_one()
+        detail = _decision_of(c, "00Qpw2")
     assert (counts["005H"], counts["005I"], counts["005K"]) == (1, 1, 0)
     assert detail["seats"]["counts"][:3] == [1, 0, 0]  # Hal, Ida, Kim as the waiter saw them
 
@@ -740,7 +737,6 @@ def test_rep_away_waits_for_the_leads_already_waiting_for_its_team(
     apply_teams(engine, cfg)
     clock = WallClock(MONDAY)
     r = Router(engine, cfg, clock=clock)
-    got: list[Outcome] = []
     done = threading.Event()
 
     def away() -> None:
@@ -749,24 +745,19 @@ def test_rep_away_waits_for_the_leads_already_waiting_for_its_team(
         )
         done.set()
 
-    with engine.connect() as holder:
-        holder.begin()
-        first = r.assign_in(holder, [Lead("00Qpa1", {"Country": "FR"})], "api")[0]
-        waiter = threading.Thread(
-            target=lambda: got.append(r.assign(Lead("00Qpa2", {"Country": "FR"}), "api"))
-        )
-        waiter.start()
-        _wait_until_blocked(engine, "route_plain")
-        setter = threading.Thread(target=away)
+    setter = threading.Thread(target=away)
+
+    def meanwhile() -> None:
         setter.start()
         # the time off is not stored while the lead waits for the team lock
         assert not done.wait(1.0)
-        holder.commit()
-        waiter.join(timeout=30)
-        setter.join(timeout=30)
+
+    held, waiting = Lead("00Qpa1", {"Country": "FR"}), Lead("00Qpa2", {"Country": "FR"})
+    first, second = _behind_a_holder(engine, r, held, waiting, "route_plain", meanwhile)
+    setter.join(timeout=30)
     assert done.is_set()
     # the waiting lead was decided before the time off, as its place in the queue says
-    assert (first.owner_id, got[0].owner_id) == ("005H", "005I")
+    assert (first.owner_id, second.owner_id) == ("005H", "005I")
     later = [r.assign(Lead(f"00Qpa{i}", {"Country": "FR"}), "api") for i in range(3, 7)]
     assert "005I" not in {o.owner_id for o in later}
     assert answered == ["assigned"] + ["route_lead"] * 4
