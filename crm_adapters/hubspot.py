@@ -114,8 +114,8 @@ def refusal_hold(policy: str, retry_after: float | None, window: float) -> float
 def refused_limiters(policy: str, search: bool) -> tuple[str, ...]:
     """Which of an account's limiters a request-scoped 429 holds: a search refused for the
     searches' own per-second limit holds searches only; refused for any other policy (the
-    account's ten-second budget, which every call spends) it holds every call; any other
-    call's refusal holds the calls that share its budget."""
+    account's ten-second budget, which every call spends) or for none named, it holds every
+    call; any other call's refusal holds the other calls (searches have their own budget)."""
     if not search:
         return ("general",)
     return ("search",) if policy == "SECONDLY" else ("search", "general")
@@ -393,8 +393,9 @@ class HubSpotAdapter:
                 errors[str(rid)] = rec_err
         refused = [err for err in errors.values() if isinstance(err, RateLimitedError)]
         if refused:
-            # records refused for rate limits: every call on the account waits as after a
-            # refused call, so their retry is not refused again (no policy is named here)
+            # records refused for rate limits: every call on the account but searches (their
+            # own budget) waits as after a refused call, so their retry is not refused again
+            # (no policy is named here)
             self._limiter.hold(max(err.retry_after or 1.0 for err in refused))
         for i, w in items:
             if w.record_id in errors:

@@ -901,11 +901,12 @@ CREATE INDEX outbox_org_state_id ON outbox (org, state, id) WHERE state <> 'clai
 -- the team row's version: an apply (and `connector rep away`) always writes the team row.
 -- When the team row changed since the snapshot, or the team has no active member (route_lead
 -- records that lead as unassigned), the statement's writes are undone (an exception block:
--- a subtransaction, rolled back, its locks with it; no measurable cost when nothing is
--- raised) and the call answers status 'route_lead', as it does when the statement wrote
--- nothing (a repeat, a rep of the team away by command at p_now, a team not in the
--- database). The caller then calls route_lead, whose statements take fresh snapshots, in the
--- same transaction. Otherwise status 'assigned' and the columns route_lead returns.
+-- a subtransaction, rolled back, its locks with it; no measurable time per call, but each
+-- call uses a second transaction id) and the call answers status 'route_lead', as it does
+-- when the statement wrote nothing (a repeat, a rep of the team away by command at p_now, a
+-- team not in the database). The caller then calls route_lead, whose statements take fresh
+-- snapshots: in the same transaction, or in autocommit as a statement of its own.
+-- Otherwise status 'assigned' and the columns route_lead returns.
 CREATE FUNCTION route_plain(
     p_org text, p_crm_object text, p_source text, p_crm_id text, p_fields jsonb,
     p_parent_id text, p_team text, p_rule_index integer, p_rule_name text,

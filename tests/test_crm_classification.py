@@ -353,8 +353,8 @@ def test_a_refused_search_holds_the_calls_that_share_the_refused_budget(
 
 def test_records_refused_for_rate_limits_hold_the_account(hs: HubSpotSandbox) -> None:
     """A 207 whose errors refuse records for RATE_LIMITS: those records fail as rate limited
-    (retried later), the others are written, and every call on the account waits a second
-    before the retry instead of being refused again."""
+    (retried later), the others are written, and every call on the account but searches
+    (their own budget) waits a second before the retry instead of being refused again."""
     a = HubSpotAdapter(hs_settings(hs))
     rids, owner = [hs.add_record(), hs.add_record()], hs.add_owner()
     body = {
@@ -373,8 +373,10 @@ def test_records_refused_for_rate_limits_hold_the_account(hs: HubSpotSandbox) ->
     got = a.write_owners([OwnerWrite("k0", rids[0], owner), OwnerWrite("k1", rids[1], owner)])
     assert got[0].ok and not got[1].ok
     assert isinstance(got[1].error, RateLimitedError) and got[1].error.code == "RATE_LIMITS"
-    held = a.usage()["held_s"]
+    u = a.usage()
+    held = u["held_s"]
     assert isinstance(held, float) and 0.5 < held <= 1.0, held
+    assert u["search_held_s"] == 0.0
 
 
 def test_refused_limiters() -> None:

@@ -24,6 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Connection, Engine, text
 
+import db
 from connector.core.config import OrgConfig, parse_config
 from connector.routing import assign as assign_module
 from connector.routing.assign import Lead, Outcome, Router, RoutingError
@@ -696,10 +697,12 @@ def test_a_deactivation_takes_the_team_lock_before_the_members(engine: Engine) -
     """A lead being assigned holds its team's lock, then updates a member. `connector rep
     deactivate` used to update the member row first and take the team lock after: with a
     lead in between, each waited for the other (a deadlock, one of them aborted). Now the
-    deactivation waits for the team lock first, and both finish."""
+    deactivation waits for the team lock first, and both finish. (At 20:00 UTC Lou is off
+    shift, so the leads take route_lead, which reads no member row before it updates one:
+    route_plain's share locks on every member would make the old order wait, not deadlock.)"""
     cfg = org()
     apply_teams(engine, cfg)
-    r = Router(engine, cfg, clock=WallClock(MONDAY))
+    r = Router(engine, cfg, clock=WallClock(MONDAY + timedelta(hours=7)))
     errors: list[BaseException] = []
 
     def deactivate() -> None:
@@ -840,5 +843,34 @@ def test_rep_commands_lock_the_reps_teams_in_name_order(engine: Engine, command:
         _wait_until_blocked(engine, "", like="%")
         holder.execute(lock, {"name": "b"}).one()
         holder.commit()
+        worker.join(timeout=30)
+    assert errors == []
+
+
+def test_rep_away_waits_for_a_config_apply(engine: Engine) -> None:
+    """A config apply holds the org's lock, locks its teams in name order and then the teams
+    it retires (here a, after b). `rep away` for Ada (in a and b) takes the org's lock first:
+    had it locked a and waited for b, the apply's lock of a would deadlock with it."""
+    cfg = org(extra=OVERFLOW)
+    apply_teams(engine, cfg)
+    errors: list[BaseException] = []
+
+    def away() -> None:
+        try:
+            ada = resolve_rep(cfg, "Ada")
+            set_away(engine, cfg, ada, MONDAY + timedelta(hours=1), None, MONDAY)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    lock = text("SELECT id FROM teams WHERE org = 'acme' AND name = :name FOR UPDATE")
+    with engine.connect() as apply:
+        apply.begin()
+        apply.execute(text(db.queries("teams")["lock_org"]), {"org": "acme"})
+        apply.execute(lock, {"name": "b"}).one()
+        worker = threading.Thread(target=away)
+        worker.start()
+        _wait_until_blocked(engine, "", like="%")
+        apply.execute(lock, {"name": "a"}).one()  # as retire_teams would
+        apply.commit()
         worker.join(timeout=30)
     assert errors == []

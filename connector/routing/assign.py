@@ -21,9 +21,10 @@ lock is what serialises a team's rotation across any number of processes; in a b
 held for the read of the members, the pick, one recording statement and the commit, and
 never while a CRM is called. A single new lead of a rotation rule (team without an overflow
 team) is one call of ``route_lead`` (``connector.routing.single``), or for a plain team
-``route_plain``, one statement: the lock is held for that statement plus the commit, and
-``assign`` sends it in autocommit, one round trip (``assign_in`` sends it in the caller's
-transaction).
+``route_plain``, one statement (a second call, ``route_lead``, when it hands the lead on):
+``assign`` sends it in autocommit, one round trip, so the lock is held for that statement
+plus the commit; ``assign_in`` sends it in the caller's transaction, which holds the lock
+until it commits.
 """
 
 from __future__ import annotations

@@ -95,8 +95,10 @@ def set_away(
     engine: Engine, cfg: OrgConfig, rep: Rep, until: datetime, reason: str | None, now: datetime
 ) -> None:
     with engine.begin() as conn:
-        # the rep's teams first (db/reps.sql touch_teams says why): every lead assigned
-        # after this commits, waiting or not, sees the time off
+        # a config apply of the org first (it locks its teams in name order, then those it
+        # retires), then the rep's teams (db/reps.sql touch_teams says why): every lead
+        # assigned after this commits, waiting or not, sees the time off
+        conn.execute(text(db.queries("teams")["lock_org"]), {"org": cfg.org})
         conn.execute(
             text(db.queries("reps")["touch_teams"]),
             {"org": cfg.org, "crm_user_id": rep.crm_user_id},
