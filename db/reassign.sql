@@ -42,8 +42,13 @@ FOR UPDATE
 SELECT id, state, owner_id, found_owner FROM outbox
 WHERE lead_id = :lead_id ORDER BY id DESC LIMIT 1
 
--- name: lock_team_by_id
-SELECT id, name, epoch FROM teams WHERE id = :team_id FOR UPDATE
+-- name: lock_teams_by_id
+-- The lead's new team and its current one (whose row the history insert's foreign key
+-- checks), in name order as routers, config applies and the rep commands lock teams: the new
+-- team first and the old one after could deadlock with them.
+SELECT id, name, epoch FROM teams WHERE id = ANY(CAST(:team_ids AS bigint[]))
+ORDER BY name
+FOR UPDATE
 
 -- name: rep_candidates
 -- Members of the org's configured teams whose crm_user_id or name is :rep (names compare

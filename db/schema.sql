@@ -901,8 +901,8 @@ CREATE INDEX outbox_org_state_id ON outbox (org, state, id) WHERE state <> 'clai
 -- the team row's version: an apply (and `connector rep away`) always writes the team row.
 -- When the team row changed since the snapshot, or the team has no active member (route_lead
 -- records that lead as unassigned), the statement's writes are undone (an exception block:
--- a subtransaction, rolled back, its locks with it; no measurable time per call, but each
--- call uses a second transaction id) and the call answers status 'route_lead', as it does
+-- a subtransaction, rolled back, its locks with it; no measurable time per call, but a call
+-- that writes uses a second transaction id) and the call answers status 'route_lead', as it does
 -- when the statement wrote nothing (a repeat, a rep of the team away by command at p_now, a
 -- team not in the database). The caller then calls route_lead, whose statements take fresh
 -- snapshots: in the same transaction, or in autocommit as a statement of its own.

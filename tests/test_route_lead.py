@@ -29,7 +29,7 @@ from connector.core.config import OrgConfig, parse_config
 from connector.routing import assign as assign_module
 from connector.routing.assign import Lead, Outcome, Router, RoutingError
 from connector.routing.decisions import expand
-from connector.routing.reassign import deactivate_rep
+from connector.routing.reassign import deactivate_rep, reassign_lead
 from connector.routing.rotation import Seat, pick_available
 from connector.routing.single import team_inputs
 from connector.routing.teams import apply_teams
@@ -269,9 +269,11 @@ rules:
     )
 
 
-def _wait_until_blocked(engine: Engine, function: str, like: str | None = None) -> None:
-    """Until one session's call of ``function`` (or a query LIKE ``like``) waits for a
-    lock."""
+def _wait_until_blocked(
+    engine: Engine, function: str, like: str | None = None, sessions: int = 1
+) -> None:
+    """Until ``sessions`` sessions' calls of ``function`` (or queries LIKE ``like``) wait
+    for a lock."""
     with engine.connect() as watch:
         for _ in range(200):
             waiting = watch.execute(
@@ -282,7 +284,7 @@ def _wait_until_blocked(engine: Engine, function: str, like: str | None = None) 
                 {"q": like or f"%FROM {function}(%"},
             ).scalar_one()
             watch.rollback()  # pg_stat_activity is read once per transaction
-            if waiting:
+            if waiting >= sessions:
                 return
             threading.Event().wait(0.05)
     raise AssertionError(f"no call of {function} waited for a lock")
@@ -874,3 +876,44 @@ def test_rep_away_waits_for_a_config_apply(engine: Engine) -> None:
         apply.commit()
         worker.join(timeout=30)
     assert errors == []
+
+
+def test_a_reassignment_to_another_team_locks_both_teams_in_name_order(engine: Engine) -> None:
+    """`connector reassign --to` a rep of another team locks the new team, and the history
+    insert's foreign key share-locks the lead's current team. New team b after current team
+    a, against `rep away` for Ada (in a and b, locked in name order), was a deadlock: the
+    reassignment held b and waited for a, the rep command held a and waited for b. Both
+    teams are now locked in name order first."""
+    cfg = org(extra=OVERFLOW)
+    apply_teams(engine, cfg)
+    r = Router(engine, cfg, clock=WallClock(MONDAY + timedelta(hours=7)))
+    assert r.assign(Lead("00Qrr1", {"Country": "US"}), "api").team == "a"
+    errors: list[BaseException] = []
+
+    def run(fn: Callable[[], object]) -> threading.Thread:
+        def guarded() -> None:
+            try:
+                fn()
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+
+        t = threading.Thread(target=guarded)
+        t.start()
+        return t
+
+    lock = text("SELECT id FROM teams WHERE org = 'acme' AND name = 'b' FOR UPDATE")
+    with engine.connect() as holder:  # b is busy: the reassignment queues for it first
+        holder.begin()
+        holder.execute(lock).one()
+        mover = run(lambda: reassign_lead(engine, cfg, "00Qrr1", to="Oz", reason="reassigned"))
+        _wait_until_blocked(engine, "", like="%")
+        ada = resolve_rep(cfg, "Ada")
+        away = run(lambda: set_away(engine, cfg, ada, MONDAY + timedelta(hours=9), None, MONDAY))
+        _wait_until_blocked(engine, "", like="%", sessions=2)
+        holder.commit()
+        mover.join(timeout=30)
+        away.join(timeout=30)
+    assert errors == []
+    with engine.connect() as c:
+        owner = c.execute(text("SELECT crm_user_id FROM assignments")).scalar_one()
+    assert owner == "005O"

@@ -202,7 +202,10 @@ def _reassign_in(
         team_id = rep.team_id
     else:
         team_id = cur.team_id
-    team = conn.execute(_SQL["lock_team_by_id"], {"team_id": team_id}).one()
+    locked_teams = conn.execute(
+        _SQL["lock_teams_by_id"], {"team_ids": sorted({team_id, cur.team_id})}
+    ).all()
+    team = next(t for t in locked_teams if t.id == team_id)
     # Read under the team lock, as a routing pick does: turns, time off, and the caps' counts.
     now = datetime.now(UTC)
     team_cfg = cfg.team(team.name)
