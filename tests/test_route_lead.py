@@ -40,6 +40,14 @@ from tests.pg import DatabaseFactory
 
 ENV = {"TOKEN": "unused"}
 MONDAY = datetime(2026, 12, 7, 13, 0, tzinfo=UTC)
+# every test config's org and CRM
+HEADER = """
+org: acme
+crm:
+  kind: salesforce
+  instance_url: https://x.my.salesforce.com
+  auth: {method: session, access_token: "${TOKEN}"}
+"""
 
 PICK = text(
     "SELECT member_id, cand_ids, cand_skips, credit_ids, credit_ns FROM rotation_pick("
@@ -225,13 +233,8 @@ def test_rotation_pick_lets_a_heavy_rep_run_like_pick_available(conn: Connection
 
 def org(extra: str = "", p_extra: str = "") -> OrgConfig:
     return parse_config(
-        f"""
-org: acme
-crm:
-  kind: salesforce
-  instance_url: https://x.my.salesforce.com
-  auth: {{method: session, access_token: "${{TOKEN}}"}}
-teams:
+        HEADER
+        + f"""teams:
   - name: a
     timezone: Europe/Berlin
     caps: {{per_day: 4}}
@@ -513,13 +516,9 @@ def test_a_repeat_is_a_duplicate_even_when_its_team_left_the_database(
         ]
 
 
-CATCH_UP = """
-org: acme
-crm:
-  kind: salesforce
-  instance_url: https://x.my.salesforce.com
-  auth: {method: session, access_token: "${TOKEN}"}
-teams:
+CATCH_UP = (
+    HEADER
+    + """teams:
   - name: j
     catch_up: {max_in_a_row: 1}
     members:
@@ -529,6 +528,7 @@ teams:
 rules:
   - {name: all, team: j}
 """
+)
 
 
 def _catch_up_owners(engine: Engine, single: bool) -> list[str | None]:
@@ -786,13 +786,8 @@ def test_rep_away_waits_for_the_leads_already_waiting_for_its_team(
 )
 def test_which_teams_are_plain(members: str, team_keys: str, plain: bool) -> None:
     cfg = parse_config(
-        f"""
-org: acme
-crm:
-  kind: salesforce
-  instance_url: https://x.my.salesforce.com
-  auth: {{method: session, access_token: "${{TOKEN}}"}}
-teams:
+        HEADER
+        + f"""teams:
   - name: t
     {team_keys}
     members:
