@@ -43,9 +43,10 @@ SELECT id, state, owner_id, found_owner FROM outbox
 WHERE lead_id = :lead_id ORDER BY id DESC LIMIT 1
 
 -- name: lock_teams_by_id
--- The lead's new team and its current one (whose row the history insert's foreign key
--- checks), in name order as routers, config applies and the rep commands lock teams: the new
--- team first and the old one after could deadlock with them.
+-- Teams locked in name order, as routers, config applies and `rep away` lock them: a
+-- reassignment's new team and its current one (whose row the history insert's foreign key
+-- checks; the new team first and the old one after could deadlock with them), or the teams
+-- of a rep being deactivated, before their members' rows.
 SELECT id, name, epoch FROM teams WHERE id = ANY(CAST(:team_ids AS bigint[]))
 ORDER BY name
 FOR UPDATE

@@ -885,7 +885,8 @@ CREATE INDEX outbox_org_state_id ON outbox (org, state, id) WHERE state <> 'clai
 -- now: connector/routing/single.py plain_call) is decided and recorded by ONE statement,
 -- with route_lead's records: route_lead runs six statements, each with its own executor
 -- start and finish, and reads the members with a fresh snapshot after the lock; this one
--- statement reads them through row locks instead. The statement sits in a function so that
+-- statement reads them through row locks instead, and picks with rotation_pick_plain
+-- (migration 0019; inlined by the planner). The statement sits in a function so that
 -- the client sends a short call (the driver re-parses a statement text over 4 KB on every
 -- call) and so that its writes can be undone when it must not decide (below).
 --
@@ -950,33 +951,33 @@ BEGIN
             FROM locked JOIN members m ON m.team_id = locked.id
             WHERE m.in_config
             FOR SHARE OF m
-        ), total AS (
-            SELECT CAST(sum(s.weight) AS bigint) AS w, CAST(sum(s.turns) AS bigint) AS slot
-            FROM seat s WHERE s.active
+        ), pick AS (
+            -- rotation_pick_plain (migration 0019) over the active seats
+            SELECT p.member_id, p.cand_ids, p.cand_skips, p.cand_weights, p.cand_turns
+            FROM (
+                SELECT coalesce(array_agg(s.id) FILTER (WHERE s.active), '{}') AS ids,
+                       coalesce(array_agg(s.weight) FILTER (WHERE s.active), '{}') AS weights,
+                       coalesce(array_agg(s.turns) FILTER (WHERE s.active), '{}') AS turns,
+                       coalesce(array_agg(s.position) FILTER (WHERE s.active), '{}') AS positions
+                FROM seat s
+            ) a
+            CROSS JOIN LATERAL rotation_pick_plain(a.ids, a.weights, a.turns, a.positions) p
         ), chosen AS (
-            -- rotation_pick_plain's pick: released seats (turns * total / weight <= the turns given
-            -- so far) first, then the earliest deadline, then rotation order (heavier first, then
-            -- position, then id)
-            SELECT s.id, s.crm_user_id, s.name
-            FROM seat s, total
-            WHERE s.active
-            ORDER BY s.turns * total.w / s.weight > total.slot,
-                     ((s.turns + 1) * total.w + s.weight - 1) / s.weight,
-                     s.weight DESC, s.position, s.id
-            LIMIT 1
+            SELECT s.id, s.crm_user_id, s.name FROM seat s JOIN pick ON s.id = pick.member_id
         ), seats AS (
-            -- as route_lead records them: the active seats in rotation order, then the inactive
+            -- as route_lead records them: the rotation's seats in its order, then the inactive
             -- members by position
-            SELECT array_agg(s.id ORDER BY NOT s.active, CASE WHEN s.active THEN -s.weight END,
-                                           s.position, s.id) AS ids,
-                   array_agg(CASE WHEN NOT s.active THEN 'inactive' END
-                             ORDER BY NOT s.active, CASE WHEN s.active THEN -s.weight END,
-                                      s.position, s.id) AS skips,
-                   array_agg(s.weight ORDER BY NOT s.active, CASE WHEN s.active THEN -s.weight END,
-                                               s.position, s.id) AS weights,
-                   array_agg(s.turns ORDER BY NOT s.active, CASE WHEN s.active THEN -s.weight END,
-                                              s.position, s.id) AS turns
-            FROM seat s
+            SELECT pick.cand_ids || coalesce(i.ids, '{}') AS ids,
+                   pick.cand_skips || coalesce(i.skips, '{}') AS skips,
+                   pick.cand_weights || coalesce(i.weights, '{}') AS weights,
+                   pick.cand_turns || coalesce(i.turns, '{}') AS turns
+            FROM pick, (
+                SELECT array_agg(s.id ORDER BY s.position) AS ids,
+                       array_agg(CAST('inactive' AS text) ORDER BY s.position) AS skips,
+                       array_agg(s.weight ORDER BY s.position) AS weights,
+                       array_agg(s.turns ORDER BY s.position) AS turns
+                FROM seat s WHERE NOT s.active
+            ) i
         ), bump AS (
             UPDATE members mb SET assigned_in_epoch = mb.assigned_in_epoch + 1
             FROM chosen WHERE mb.id = chosen.id

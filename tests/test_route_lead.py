@@ -272,11 +272,8 @@ rules:
     )
 
 
-def _wait_until_blocked(
-    engine: Engine, function: str, like: str | None = None, sessions: int = 1
-) -> None:
-    """Until ``sessions`` sessions' calls of ``function`` (or queries LIKE ``like``) wait
-    for a lock."""
+def _wait_until_blocked(engine: Engine, like: str = "%", sessions: int = 1) -> None:
+    """Until ``sessions`` sessions whose query is LIKE ``like`` wait for a lock."""
     with engine.connect() as watch:
         for _ in range(200):
             waiting = watch.execute(
@@ -284,13 +281,27 @@ def _wait_until_blocked(
                     "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
                     "AND query LIKE :q"
                 ),
-                {"q": like or f"%FROM {function}(%"},
+                {"q": like},
             ).scalar_one()
             watch.rollback()  # pg_stat_activity is read once per transaction
             if waiting >= sessions:
                 return
             threading.Event().wait(0.05)
-    raise AssertionError(f"no call of {function} waited for a lock")
+    raise AssertionError(f"fewer than {sessions} sessions LIKE {like!r} waited for a lock")
+
+
+def _in_thread(fn: Callable[[], object], errors: list[BaseException]) -> threading.Thread:
+    """``fn`` started in a thread; whatever it raises goes to ``errors``."""
+
+    def guarded() -> None:
+        try:
+            fn()
+        except BaseException as exc:  # the test reports it
+            errors.append(exc)
+
+    t = threading.Thread(target=guarded)
+    t.start()
+    return t
 
 
 def _decision_of(c: Connection, crm_id: str) -> dict[str, Any]:
@@ -323,7 +334,7 @@ def _behind_a_holder(
         first = r.assign_in(holder, [held], "api")[0]
         waiter = threading.Thread(target=lambda: got.append(r.assign(waiting, "api")))
         waiter.start()
-        _wait_until_blocked(engine, function)
+        _wait_until_blocked(engine, f"%FROM {function}(%")
         if meanwhile is not None:
             meanwhile()
         holder.commit()
@@ -648,7 +659,7 @@ def test_route_plain_hands_a_lead_whose_team_changed_while_it_waited_to_route_le
         )
         waiter = threading.Thread(target=waiter_run)
         waiter.start()
-        _wait_until_blocked(engine, "route_plain")
+        _wait_until_blocked(engine, "%FROM route_plain(%")
         holder.commit()
         waiter.join(timeout=30)
     assert answered == ([] if in_transaction else ["route_lead"])
@@ -706,19 +717,11 @@ def test_a_deactivation_takes_the_team_lock_before_the_members(engine: Engine) -
     apply_teams(engine, cfg)
     r = Router(engine, cfg, clock=WallClock(MONDAY + timedelta(hours=7)))
     errors: list[BaseException] = []
-
-    def deactivate() -> None:
-        try:
-            deactivate_rep(engine, cfg, "Ida", reroute=False)
-        except BaseException as exc:  # reported below
-            errors.append(exc)
-
     with engine.connect() as holder:
         holder.begin()
         first = r.assign_in(holder, [Lead("00Qpd1", {"Country": "FR"})], "api")[0]
-        worker = threading.Thread(target=deactivate)
-        worker.start()
-        _wait_until_blocked(engine, "", like="%")  # the deactivation waits for a lock
+        worker = _in_thread(lambda: deactivate_rep(engine, cfg, "Ida", reroute=False), errors)
+        _wait_until_blocked(engine)  # the deactivation waits for a lock
         # Ida is owed the next lead: this updates her row, which the old order had locked
         second = r.assign_in(holder, [Lead("00Qpd2", {"Country": "FR"})], "api")[0]
         holder.commit()
@@ -822,22 +825,18 @@ def test_rep_commands_lock_the_reps_teams_in_name_order(engine: Engine, command:
     errors: list[BaseException] = []
 
     def run() -> None:
-        try:
-            if command == "rep away":
-                ada = resolve_rep(cfg, "Ada")
-                set_away(engine, cfg, ada, MONDAY + timedelta(hours=1), None, MONDAY)
-            else:
-                deactivate_rep(engine, cfg, "Ada", reroute=False)
-        except BaseException as exc:  # reported below
-            errors.append(exc)
+        if command == "rep away":
+            ada = resolve_rep(cfg, "Ada")
+            set_away(engine, cfg, ada, MONDAY + timedelta(hours=1), None, MONDAY)
+        else:
+            deactivate_rep(engine, cfg, "Ada", reroute=False)
 
     lock = text("SELECT id FROM teams WHERE org = 'acme' AND name = :name FOR UPDATE")
     with engine.connect() as holder:
         holder.begin()
         holder.execute(lock, {"name": "a"}).one()
-        worker = threading.Thread(target=run)
-        worker.start()
-        _wait_until_blocked(engine, "", like="%")
+        worker = _in_thread(run, errors)
+        _wait_until_blocked(engine)
         holder.execute(lock, {"name": "b"}).one()
         holder.commit()
         worker.join(timeout=30)
@@ -851,22 +850,16 @@ def test_rep_away_waits_for_a_config_apply(engine: Engine) -> None:
     cfg = org(extra=OVERFLOW)
     apply_teams(engine, cfg)
     errors: list[BaseException] = []
-
-    def away() -> None:
-        try:
-            ada = resolve_rep(cfg, "Ada")
-            set_away(engine, cfg, ada, MONDAY + timedelta(hours=1), None, MONDAY)
-        except BaseException as exc:  # reported below
-            errors.append(exc)
-
+    ada = resolve_rep(cfg, "Ada")
     lock = text("SELECT id FROM teams WHERE org = 'acme' AND name = :name FOR UPDATE")
     with engine.connect() as apply:
         apply.begin()
         apply.execute(text(db.queries("teams")["lock_org"]), {"org": "acme"})
         apply.execute(lock, {"name": "b"}).one()
-        worker = threading.Thread(target=away)
-        worker.start()
-        _wait_until_blocked(engine, "", like="%")
+        worker = _in_thread(
+            lambda: set_away(engine, cfg, ada, MONDAY + timedelta(hours=1), None, MONDAY), errors
+        )
+        _wait_until_blocked(engine)
         apply.execute(lock, {"name": "a"}).one()  # as retire_teams would
         apply.commit()
         worker.join(timeout=30)
@@ -884,27 +877,19 @@ def test_a_reassignment_to_another_team_locks_both_teams_in_name_order(engine: E
     r = Router(engine, cfg, clock=WallClock(MONDAY + timedelta(hours=7)))
     assert r.assign(Lead("00Qrr1", {"Country": "US"}), "api").team == "a"
     errors: list[BaseException] = []
-
-    def run(fn: Callable[[], object]) -> threading.Thread:
-        def guarded() -> None:
-            try:
-                fn()
-            except BaseException as exc:  # reported below
-                errors.append(exc)
-
-        t = threading.Thread(target=guarded)
-        t.start()
-        return t
-
     lock = text("SELECT id FROM teams WHERE org = 'acme' AND name = 'b' FOR UPDATE")
     with engine.connect() as holder:  # b is busy: the reassignment queues for it first
         holder.begin()
         holder.execute(lock).one()
-        mover = run(lambda: reassign_lead(engine, cfg, "00Qrr1", to="Oz", reason="reassigned"))
-        _wait_until_blocked(engine, "", like="%")
+        mover = _in_thread(
+            lambda: reassign_lead(engine, cfg, "00Qrr1", to="Oz", reason="reassigned"), errors
+        )
+        _wait_until_blocked(engine)
         ada = resolve_rep(cfg, "Ada")
-        away = run(lambda: set_away(engine, cfg, ada, MONDAY + timedelta(hours=9), None, MONDAY))
-        _wait_until_blocked(engine, "", like="%", sessions=2)
+        away = _in_thread(
+            lambda: set_away(engine, cfg, ada, MONDAY + timedelta(hours=9), None, MONDAY), errors
+        )
+        _wait_until_blocked(engine, sessions=2)
         holder.commit()
         mover.join(timeout=30)
         away.join(timeout=30)

@@ -330,8 +330,10 @@ def deactivate_rep(engine: Engine, cfg: OrgConfig, rep: str, reroute: bool) -> D
         # the teams' locks before their members' rows, in name order as routers and config
         # applies take them: a lead being assigned holds its team's lock and then updates
         # (route_plain also share-locks) the members, so the other order could deadlock
-        for team in sorted({r.team for r in rows if r.crm_user_id == users[0]}):
-            conn.execute(_ROUTING["lock_team"], {"org": cfg.org, "name": team}).all()
+        conn.execute(
+            _SQL["lock_teams_by_id"],
+            {"team_ids": sorted({r.team_id for r in rows if r.crm_user_id == users[0]})},
+        ).all()
         changed = conn.execute(
             _SQL["deactivate_member"], {"org": cfg.org, "crm_user_id": users[0]}
         ).all()
