@@ -47,7 +47,8 @@ SAMPLE_ENV = {
 
 @pytest.fixture(scope="session")
 def databases() -> Iterator[DatabaseFactory]:
-    factory = DatabaseFactory(server_url())
+    url, in_memory = server_url()
+    factory = DatabaseFactory(url, drop_released=in_memory)
     yield factory
     if os.environ.get("TEST_DATABASE_URL"):
         factory.drop_all()  # a shared server keeps nothing of ours
@@ -58,9 +59,12 @@ def databases() -> Iterator[DatabaseFactory]:
 
 
 @pytest.fixture
-def db_url(databases: DatabaseFactory) -> str:
-    """A fresh, migrated database for this test."""
-    return databases.new()
+def db_url(databases: DatabaseFactory) -> Iterator[str]:
+    """A fresh, migrated database for this test (dropped after it when the server is in
+    memory: see tests/pg.py)."""
+    url = databases.new()
+    yield url
+    databases.release(url)
 
 
 @pytest.fixture
@@ -115,9 +119,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.timeout(SLOW_TIMEOUT_S))
     if os.environ.get("PYTEST_XDIST_WORKER"):
         # Under xdist the slow tests go first (a stable sort: every worker collects the same
-        # order), so the many short tests fill in around them instead of one long test
-        # starting last and running alone at the end. `--dist load` hands each worker a block
-        # of consecutive tests first, so they all start on the first worker, one after
-        # another, beside the other's short ones. Spreading them (`--maxschedchunk 1`) was no
-        # faster on 2 cores (274.7 s against 276-282 s): they then slow each other down.
+        # order). dev.py hands tests out one at a time (`--maxschedchunk 1`) to cores + 2
+        # workers, so the slow ones spread over the workers as they come free and the short
+        # ones fill in at the end. (With xdist's default blocks of consecutive tests they all
+        # landed on one worker: 250 s of slow tests in a row, the run's critical path.)
         items.sort(key=lambda item: item.get_closest_marker("slow") is None)

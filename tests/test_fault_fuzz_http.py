@@ -34,6 +34,7 @@ from tests.fault_helpers import (
     service,
 )
 from tests.pg import DatabaseFactory
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.fault, pytest.mark.slow]
 
@@ -93,14 +94,26 @@ def _stored(engine: Engine) -> int:
         )
 
 
+def _in_flight(engine: Engine) -> int:
+    with engine.connect() as conn:
+        return int(
+            conn.execute(
+                text("SELECT count(*) FROM intake_events WHERE state IN ('pending', 'claimed')")
+            ).scalar_one()
+        )
+
+
 def _check_storage(engine: Engine, r: httpx.Response) -> None:
     """A refused request stored nothing. A fuzzed input can stay a valid delivery (a no-op
     mutation, a well-formed event list); then it was stored as it should be, and is cleared
-    so the next example starts from an empty database."""
+    so the next example starts from an empty database, once the service's inbox has finished
+    with it (truncating under a delivery still being routed left its lead behind for the next
+    example, or deadlocked with it)."""
     if r.status_code >= 400:
         assert _stored(engine) == 0, r.content[:300]
         return
     FIGURES["accepted_as_valid"] += 1
+    wait_until(lambda: _in_flight(engine) == 0, 30, "the accepted delivery to be routed")
     with engine.begin() as conn:
         conn.execute(
             text(

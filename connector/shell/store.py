@@ -101,13 +101,14 @@ def _make_open_dirs(path: Path) -> None:
         folder.chmod(0o755)  # our own new folder: umask must not make it untraversable
 
 
-def make_embedded_tempdir(prefix: str) -> Path:
-    """A new temp folder to hold an embedded data dir (tests, the demo).
+def make_embedded_tempdir(prefix: str, parent: Path | None = None) -> Path:
+    """A new temp folder to hold an embedded data dir (tests, the demo), in ``parent`` or
+    the system's temp folder.
 
     mkdtemp makes it 0700; as root it is opened to 0755 (it is our own new folder) so the
     ``embedded_postgres`` user can reach the data dir inside it.
     """
-    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    folder = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
     if _is_root():
         folder.chmod(0o755)
     return folder
