@@ -3,7 +3,8 @@
 
 python3 dev.py demo        the main job: a burst of leads routed on an embedded Postgres
 python3 dev.py test [ARGS] the whole test suite (ARGS go to pytest), on pytest-xdist workers
-                           (cores + 2) unless ARGS choose (`-n 0`, `-p no:xdist`) or use --pdb
+                           (cores + 2; one per core with TEST_DATABASE_URL) unless ARGS
+                           choose (`-n 0`, `-p no:xdist`) or use --pdb
 python3 dev.py lint        ruff (lint + format check) and mypy
 """
 
@@ -64,8 +65,15 @@ def xdist_args(args: list[str]) -> list[str]:
     # --maxschedchunk 1: tests are handed out one at a time to whichever worker is free, so
     # the slow ones (collected first, tests/conftest.py) spread over the workers instead of
     # all landing in the first worker's initial block of consecutive tests.
-    n = str(worker_count())
-    return [] if chosen else ["-n", n, "--dist", "load", "--maxschedchunk", "1"]
+    if chosen:
+        return []
+    if os.environ.get("TEST_DATABASE_URL"):
+        # A shared server has a connection limit (PostgreSQL's default: 100), and the
+        # 32-process tests open a connection per process, so these run one worker per core
+        # and in blocks, which keeps the slow tests on one worker, one after another (spread over
+        # 4 workers, 8 tests failed with "too many clients already").
+        return ["-n", "auto", "--dist", "load"]
+    return ["-n", str(worker_count()), "--dist", "load", "--maxschedchunk", "1"]
 
 
 def bytecode_env() -> dict[str, str]:
