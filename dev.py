@@ -62,9 +62,9 @@ def xdist_args(args: list[str]) -> list[str]:
     )
     # --dist load: a worker that dies is replaced and the run goes on (loadscope/loadgroup
     # stop with an INTERNALERROR when a replaced worker gets work: pytest-xdist 3.8).
-    # --maxschedchunk 1: tests are handed out one at a time to whichever worker is free, so
-    # the slow ones (collected first, tests/conftest.py) spread over the workers instead of
-    # all landing in the first worker's initial block of consecutive tests.
+    # --maxschedchunk 1: each worker holds its running test and one more, and gets the next when
+    # one ends, so the slow ones (collected first, tests/conftest.py) spread over the workers
+    # instead of all landing in the first worker's initial block of consecutive tests.
     if chosen:
         return []
     if os.environ.get("TEST_DATABASE_URL"):

@@ -12,7 +12,7 @@ from connector.routing.teams import apply_teams
 from connector.shell.store import make_engine
 from crm_sandboxes import HubSpotSandbox, SalesforceSandbox
 from tests.fault_helpers import TwoOrgs, open_two_orgs
-from tests.pg import DatabaseFactory, server_url
+from tests.pg import DatabaseFactory, test_server
 
 SAMPLE_YAML = """
 org: acme
@@ -47,7 +47,7 @@ SAMPLE_ENV = {
 
 @pytest.fixture(scope="session")
 def databases() -> Iterator[DatabaseFactory]:
-    url, in_memory = server_url()
+    url, in_memory = test_server()
     factory = DatabaseFactory(url, drop_released=in_memory)
     yield factory
     if os.environ.get("TEST_DATABASE_URL"):
@@ -119,8 +119,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.timeout(SLOW_TIMEOUT_S))
     if os.environ.get("PYTEST_XDIST_WORKER"):
         # Under xdist the slow tests go first (a stable sort: every worker collects the same
-        # order). dev.py hands tests out one at a time (`--maxschedchunk 1`) to cores + 2
-        # workers, so the slow ones spread over the workers as they come free and the short
-        # ones fill in at the end. (With xdist's default blocks of consecutive tests they all
-        # landed on one worker: 250 s of slow tests in a row, the run's critical path.)
+        # order). Without TEST_DATABASE_URL dev.py gives cores + 2 workers `--maxschedchunk
+        # 1` (each holds its running test and one more), so the slow ones spread over the
+        # workers as they come free and the short ones fill in at the end. (With xdist's
+        # default blocks of consecutive tests they all landed on one worker: 250 s of slow
+        # tests in a row, the run's critical path.)
         items.sort(key=lambda item: item.get_closest_marker("slow") is None)

@@ -4,23 +4,24 @@ A template database is migrated once per session; each test that needs a clean s
 fresh copy of it (CREATE DATABASE ... TEMPLATE). Each pytest-xdist worker starts its own
 embedded server (its own temp data dir, a Unix socket: no port to share).
 
-The embedded test server's data dir is in memory (/dev/shm) where that is a tmpfs with room
-(Linux; not Docker's default 64 MiB one), and each test's database is dropped when the test
-ends, so the data dir stays near the template's size. On this machine's disk a copy of the
-template took 130-480 ms (median 335 ms over 30: creating its ~300 files), in /dev/shm 16-28
-ms (median 19 ms) and the drop 5 ms; about 310 tests take a database. Elsewhere it is in
-the system's temp folder and the databases are left for the server's deletion at exit
-(dropping them one by one on disk is slow).
+The test suite's embedded server (`test_server`) has its data dir in /dev/shm where that is a
+writable folder with 2 GiB free (Linux; not Docker's default 64 MiB one), and each `db_url`
+database is dropped when its test ends (the few made by `databases.new()` directly stay), so
+the data dir stays near the template's size. On this machine's disk a copy of the template took
+130-480 ms (median 335 ms over 30: creating its ~300 files), in /dev/shm 16-28 ms (median 19
+ms) and the drop 5 ms; about 310 tests take a database. Elsewhere it is in the system's temp
+folder and the databases are left for the server's deletion at exit (dropping them one by one
+on disk is slow).
 
 The embedded test server runs without durability (fsync, synchronous_commit and
 full_page_writes off): its data dir is thrown away, and a commit no longer waits for the disk
 (measured on the shared 2-core machine: 2,000 one-row commits took 22.6 s with fsync, 9.7 s
-without). It also runs without autovacuum: its databases live for one test each, and the
-launcher's visits to them took CPU the other workers need (the whole suite, one run each on
-2 cores: 195 s with it, 185 s without). Visibility, locking and isolation
-are unchanged, so no guarantee a test checks depends on it; the scenario that crashes
-PostgreSQL (tests/test_fault_postgres.py) runs its own server with the defaults. A server given
-by TEST_DATABASE_URL is never reconfigured.
+without). The suite's server also runs without autovacuum (the benchmarks' `server_url` keeps
+it): its databases live for one test each, and the launcher's visits to them took CPU the other
+workers need (the whole suite, one run each on 2 cores: 195 s with it, 185 s without).
+Visibility, locking and isolation are unchanged, so no guarantee a test checks depends on it;
+the scenario that crashes PostgreSQL (tests/test_fault_postgres.py) runs its own server with
+the defaults. A server given by TEST_DATABASE_URL is never reconfigured.
 """
 
 from __future__ import annotations
@@ -76,35 +77,46 @@ def _remove_if_deleted(folder: Path) -> None:
         pass
 
 
-def server_url() -> tuple[str, bool]:
-    """The tests' server and whether its data dir is in memory (True only when embedded)."""
+def server_url() -> str:
+    """A server for the benchmarks: TEST_DATABASE_URL, else an embedded one in the temp
+    folder, without durability but with autovacuum (bench/snapshot.py measures it)."""
+    url = os.environ.get("TEST_DATABASE_URL")
+    if url:
+        return url
+    url, _ = _embedded(None)
+    _configure(url, NON_DURABLE)
+    return url
+
+
+def test_server() -> tuple[str, bool]:
+    """The test suite's server and whether its data dir is in memory (only when embedded):
+    in /dev/shm when that has room, without durability and without autovacuum."""
     url = os.environ.get("TEST_DATABASE_URL")
     if url:
         return url, False
-    parent = memory_dir()
+    url, in_memory = _embedded(memory_dir())
+    _configure(url, {**NON_DURABLE, **NO_AUTOVACUUM})
+    return url, in_memory
+
+
+def _embedded(parent: Path | None) -> tuple[str, bool]:
     # as root: 0755, so no existing folder is opened
     root = make_embedded_tempdir("lrc-test-", parent)
     # registered first so it runs last: after the server's own exit handler deleted pgdata
     atexit.register(_remove_if_deleted, root)
-    url = start_embedded(root / "pgdata", cleanup_mode="delete")
-    _without_durability(url)
-    return url, parent is not None
+    return start_embedded(root / "pgdata", cleanup_mode="delete"), parent is not None
 
 
-NON_DURABLE = {
-    "fsync": "off",
-    "synchronous_commit": "off",
-    "full_page_writes": "off",
-    "autovacuum": "off",
-}
+NON_DURABLE = {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"}
+NO_AUTOVACUUM = {"autovacuum": "off"}
 
 
-def _without_durability(url: str) -> None:
-    """Turn the throw-away server's durability off (a reload, no restart)."""
+def _configure(url: str, settings: dict[str, str]) -> None:
+    """Apply ``settings`` to the throw-away server (a reload, no restart)."""
     engine = create_engine(sqlalchemy_url(url), isolation_level="AUTOCOMMIT", poolclass=NullPool)
     try:
         with engine.connect() as conn:
-            for name, value in NON_DURABLE.items():
+            for name, value in settings.items():
                 conn.execute(text(f"ALTER SYSTEM SET {name} = {value}"))
             conn.execute(text("SELECT pg_reload_conf()"))
 
@@ -112,7 +124,7 @@ def _without_durability(url: str) -> None:
             with engine.connect() as conn:
                 return all(
                     conn.execute(text(f"SHOW {name}")).scalar_one() == value
-                    for name, value in NON_DURABLE.items()
+                    for name, value in settings.items()
                 )
 
         wait_until(applied, 30, "the test server's settings to be reloaded")

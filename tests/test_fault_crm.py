@@ -2,13 +2,12 @@
 
 One `connector dispatch` process writes to both sandboxes through simple-salesforce and
 hubspot-api-client while each CRM in turn: is down (every write answered 503) for a while,
-answers a storm of 429s with Retry-After, takes 2 s per request, and resets connections.
-A wave of new leads arrives at the start of each phase. Afterwards: no owner write lost
-(nothing dead, every CRM owner equals the database owner), no record retried before the
-Retry-After it was given, and during the outage no row was scheduled to wait longer than it
-had existed (the dispatcher's rule, so that after an outage of T every row is retried within
-about T; the drain time after the outage is recorded as a figure, not asserted: it depends on
-the machine's load).
+answers a storm of 429s with Retry-After, takes 2 s per request, and resets connections. A wave
+of new leads arrives at the start of each phase. Afterwards: no owner write lost (nothing dead,
+every CRM owner equals the database owner), no record retried before the Retry-After it was
+given, and during the outage no row was scheduled to wait longer than max(its age, 0.5 s) (the
+dispatcher's rule, so that after an outage of T every row is retried within about T; the drain
+time after the outage is recorded as a figure, not asserted: it depends on the machine's load).
 """
 
 from __future__ import annotations
@@ -58,7 +57,7 @@ def _open(engine: Engine) -> int:
 def _scheduled_past_their_age(engine: Engine) -> list[int]:
     """Pending rows retried later than their age allows: a retry delay without Retry-After is
     at most max(the row's age, backoff_base = 0.5 s), so at any moment a row's available_at
-    is at most now + max(now - created_at, 0.5 s) (plus 0.2 s for clock reads)."""
+    is at most now + max(now - created_at, 0.5 s); 0.2 s of slack on top."""
     with engine.connect() as conn:
         return [
             int(r[0])

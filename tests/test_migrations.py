@@ -297,5 +297,6 @@ def test_a_server_whose_autovacuum_does_not_run_is_named_in_a_warning() -> None:
 def test_the_warning_reads_the_servers_settings(engine: Engine) -> None:
     with engine.connect() as conn:
         on = conn.execute(text("SELECT current_setting('autovacuum')")).scalar_one() == "on"
-    # the embedded test server runs without autovacuum (tests/pg.py), a user's server with it
+    # the embedded test server runs without autovacuum (tests/pg.py); a server given by
+    # TEST_DATABASE_URL may run with or without it
     assert (vacuum_warning(engine) is None) == on
