@@ -85,22 +85,21 @@ def _assert_clean(r: httpx.Response, kind: str) -> None:
             assert "error" in r.json(), (r.status_code, r.content[:300])
 
 
-def _stored(engine: Engine) -> int:
+def _count(engine: Engine, sql: str) -> int:
     with engine.connect() as conn:
-        return int(
-            conn.execute(
-                text("SELECT (SELECT count(*) FROM leads) + (SELECT count(*) FROM intake_events)")
-            ).scalar_one()
-        )
+        return int(conn.execute(text(sql)).scalar_one())
+
+
+def _stored(engine: Engine) -> int:
+    return _count(
+        engine, "SELECT (SELECT count(*) FROM leads) + (SELECT count(*) FROM intake_events)"
+    )
 
 
 def _in_flight(engine: Engine) -> int:
-    with engine.connect() as conn:
-        return int(
-            conn.execute(
-                text("SELECT count(*) FROM intake_events WHERE state IN ('pending', 'claimed')")
-            ).scalar_one()
-        )
+    return _count(
+        engine, "SELECT count(*) FROM intake_events WHERE state IN ('pending', 'claimed')"
+    )
 
 
 def _check_storage(engine: Engine, r: httpx.Response) -> None:
