@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import socket
 import subprocess
 import sys
 import time
@@ -70,6 +72,27 @@ def test_http_control_surface(kind: str) -> None:
         assert counters["injected"] == 1 and counters["auth_failures"] == 1
         requests.post(f"{u}/reset", timeout=5)
         assert requests.get(f"{u}/records", timeout=5).json() == []
+    finally:
+        sb.stop()
+
+
+@pytest.mark.parametrize("kind", ["salesforce", "hubspot"])
+def test_an_answer_leaves_in_one_write(kind: str) -> None:
+    """Head and body of an answer come in one piece, on a kept-alive connection too. Written
+    apart, with Nagle's algorithm on, the body waited for the client's delayed ACK: every
+    call of the adapters took 44 ms, whatever it carried (BENCHMARKS.md, "Webhooks")."""
+    sb = make_sandbox(kind).start()
+    host, port = sb.url.removeprefix("http://").split(":")
+    request = f"GET /_sandbox/counters HTTP/1.1\r\nHost: {host}\r\n\r\n".encode()
+    try:
+        with socket.create_connection((host, int(port)), timeout=5) as conn:
+            for _ in range(3):
+                conn.sendall(request)
+                first = conn.recv(1 << 16)  # what had arrived when the first bytes did
+                head, _, body = first.partition(b"\r\n\r\n")
+                declared = re.search(rb"(?i)content-length: (\d+)", head)
+                assert head.startswith(b"HTTP/1.1 200") and declared is not None
+                assert len(body) == int(declared.group(1)) > 0, "the body came apart"
     finally:
         sb.stop()
 
