@@ -136,3 +136,13 @@ SELECT EXISTS (
     SELECT 1 FROM outbox
     WHERE org = :org AND state = 'claimed' AND lease_until >= now() AND claimed_by <> :token
 )
+
+-- name: listen_ready
+-- The channel of "an org has new owner writes": an inbox worker with no dispatchers in its
+-- process (`connector serve`) announces each round it routed (announce_ready, after the
+-- round committed; the payload is the org), and `connector dispatch` processes listen, so
+-- their dispatchers go at once instead of on their next cycle (connector/writeback/wakeups.py).
+LISTEN lrc_outbox_ready
+
+-- name: announce_ready
+SELECT pg_notify('lrc_outbox_ready', :org)

@@ -4,8 +4,9 @@ Every engine the connector makes comes from ``create_engine`` here. It installs 
 ``handle_error`` hook that turns each DBAPI (psycopg) error, at statement time and at connect
 time, into a ``DatabaseError`` by SQLSTATE, and a pool that turns a pool timeout into
 ``DatabaseUnavailable``. ``AsyncPool`` (made by ``async_pool_for(engine)``) is the asyncio
-twin for the webhook receivers' one-statement writes, with the same translation. The rest of
-the connector catches only the classes below.
+twin for the webhook receivers' one-statement writes, with the same translation, and
+``Notifications`` (``notifications_for(engine, ...)``) the one connection that LISTENs. The
+rest of the connector catches only the classes below.
 
 Layer rule (import-linter, "forbidden" contract): ``sqlalchemy.exc``, ``sqlalchemy.pool`` and
 ``psycopg`` may be imported in ``connector`` by this module only, and only this module calls
@@ -322,12 +323,76 @@ class AsyncPool:
         self._slots = None
 
 
+def _driver_params(engine: Engine, connect_args: Mapping[str, Any] | None) -> dict[str, Any]:
+    """psycopg's connection parameters for the database of ``engine`` (same server, database
+    and user, as its dialect reads the URL), with ``connect_args`` added (default: a 10-second
+    connect timeout)."""
+    _, params = engine.dialect.create_connect_args(engine.url)
+    params.pop("context", None)  # the sync dialect's type adapters: not for a bare connection
+    return {**params, **(connect_args or {"connect_timeout": 10})}
+
+
 def async_pool_for(
     engine: Engine, connect_args: Mapping[str, Any] | None = None, **kwargs: Any
 ) -> AsyncPool:
-    """An ``AsyncPool`` to the database of ``engine`` (same server, database and user, as its
-    dialect reads the URL), with ``connect_args`` added (default: a 10-second connect timeout);
-    ``kwargs`` go to ``AsyncPool``."""
-    _, params = engine.dialect.create_connect_args(engine.url)
-    params.pop("context", None)  # the sync dialect's type adapters: not for this pool
-    return AsyncPool({**params, **(connect_args or {"connect_timeout": 10})}, **kwargs)
+    """An ``AsyncPool`` to the database of ``engine`` (``_driver_params``); ``kwargs`` go to
+    ``AsyncPool``."""
+    return AsyncPool(_driver_params(engine, connect_args), **kwargs)
+
+
+# --- LISTEN: one long-lived connection ------------------------------------------------------
+
+
+class Notifications:
+    """``LISTEN`` on a connection of its own, outside any pool (a pooled connection would drop
+    its LISTEN when it is recycled). ``open`` connects in autocommit and runs ``listen_sql``;
+    ``receive`` waits up to ``timeout`` seconds and returns the payloads that came, as soon
+    as some did. A broken connection raises ``DatabaseUnavailable`` (translated like the
+    engines' errors) and is closed; ``open`` again to listen again. Notifications sent while
+    no connection listened are lost: PostgreSQL keeps none for a listener that is not there.
+    """
+
+    def __init__(self, connect_args: Mapping[str, Any], listen_sql: str) -> None:
+        self.connect_args = dict(connect_args)
+        self.listen_sql = listen_sql
+        self._conn: psycopg.Connection[tuple[Any, ...]] | None = None
+
+    def open(self) -> None:
+        self.close()
+        try:
+            conn = psycopg.connect(autocommit=True, **self.connect_args)
+        except psycopg.Error as exc:
+            raise translate(exc, connecting=True) from exc
+        try:
+            conn.execute(self.listen_sql)
+        except psycopg.Error as exc:
+            lost = conn.broken or conn.closed
+            conn.close()
+            raise translate(exc, connection_lost=lost) from exc
+        self._conn = conn
+
+    def receive(self, timeout: float) -> list[str]:
+        conn = self._conn
+        if conn is None:
+            raise DatabaseUnavailable("database unavailable: not listening (open first)")
+        try:
+            return [n.payload for n in conn.notifies(timeout=timeout, stop_after=1)]
+        except psycopg.Error as exc:
+            self.close()
+            raise translate(exc, connection_lost=True) from exc
+
+    def backend_pid(self) -> int | None:
+        """The server process of the listening connection (None when not listening)."""
+        return None if self._conn is None else self._conn.info.backend_pid
+
+    def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+
+
+def notifications_for(
+    engine: Engine, listen_sql: str, connect_args: Mapping[str, Any] | None = None
+) -> Notifications:
+    """``Notifications`` on the database of ``engine`` (``_driver_params``)."""
+    return Notifications(_driver_params(engine, connect_args), listen_sql)

@@ -12,8 +12,10 @@ reassignment and the operator's commands.
 
 In one process (``connector run``) the inbox worker nudges the org's dispatchers as soon as a
 round's routing has committed (``Nudges``), so a lead waits at most one cycle plus the
-work itself. Dispatchers in another process (``connector dispatch``) cannot be nudged; they
-start a round every ``cycle_s`` (``Spacer``), which can add up to one more cycle.
+work itself. A worker with no dispatchers in its process (``connector serve``) announces the
+round through the database, and ``connector dispatch`` processes nudge theirs when they hear
+it (``connector.writeback.wakeups``). Without a nudge, dispatchers start a round every
+``cycle_s`` (``Spacer``), which can add up to one more cycle.
 
 A backlog (a full claim, a full request) is not spaced: it goes at once and the client-side
 rate limiter keeps it under the budget.
@@ -77,9 +79,10 @@ def org_pacing(crm: SalesforceCrm | HubSpotCrm) -> Pacing:
 
 
 class Nudges:
-    """Per org, the events of its dispatchers in this process; the inbox worker sets them
-    after each round that claimed events (once its routing committed), so the owner writes
-    go out in the same cycle."""
+    """Per org, the events of its dispatchers in this process; the inbox worker of this
+    process (or, in ``connector dispatch``, the outbox listener) sets them after each round
+    that claimed events (once its routing committed), so the owner writes go out in the same
+    cycle."""
 
     def __init__(self) -> None:
         self._events: dict[str, list[threading.Event]] = {}

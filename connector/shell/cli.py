@@ -280,19 +280,25 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def cmd_dispatch(args: argparse.Namespace) -> int:
-    import signal
-    import threading
-
     from connector.core.pacing import Spacer, org_pacing
     from connector.shell.adapters import adapter_for
+    from connector.shell.service import run_dispatch_service
     from connector.writeback.dispatch import Dispatcher
 
     configs = _configs(args)
     orgs = [pick_org(configs, args.org)] if args.org else list(all_orgs(configs))
     engine = open_database(orgs)
     warn_if_vacuum_off(engine)
-    dispatchers = [
-        Dispatcher(
+    if not args.once:
+        return run_dispatch_service(
+            engine,
+            {cfg.org: cfg for cfg in orgs},
+            per_org=args.concurrency,
+            lease_seconds=args.lease_seconds,
+        )
+    failed = False
+    for cfg in orgs:
+        d = Dispatcher(
             engine,
             cfg.org,
             adapter_for(cfg),
@@ -300,36 +306,14 @@ def cmd_dispatch(args: argparse.Namespace) -> int:
             intake_owner_ids=cfg.intake_owner_ids,
             spacer=Spacer(org_pacing(cfg.crm).cycle_s),
         )
-        for cfg in orgs
-    ]
-    if args.once:
-        failed = False
-        for d in dispatchers:
-            stats = d.drain(timeout=args.timeout)
-            left, _ = d.open_rows()
-            print(
-                f"org {d.org}: {stats.sent} sent, {stats.dead} dead, {stats.retried} retried "
-                f"in {stats.requests} CRM requests; {left} still open"
-            )
-            failed = failed or left > 0
-        return EXIT_ERROR if failed else EXIT_OK
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    threads = [
-        threading.Thread(target=d.run_forever, args=(stop,), name=f"dispatch-{d.org}")
-        for d in dispatchers
-        for _ in range(args.concurrency)
-    ]
-    for t in threads:
-        t.start()
-    try:
-        while not stop.wait(0.5):
-            pass
-    except KeyboardInterrupt:
-        stop.set()
-    for t in threads:
-        t.join()
-    return EXIT_OK
+        stats = d.drain(timeout=args.timeout)
+        left, _ = d.open_rows()
+        print(
+            f"org {d.org}: {stats.sent} sent, {stats.dead} dead, {stats.retried} retried "
+            f"in {stats.requests} CRM requests; {left} still open"
+        )
+        failed = failed or left > 0
+    return EXIT_ERROR if failed else EXIT_OK
 
 
 def cmd_outbox(args: argparse.Namespace) -> int:

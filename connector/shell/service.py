@@ -1,4 +1,4 @@
-"""`connector serve | sync | run`: the long-running parts, wired together.
+"""`connector serve | sync | run | dispatch`: the long-running parts, wired together.
 
 ``run`` is the production default: the webhook receiver (uvicorn) with its inbox worker, the
 admin listener (health, metrics and the dashboard, localhost by default), the scheduled poll
@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
+from functools import partial
 from typing import Any
 
 import uvicorn
@@ -35,6 +36,7 @@ from connector.intake.poller import Poller
 from connector.shell.adapters import Adapters
 from connector.shell.store import warn_if_vacuum_off
 from connector.writeback.dispatch import Dispatcher, DispatchStats
+from connector.writeback.wakeups import announce, listener_for
 from crm_adapters.base import CrmAdapter
 
 log = logging.getLogger(__name__)
@@ -174,8 +176,9 @@ def start_dispatchers(
     lease_seconds: float = 60.0,
     nudges: Nudges | None = None,
 ) -> list[threading.Thread]:
-    """``per_org`` dispatcher threads per org. With ``nudges`` (an inbox worker in this
-    process), a dispatcher goes right after the worker's round instead of on its spacer."""
+    """``per_org`` dispatcher threads per org. With ``nudges`` (set by an inbox worker in this
+    process, or by the outbox listener), a dispatcher goes right after the worker's round
+    instead of on its spacer."""
     threads = []
     for cfg in configs.values():
         spacer = Spacer(org_pacing(cfg.crm).cycle_s)  # one per org: rounds spaced org-wide
@@ -201,6 +204,37 @@ def start_dispatchers(
             t.start()
             threads.append(t)
     return threads
+
+
+def run_dispatch_service(
+    engine: Engine,
+    configs: Mapping[str, OrgConfig],
+    *,
+    per_org: int = 2,
+    lease_seconds: float = 60.0,
+) -> int:
+    """``connector dispatch``: the dispatchers of ``configs`` until SIGTERM/SIGINT, each
+    finishing the round it is in. They go when an inbox worker in another process announces
+    a routed round of their org (``connector.writeback.wakeups``), and on their cycle
+    otherwise."""
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    nudges = Nudges()
+    listening = listener_for(engine, nudges, configs).start(stop)
+    threads = start_dispatchers(
+        engine, configs, Adapters(configs), stop, per_org, None, lease_seconds, nudges=nudges
+    )
+    try:
+        while not stop.wait(0.5):
+            pass
+    finally:
+        stop.set()
+        nudges.wake_all()  # dispatchers waiting for a nudge see the stop at once
+        for t in threads:
+            t.join()
+        listening.join(timeout=10)
+    return 0
 
 
 def _loopback(host: str) -> bool:
@@ -284,10 +318,13 @@ def run_service(
         if receiver
         else None
     )
-    # The inbox worker wakes this process's dispatchers when its round has owner writes.
+    # The inbox worker wakes the org's dispatchers when its round has owner writes: this
+    # process's own, or with none here (`connector serve`) those of `connector dispatch`
+    # processes, through the database (connector/writeback/wakeups.py).
     nudges = Nudges() if dispatch and app is not None else None
-    if nudges is not None and app is not None and app.state.inbox_worker is not None:
-        app.state.inbox_worker.on_routed = nudges.nudge
+    worker = app.state.inbox_worker if app is not None else None
+    if worker is not None:
+        worker.on_routed = nudges.nudge if nudges is not None else partial(announce, engine)
     threads = (
         start_dispatchers(
             engine,

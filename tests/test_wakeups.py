@@ -1,0 +1,185 @@
+"""Dispatchers in another process are woken through PostgreSQL (connector/writeback/wakeups.py):
+announcements reach the listening process's dispatchers of that org only, the listener comes
+back after its connection is killed (and catches up), a failed announcement is only logged,
+and a dispatcher whose cycle is an hour away writes an announced round at once."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from sqlalchemy import Engine, text
+
+from connector.core.errors import create_engine
+from connector.core.pacing import Nudges, Spacer
+from connector.writeback.wakeups import OutboxListener, announce, listener_for
+from tests.fault_helpers import (
+    Proc,
+    RecordingHubSpot,
+    TwoOrgs,
+    assert_clean_logs,
+    connector_env,
+    hubspot_events,
+    post_hubspot,
+    service,
+)
+from tests.ports import free_port
+from tests.test_dispatch_memory import ORG, _org
+from tests.waiting import wait_until
+
+DEADLINE = 20.0  # a hang's limit, not a measured time
+
+
+@pytest.fixture
+def stop() -> Iterator[threading.Event]:
+    event = threading.Event()
+    yield event
+    event.set()
+
+
+def _listening(
+    engine: Engine, nudges: Nudges, orgs: list[str], stop: threading.Event
+) -> tuple[OutboxListener, threading.Thread]:
+    listener = listener_for(engine, nudges, orgs)
+    thread = listener.start(stop)
+    assert listener.listening.wait(DEADLINE), "the listener never listened"
+    return listener, thread
+
+
+def test_an_announcement_nudges_the_dispatchers_of_its_org_only(
+    engine: Engine, stop: threading.Event
+) -> None:
+    nudges = Nudges()
+    a, b = nudges.listener("a"), nudges.listener("b")
+    listener, thread = _listening(engine, nudges, ["a", "b"], stop)
+    # On connecting it nudges every org once (what was announced while nobody listened).
+    assert a.wait(DEADLINE) and b.wait(DEADLINE)
+    a.clear()
+    b.clear()
+    announce(engine, "not-dispatched-here")
+    announce(engine, "b")
+    assert b.wait(DEADLINE), "the announcement of b never nudged b's dispatcher"
+    # Notifications arrive in commit order: the one for another org came first, and did nothing.
+    assert not a.is_set()
+    stop.set()
+    thread.join(DEADLINE)
+    assert not thread.is_alive() and not listener.listening.is_set()
+
+
+def test_the_listener_comes_back_after_its_connection_is_killed_and_catches_up(
+    engine: Engine, stop: threading.Event, caplog: pytest.LogCaptureFixture
+) -> None:
+    nudges = Nudges()
+    a = nudges.listener("a")
+    listener, _ = _listening(engine, nudges, ["a"], stop)
+    first = listener.notifications.backend_pid()
+    assert first is not None
+    a.wait(DEADLINE)
+    a.clear()
+    with caplog.at_level(logging.WARNING, logger="connector.writeback.wakeups"):
+        with engine.begin() as conn:
+            assert conn.execute(text("SELECT pg_terminate_backend(:p)"), {"p": first}).scalar()
+        wait_until(lambda: listener.connects >= 2, DEADLINE, "the listener to connect again")
+    assert listener.notifications.backend_pid() not in (None, first)
+    assert any("outbox listener" in r.getMessage() for r in caplog.records)
+    # It nudged once on coming back: an announcement made while it was away is not waited for.
+    assert a.wait(DEADLINE)
+    a.clear()
+    wait_until(listener.listening.is_set, DEADLINE, "the listener to listen again")
+    announce(engine, "a")
+    assert a.wait(DEADLINE), "an announcement after the reconnect never arrived"
+
+
+def test_a_failed_announcement_is_logged_and_not_raised(caplog: pytest.LogCaptureFixture) -> None:
+    dead = create_engine(
+        f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/nowhere",
+        connect_args={"connect_timeout": 2},
+    )
+    try:
+        with caplog.at_level(logging.WARNING, logger="connector.writeback.wakeups"):
+            announce(dead, "a")  # nothing listens there and nothing is raised
+    finally:
+        dead.dispose()
+    [record] = [r for r in caplog.records if r.name == "connector.writeback.wakeups"]
+    assert record.getMessage().startswith("org a: announcing new owner writes failed: ")
+
+
+def test_a_dispatcher_an_hour_from_its_cycle_writes_an_announced_round(
+    engine: Engine, stop: threading.Event
+) -> None:
+    """The `connector dispatch` wiring: without the announcement (or without the listener)
+    the owners wait for the dispatcher's next cycle, an hour away, and this test fails."""
+    org = _org(engine, "hubspot")
+    nudges = Nudges()
+    dispatcher = org.dispatcher(spacer=Spacer(3600.0), nudge=nudges.listener(ORG))
+    rounds: list[int] = []
+    worker = threading.Thread(
+        target=dispatcher.run_forever,
+        kwargs={"stop": stop, "on_stats": lambda s: rounds.append(s.claimed)},
+        daemon=True,
+    )
+    _listening(engine, nudges, [ORG], stop)
+    worker.start()
+    # Its first round (nudged by the listener's catch-up, or its first turn) finds nothing;
+    # the next turn is an hour away.
+    wait_until(lambda: len(rounds) >= 1, DEADLINE, "the dispatcher's first round")
+    ids = org.route(5)
+    assert org.states() == {"pending": 5}
+    announce(engine, ORG)
+    wait_until(lambda: org.states() == {"sent": 5}, DEADLINE, "the announced owners written")
+    assert {org.crm.owner_of(i) for i in ids} <= set(org.reps)
+    stop.set()
+    nudges.wake_all()
+    worker.join(DEADLINE)
+
+
+@pytest.mark.two_orgs(poll=False)
+def test_serve_announces_and_a_dispatch_process_writes_the_owners(
+    engine: Engine, db_url: str, tmp_path: Path, two_orgs: TwoOrgs
+) -> None:
+    """The two processes end to end: signed webhooks to `connector serve`, owners written by
+    `connector dispatch`, whose listener is connected while it runs; both stop cleanly."""
+    hs = two_orgs.hs
+    ids = [hs.add_record("contacts", properties={"country": "Canada"}) for _ in range(3)]
+    env = connector_env(db_url)
+    dispatch = Proc(
+        "dispatch", ["--config", str(two_orgs.config_dir), "dispatch"], env, tmp_path
+    ).start()
+    serve = service("serve", "serve", two_orgs.config_dir, env, tmp_path).start()
+    try:
+        serve.wait_healthy()
+        wait_until(lambda: _listeners(engine) == 1, DEADLINE, "the dispatch process's listener")
+        with httpx.Client(timeout=10) as client:
+            url = serve.url + "/webhooks/hubspot/demo-hs"
+            assert post_hubspot(client, url, hubspot_events(ids, 70_000)) == 200
+        wait_until(
+            lambda: {_owner(hs, i) for i in ids} <= set(two_orgs.owners),
+            DEADLINE,
+            "the owners written back",
+        )
+    finally:
+        codes = [serve.stop(), dispatch.stop()]
+    assert codes == [0, 0]
+    wait_until(lambda: _listeners(engine) == 0, DEADLINE, "the listener's connection closed")
+    assert_clean_logs([*serve.logs, *dispatch.logs])
+
+
+def _owner(hs: RecordingHubSpot, rid: str) -> str | None:
+    record = hs.get_record(rid)
+    return None if record is None else record["properties"].get("hubspot_owner_id")
+
+
+def _listeners(engine: Engine) -> int:
+    with engine.connect() as conn:
+        return int(
+            conn.execute(
+                text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND application_name = 'lrc-outbox-listener'"
+                )
+            ).scalar_one()
+        )
