@@ -339,12 +339,12 @@ def _make_handler(sandbox: SandboxServer) -> type[BaseHTTPRequestHandler]:
         protocol_version = "HTTP/1.1"
         timeout = 30
         server_version = "CrmSandbox/1.0"
-        # An answer is its head and its body, written apart: with Nagle's algorithm on, the
-        # body waited for the client's delayed ACK of the head, 40 ms on Linux, on every call
-        # over a kept-alive connection (44 ms for any HubSpot batch read or write, whatever
-        # its size). CRM APIs answer in one go; so does the simulator, and without the stall.
+        # http.server writes an answer's head and its body apart: with Nagle's algorithm on,
+        # the body waited for the client's delayed ACK of the head, 40 ms on Linux, on every
+        # call over a kept-alive connection (44 ms for any HubSpot batch read or write,
+        # whatever its size). The simulator sends both in one write (_answer), with Nagle off.
         disable_nagle_algorithm = True
-        wbufsize = 64 * 1024  # the head and the body leave in one write (the flush below)
+        _headers_buffer: list[bytes]  # http.server's own, which send_header appends to
 
         def log_message(self, format: str, *args: Any) -> None:
             log.debug("%s sandbox: " + format, sandbox.kind, *args)
@@ -378,17 +378,20 @@ def _make_handler(sandbox: SandboxServer) -> type[BaseHTTPRequestHandler]:
                 payload = json.dumps(reply.body).encode()
                 ctype = "application/json;charset=UTF-8"
             try:
-                self.send_response(reply.status)
-                headers = {"Content-Type": ctype, **reply.headers}
-                for k, v in headers.items():
-                    self.send_header(k, v)
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                if payload:
-                    self.wfile.write(payload)
-                self.wfile.flush()
+                self._answer(reply.status, {"Content-Type": ctype, **reply.headers}, payload)
             except (BrokenPipeError, ConnectionResetError):
                 self.close_connection = True  # the client gave up (timeout) before we answered
+
+        def _answer(self, status: int, headers: dict[str, str], payload: bytes) -> None:
+            """Status line, headers and body in one write (nothing is left buffered to fail
+            later when the client has gone)."""
+            self.send_response(status)
+            for k, v in headers.items():
+                self.send_header(k, v)
+            self.send_header("Content-Length", str(len(payload)))
+            head = b"".join(self._headers_buffer) + b"\r\n"  # what end_headers would write
+            self._headers_buffer = []
+            self.wfile.write(head + payload)
 
         do_GET = do_POST = do_PATCH = do_PUT = do_DELETE = _serve
 

@@ -139,8 +139,10 @@ SELECT EXISTS (
 
 -- name: listen_ready
 -- The channel of "an org has new owner writes": an inbox worker with no dispatchers in its
--- process (`connector serve`) announces each round it routed (announce_ready, after the
--- round committed; the payload is the org), and `connector dispatch` processes listen, so
+-- process (`connector serve`, `run --dispatchers 0`, the `uvicorn --factory` app) announces
+-- each round that claimed events of an org, once the round is over (announce_ready; the
+-- payload is the org; a round that failed announces too, costing an empty claim), and
+-- `connector dispatch` processes listen, so
 -- their dispatchers go at once instead of on their next cycle (connector/writeback/wakeups.py).
 LISTEN lrc_outbox_ready
 

@@ -11,11 +11,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import psycopg
 import pytest
 from sqlalchemy import Engine, text
 
 from connector.core.errors import create_engine
-from connector.core.pacing import Nudges, Spacer
+from connector.core.pacing import Nudges, Spacer, org_pacing
+from connector.routing.assign import Lead, Router
+from connector.routing.teams import apply_teams
+from connector.shell.service import run_dispatch_service
 from connector.writeback.wakeups import OutboxListener, announce, listener_for
 from tests.fault_helpers import (
     Proc,
@@ -116,6 +120,7 @@ def test_a_dispatcher_an_hour_from_its_cycle_writes_an_announced_round(
     org = _org(engine, "hubspot")
     nudges = Nudges()
     dispatcher = org.dispatcher(spacer=Spacer(3600.0), nudge=nudges.listener(ORG))
+    probe = nudges.listener(ORG)
     rounds: list[int] = []
     worker = threading.Thread(
         target=dispatcher.run_forever,
@@ -123,9 +128,9 @@ def test_a_dispatcher_an_hour_from_its_cycle_writes_an_announced_round(
         daemon=True,
     )
     _listening(engine, nudges, [ORG], stop)
+    assert probe.wait(DEADLINE)  # the listener's catch-up nudge is behind us
     worker.start()
-    # Its first round (nudged by the listener's catch-up, or its first turn) finds nothing;
-    # the next turn is an hour away.
+    # Its first round (that nudge) finds nothing; its next turn is an hour away.
     wait_until(lambda: len(rounds) >= 1, DEADLINE, "the dispatcher's first round")
     ids = org.route(5)
     assert org.states() == {"pending": 5}
@@ -137,12 +142,14 @@ def test_a_dispatcher_an_hour_from_its_cycle_writes_an_announced_round(
     worker.join(DEADLINE)
 
 
+@pytest.mark.slow
 @pytest.mark.two_orgs(poll=False)
 def test_serve_announces_and_a_dispatch_process_writes_the_owners(
     engine: Engine, db_url: str, tmp_path: Path, two_orgs: TwoOrgs
 ) -> None:
-    """The two processes end to end: signed webhooks to `connector serve`, owners written by
-    `connector dispatch`, whose listener is connected while it runs; both stop cleanly."""
+    """The two processes end to end: signed webhooks to `connector serve`, which announces
+    the routed round (heard here too), owners written by `connector dispatch`, whose
+    listener is connected while it runs; both stop cleanly."""
     hs = two_orgs.hs
     ids = [hs.add_record("contacts", properties={"country": "Canada"}) for _ in range(3)]
     env = connector_env(db_url)
@@ -150,18 +157,24 @@ def test_serve_announces_and_a_dispatch_process_writes_the_owners(
         "dispatch", ["--config", str(two_orgs.config_dir), "dispatch"], env, tmp_path
     ).start()
     serve = service("serve", "serve", two_orgs.config_dir, env, tmp_path).start()
+    heard = psycopg.connect(engine.url.set(drivername="postgresql").render_as_string(False))
+    heard.autocommit = True
+    heard.execute("LISTEN lrc_outbox_ready")
     try:
         serve.wait_healthy()
-        wait_until(lambda: _listeners(engine) == 1, DEADLINE, "the dispatch process's listener")
+        wait_until(lambda: _listeners(engine) == 1, 60, "the dispatch process's listener")
         with httpx.Client(timeout=10) as client:
             url = serve.url + "/webhooks/hubspot/demo-hs"
             assert post_hubspot(client, url, hubspot_events(ids, 70_000)) == 200
+        payloads = [n.payload for n in heard.notifies(timeout=DEADLINE, stop_after=1)]
+        assert payloads and set(payloads) == {"demo-hs"}, payloads
         wait_until(
             lambda: {_owner(hs, i) for i in ids} <= set(two_orgs.owners),
             DEADLINE,
             "the owners written back",
         )
     finally:
+        heard.close()
         codes = [serve.stop(), dispatch.stop()]
     assert codes == [0, 0]
     wait_until(lambda: _listeners(engine) == 0, DEADLINE, "the listener's connection closed")
@@ -183,3 +196,89 @@ def _listeners(engine: Engine) -> int:
                 )
             ).scalar_one()
         )
+
+
+@pytest.mark.two_orgs(poll=False)
+def test_the_dispatch_service_wires_its_listener_to_its_dispatchers(
+    engine: Engine, two_orgs: TwoOrgs, stop: threading.Event
+) -> None:
+    """`run_dispatch_service`, as `connector dispatch` runs it, with the HubSpot org's budget
+    at 2 calls per 10 s: a cycle of 18.75 s. An announced round is written long before the
+    dispatchers' next turn; without the listener's nudges this test fails."""
+    path = two_orgs.config_dir / "hs.yaml"
+    path.write_text(path.read_text().replace("limit_per_10s: 100", "limit_per_10s: 2"))
+    cfg = two_orgs.configs["demo-hs"]
+    assert org_pacing(cfg.crm).cycle_s > 2 * 9.0
+    apply_teams(engine, cfg)
+    hs = two_orgs.hs
+    ids = [hs.add_record("contacts", properties={"country": "Canada"}) for _ in range(3)]
+    service = threading.Thread(
+        target=run_dispatch_service,
+        args=(engine, {cfg.org: cfg}),
+        kwargs={"stop": stop},
+        daemon=True,
+    )
+    service.start()
+    wait_until(lambda: _listeners(engine) == 1, DEADLINE, "the service's listener")
+    Router(engine, cfg).assign_many([Lead(i, {"country": "Canada"}) for i in ids], "import")
+    announce(engine, cfg.org)
+    wait_until(
+        lambda: {_owner(hs, i) for i in ids} <= set(two_orgs.owners),
+        9.0,  # half the cycle: only a nudge can have started this round
+        "the announced owners written",
+    )
+    stop.set()
+    service.join(90)
+    assert not service.is_alive()
+
+
+class _CountingNudges(Nudges):
+    """Counts nudges per org; the first ``fail`` of them raise (a bug in what they wake)."""
+
+    def __init__(self, fail: int = 0) -> None:
+        super().__init__()
+        self.counts: dict[str, int] = {}
+        self.fail = fail
+
+    def nudge(self, org: str) -> None:
+        if self.fail > 0:
+            self.fail -= 1
+            raise RuntimeError("a nudge that fails")
+        self.counts[org] = self.counts.get(org, 0) + 1
+        super().nudge(org)
+
+
+def test_pinging_a_quiet_connection_loses_no_announcement(
+    engine: Engine, stop: threading.Event
+) -> None:
+    """With a ping after every quiet receive, announcements that arrive during a ping are
+    kept for the next receive: each of 40 reaches the org (plus the catch-up nudge)."""
+    nudges = _CountingNudges()
+    source = listener_for(engine, nudges, ["a"]).notifications
+    listener = OutboxListener(source, nudges, ["a"], receive_timeout=0.001, ping_after=0.0)
+    listener.start(stop)
+    assert listener.listening.wait(DEADLINE)
+    for _ in range(40):
+        announce(engine, "a")
+    wait_until(
+        lambda: nudges.counts.get("a") == 41, DEADLINE, lambda: f"41 nudges: {nudges.counts}"
+    )
+    assert listener.connects == 1
+
+
+def test_an_unexpected_error_is_logged_and_the_listener_starts_again(
+    engine: Engine, stop: threading.Event, caplog: pytest.LogCaptureFixture
+) -> None:
+    nudges = _CountingNudges(fail=1)  # the catch-up nudge of the first connection raises
+    with caplog.at_level(logging.INFO, logger="connector.writeback.wakeups"):
+        listener = OutboxListener(
+            listener_for(engine, nudges, ["a"]).notifications, nudges, ["a"], retry_base=0.01
+        )
+        listener.start(stop)
+        wait_until(lambda: listener.connects == 2, DEADLINE, "the listener to start again")
+        assert listener.listening.wait(DEADLINE)
+        announce(engine, "a")
+        wait_until(lambda: nudges.counts.get("a") == 2, DEADLINE, "catch-up and announcement")
+    [failed] = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert failed.getMessage() == "outbox listener failed; it starts again"
+    assert failed.exc_info is not None and "a nudge that fails" in str(failed.exc_info[1])

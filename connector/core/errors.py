@@ -381,6 +381,19 @@ class Notifications:
             self.close()
             raise translate(exc, connection_lost=True) from exc
 
+    def ping(self) -> None:
+        """One round trip on the listening connection, so that a connection a network device
+        dropped while it was quiet is found out (notifications that come meanwhile are kept
+        for the next ``receive``)."""
+        conn = self._conn
+        if conn is None:
+            raise DatabaseUnavailable("database unavailable: not listening (open first)")
+        try:
+            conn.execute("SELECT 1")
+        except psycopg.Error as exc:
+            self.close()
+            raise translate(exc, connection_lost=True) from exc
+
     def backend_pid(self) -> int | None:
         """The server process of the listening connection (None when not listening)."""
         return None if self._conn is None else self._conn.info.backend_pid

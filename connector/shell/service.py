@@ -212,29 +212,45 @@ def run_dispatch_service(
     *,
     per_org: int = 2,
     lease_seconds: float = 60.0,
+    stop: threading.Event | None = None,
 ) -> int:
-    """``connector dispatch``: the dispatchers of ``configs`` until SIGTERM/SIGINT, each
-    finishing the round it is in. They go when an inbox worker in another process announces
-    a routed round of their org (``connector.writeback.wakeups``), and on their cycle
-    otherwise."""
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+    """``connector dispatch``: the dispatchers of ``configs`` until SIGTERM/SIGINT (or until
+    ``stop`` is set, when the caller passes one: then no signal handler is installed), each
+    finishing the round it is in (a minute at most). They go when an inbox worker in another
+    process announces a routed round of their org (``connector.writeback.wakeups``), and on
+    their cycle otherwise. A second SIGINT or SIGTERM ends the process at once."""
+    if stop is None:
+        stop = threading.Event()
+        _stop_on_signals(stop)
     nudges = Nudges()
-    listening = listener_for(engine, nudges, configs).start(stop)
-    threads = start_dispatchers(
-        engine, configs, Adapters(configs), stop, per_org, None, lease_seconds, nudges=nudges
-    )
+    threads: list[threading.Thread] = []
     try:
+        threads.append(listener_for(engine, nudges, configs).start(stop))
+        threads += start_dispatchers(
+            engine, configs, Adapters(configs), stop, per_org, None, lease_seconds, nudges=nudges
+        )
         while not stop.wait(0.5):
             pass
     finally:
         stop.set()
         nudges.wake_all()  # dispatchers waiting for a nudge see the stop at once
         for t in threads:
-            t.join()
-        listening.join(timeout=10)
+            t.join(timeout=60)
     return 0
+
+
+def _stop_on_signals(stop: threading.Event) -> None:
+    """SIGTERM and SIGINT set ``stop``; the second one gets the default action (ends the
+    process) for an operator who will not wait for the rounds in progress."""
+
+    def handle(signum: int, _frame: object) -> None:
+        if stop.is_set():
+            signal.signal(signum, signal.SIG_DFL)
+            signal.raise_signal(signum)
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, handle)
 
 
 def _loopback(host: str) -> bool:
@@ -319,8 +335,9 @@ def run_service(
         else None
     )
     # The inbox worker wakes the org's dispatchers when its round has owner writes: this
-    # process's own, or with none here (`connector serve`) those of `connector dispatch`
-    # processes, through the database (connector/writeback/wakeups.py).
+    # process's own, or with none here (`connector serve`, `run --dispatchers 0`) those of
+    # `connector dispatch` processes, through the database (connector/writeback/wakeups.py).
+    dispatch = dispatch and dispatchers_per_org > 0
     nudges = Nudges() if dispatch and app is not None else None
     worker = app.state.inbox_worker if app is not None else None
     if worker is not None:
@@ -392,10 +409,13 @@ def app_from_env() -> Starlette:
 
     configs = load_configs(config_path_from(None))
     engine = open_database(list(configs.values()))
-    return create_app(
+    app = create_app(
         engine,
         configs,
         adapters=Adapters(configs).get,
         public_base_url=os.environ.get("CONNECTOR_PUBLIC_BASE_URL") or None,
         trusted_proxies=trusted_proxies_from_env(),
     )
+    if app.state.inbox_worker is not None:  # no dispatchers here: wake `connector dispatch`
+        app.state.inbox_worker.on_routed = partial(announce, engine)
+    return app

@@ -2,9 +2,11 @@
 
 In ``connector run`` the inbox worker wakes its own process's dispatchers when a round's
 routing has committed (``connector.core.pacing.Nudges``). With the receiver and the
-dispatchers in separate processes (``connector serve`` and ``connector dispatch``) the worker
-announces each such round instead (``announce``: one ``pg_notify`` with the org, after the
-round committed), and every ``dispatch`` process listens (``OutboxListener``) and nudges its
+dispatchers in separate processes (``connector serve`` or ``run --dispatchers 0``, and
+``connector dispatch``) the worker announces each round that claimed events instead
+(``announce``: one ``pg_notify`` with the org, once the round is over; a round that failed
+announces too, which costs the dispatchers an empty claim), and every ``dispatch`` process
+listens (``OutboxListener``) and nudges its
 dispatchers of that org, so a routed lead is written in the same cycle instead of on the
 dispatchers' next one (up to one more cycle: BENCHMARKS.md, "Webhooks").
 
@@ -20,7 +22,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 
 from sqlalchemy import Engine
 
@@ -49,10 +52,16 @@ def announce(engine: Engine, org: str) -> None:
 class OutboxListener:
     """Listens for announcements and nudges this process's dispatchers of the org named.
 
-    Runs in a thread (``start``) until ``stop`` is set, reconnecting with backoff (full
-    jitter, ``retry_base`` doubling up to ``retry_cap`` seconds) when the connection breaks;
-    a stop is seen within ``receive_timeout``. Announcements for orgs this process does not
-    dispatch are ignored.
+    Runs in a thread (``start``) until ``stop`` is set; a stop is seen within
+    ``receive_timeout``. After ``ping_after`` seconds without an announcement it checks the
+    connection with a round trip (a connection that a load balancer or NAT dropped while it
+    was quiet would otherwise wait in silence; TCP keepalives, set by ``listener_for``, are
+    the second line). When the connection breaks it reconnects with backoff (full jitter,
+    ``retry_base`` doubling up to ``retry_cap`` seconds; the backoff starts over only after a
+    connection lived ``retry_cap`` seconds, so a server that ends every session soon after it
+    starts is not hammered). Announcements for orgs this process does not dispatch are
+    ignored. Nothing it meets ends the thread before ``stop``: an unexpected error is logged
+    with its traceback and retried like a lost connection.
     """
 
     def __init__(
@@ -64,6 +73,8 @@ class OutboxListener:
         retry_base: float = 0.5,
         retry_cap: float = 30.0,
         receive_timeout: float = 1.0,
+        ping_after: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.notifications = notifications
         self.nudges = nudges
@@ -71,6 +82,8 @@ class OutboxListener:
         self.retry_base = retry_base
         self.retry_cap = retry_cap
         self.receive_timeout = receive_timeout
+        self.ping_after = ping_after
+        self.clock = clock
         self.listening = threading.Event()  # set while a connection listens (tests wait on it)
         self.connects = 0  # successful (re)connects
 
@@ -85,36 +98,59 @@ class OutboxListener:
         failures = 0
         try:
             while not stop.is_set():
+                opened = self.clock()
                 try:
-                    self.notifications.open()
-                    self.connects += 1
-                    if failures:
-                        log.info("outbox listener: listening again after %d failures", failures)
-                    failures = 0
-                    self.listening.set()
-                    for org in self.orgs:  # what was announced while nobody listened
-                        self.nudges.nudge(org)
-                    while not stop.is_set():
-                        for org in self.notifications.receive(self.receive_timeout):
-                            if org in self.orgs:
-                                self.nudges.nudge(org)
+                    self._listen(stop)
                 except DatabaseError as exc:
-                    self.listening.clear()
-                    self.notifications.close()
                     log.warning(
                         "outbox listener: %s; dispatchers go on their own cycle until it "
                         "listens again",
                         exc,
                     )
-                    stop.wait(backoff_delay(failures, self.retry_base, self.retry_cap))
-                    failures += 1
+                except Exception:
+                    log.exception("outbox listener failed; it starts again")
+                self.listening.clear()
+                self.notifications.close()
+                if self.clock() - opened >= self.retry_cap:
+                    failures = 0
+                stop.wait(backoff_delay(failures, self.retry_base, self.retry_cap))
+                failures += 1
         finally:
             self.listening.clear()
             self.notifications.close()
 
+    def _listen(self, stop: threading.Event) -> None:
+        self.notifications.open()
+        self.connects += 1
+        if self.connects > 1:
+            log.info("outbox listener: listening again")
+        self.listening.set()
+        for org in self.orgs:  # what was announced while nobody listened
+            self.nudges.nudge(org)
+        heard = self.clock()
+        while not stop.is_set():
+            orgs = self.notifications.receive(self.receive_timeout)
+            for org in orgs:
+                if org in self.orgs:
+                    self.nudges.nudge(org)
+            now = self.clock()
+            if orgs:
+                heard = now
+            elif now - heard >= self.ping_after:
+                self.notifications.ping()
+                heard = now
+
 
 def listener_for(engine: Engine, nudges: Nudges, orgs: Iterable[str]) -> OutboxListener:
     """An ``OutboxListener`` on the database of ``engine``."""
-    conn_args = {"connect_timeout": 10, "application_name": "lrc-outbox-listener"}
+    conn_args = {
+        "connect_timeout": 10,
+        "application_name": "lrc-outbox-listener",
+        # libpq's TCP keepalives: a dead peer is found in about a minute, not the kernel's 2 h
+        "keepalives": 1,
+        "keepalives_idle": 30,
+        "keepalives_interval": 10,
+        "keepalives_count": 3,
+    }
     source = notifications_for(engine, _QUERIES["listen_ready"], conn_args)
     return OutboxListener(source, nudges, orgs)
