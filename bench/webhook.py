@@ -328,6 +328,13 @@ def main() -> None:
         help="the HubSpot budget of the sandbox and the org (100, HubSpot's base tier; 190 "
         "Professional/Enterprise; 250 with the API limit increase)",
     )
+    ap.add_argument(
+        "--crm-latency-ms",
+        type=float,
+        default=0.0,
+        help="the sandbox waits this long before each API answer (a CRM a network away; the "
+        "local sandbox answers in 0.5-2 ms)",
+    )
     ap.add_argument("--out", type=Path, default=None, help="results file (default below)")
     args = ap.parse_args()
     default_rates = "50,100,200" if args.quick else "50,100,200,300,500"
@@ -374,6 +381,10 @@ def main() -> None:
                 "records": [{"object": "contacts"} for _ in range(total)],
             },
         ).json()
+        if args.crm_latency_ms:
+            httpx.post(
+                f"{sandbox}/_sandbox/faults", json={"latency_ms": args.crm_latency_ms}
+            ).raise_for_status()
         (tmp / "bench.yaml").write_text(config_yaml(sandbox, seeded["owners"], args.limit_per_10s))
         ports = [free_port() for _ in range(args.receivers)]
         admin_ports = [free_port() for _ in range(args.receivers)]
@@ -526,6 +537,7 @@ def main() -> None:
         "receivers": args.receivers,
         "mode": "run" if args.run else "serve+dispatch",
         "limit_per_10s": args.limit_per_10s,
+        "crm_latency_ms": args.crm_latency_ms,
         "connector_root": str(root) if root else None,
         "rows": rows,
         "sandbox_counters": counters,
