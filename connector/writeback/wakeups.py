@@ -6,9 +6,9 @@ dispatchers in separate processes (``connector serve`` or ``run --dispatchers 0`
 ``connector dispatch``) the worker announces each round that claimed events instead
 (``announce``: one ``pg_notify`` with the org, once the round is over; a round that failed
 announces too, which costs the dispatchers an empty claim), and every ``dispatch`` process
-listens (``OutboxListener``) and nudges its
-dispatchers of that org, so a routed lead is written in the same cycle instead of on the
-dispatchers' next one (up to one more cycle: BENCHMARKS.md, "Webhooks").
+listens (``OutboxListener``) and nudges its dispatchers of that org, so a routed lead is
+written in the same cycle instead of on the dispatchers' next one (up to one more cycle:
+BENCHMARKS.md, "Webhooks").
 
 An announcement is only a hint. A dispatcher still claims what is ready, and still starts a
 round on its own cycle when no nudge comes (``Dispatcher.run_forever``), so a lost one (the
