@@ -389,7 +389,9 @@ def _make_handler(sandbox: SandboxServer) -> type[BaseHTTPRequestHandler]:
             for k, v in headers.items():
                 self.send_header(k, v)
             self.send_header("Content-Length", str(len(payload)))
-            head = b"".join(self._headers_buffer) + b"\r\n"  # what end_headers would write
+            # what end_headers would write (an answer to HTTP/0.9 has no head at all)
+            buffered = getattr(self, "_headers_buffer", None)
+            head = b"".join(buffered) + b"\r\n" if buffered else b""
             self._headers_buffer = []
             self.wfile.write(head + payload)
 

@@ -19,6 +19,7 @@ from connector.core.errors import create_engine
 from connector.core.pacing import Nudges, Spacer, org_pacing
 from connector.routing.assign import Lead, Router
 from connector.routing.teams import apply_teams
+from connector.shell import service as service_module
 from connector.shell.service import run_dispatch_service
 from connector.writeback.wakeups import OutboxListener, announce, listener_for
 from tests.fault_helpers import (
@@ -157,10 +158,11 @@ def test_serve_announces_and_a_dispatch_process_writes_the_owners(
         "dispatch", ["--config", str(two_orgs.config_dir), "dispatch"], env, tmp_path
     ).start()
     serve = service("serve", "serve", two_orgs.config_dir, env, tmp_path).start()
-    heard = psycopg.connect(engine.url.set(drivername="postgresql").render_as_string(False))
-    heard.autocommit = True
-    heard.execute("LISTEN lrc_outbox_ready")
+    heard: psycopg.Connection[tuple[object, ...]] | None = None
     try:
+        heard = psycopg.connect(engine.url.set(drivername="postgresql").render_as_string(False))
+        heard.autocommit = True
+        heard.execute("LISTEN lrc_outbox_ready")
         serve.wait_healthy()
         wait_until(lambda: _listeners(engine) == 1, 60, "the dispatch process's listener")
         with httpx.Client(timeout=10) as client:
@@ -174,7 +176,8 @@ def test_serve_announces_and_a_dispatch_process_writes_the_owners(
             "the owners written back",
         )
     finally:
-        heard.close()
+        if heard is not None:
+            heard.close()
         codes = [serve.stop(), dispatch.stop()]
     assert codes == [0, 0]
     wait_until(lambda: _listeners(engine) == 0, DEADLINE, "the listener's connection closed")
@@ -198,13 +201,51 @@ def _listeners(engine: Engine) -> int:
         )
 
 
+class _WatchedEvent(threading.Event):
+    """A dispatcher's nudge event that tells when its dispatcher waits for a nudge alone: a
+    wait longer than 5 s is one for the next turn of an 18.75 s cycle."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waiting_long = False
+
+    def wait(self, timeout: float | None = None) -> bool:
+        long = timeout is None or timeout > 5.0
+        self.waiting_long = long
+        try:
+            return super().wait(timeout)
+        finally:
+            if long:
+                self.waiting_long = False
+
+
+class _WatchedNudges(Nudges):
+    def __init__(self) -> None:
+        super().__init__()
+        self.watched: list[_WatchedEvent] = []
+        self.nudged = 0
+
+    def listener(self, org: str) -> threading.Event:
+        event = _WatchedEvent()
+        with self._lock:
+            self._events.setdefault(org, []).append(event)
+        self.watched.append(event)
+        return event
+
+    def nudge(self, org: str) -> None:
+        self.nudged += 1
+        super().nudge(org)
+
+
 @pytest.mark.two_orgs(poll=False)
 def test_the_dispatch_service_wires_its_listener_to_its_dispatchers(
-    engine: Engine, two_orgs: TwoOrgs, stop: threading.Event
+    engine: Engine, two_orgs: TwoOrgs, stop: threading.Event, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`run_dispatch_service`, as `connector dispatch` runs it, with the HubSpot org's budget
-    at 2 calls per 10 s: a cycle of 18.75 s. An announced round is written long before the
-    dispatchers' next turn; without the listener's nudges this test fails."""
+    at 2 calls per 10 s: a cycle of 18.75 s. The leads are routed once the listener has
+    caught up and the dispatcher waits for its next turn, so only the announcement can start
+    the round that writes them within 9 s (checked: with `announce` doing nothing, or
+    without `nudges` passed to the dispatchers, this test fails)."""
     path = two_orgs.config_dir / "hs.yaml"
     path.write_text(path.read_text().replace("limit_per_10s: 100", "limit_per_10s: 2"))
     cfg = two_orgs.configs["demo-hs"]
@@ -212,14 +253,30 @@ def test_the_dispatch_service_wires_its_listener_to_its_dispatchers(
     apply_teams(engine, cfg)
     hs = two_orgs.hs
     ids = [hs.add_record("contacts", properties={"country": "Canada"}) for _ in range(3)]
+    made: list[_WatchedNudges] = []
+
+    def nudges() -> _WatchedNudges:
+        made.append(_WatchedNudges())
+        return made[-1]
+
+    monkeypatch.setattr(service_module, "Nudges", nudges)
     service = threading.Thread(
         target=run_dispatch_service,
         args=(engine, {cfg.org: cfg}),
-        kwargs={"stop": stop},
+        kwargs={"stop": stop, "per_org": 1},
         daemon=True,
     )
     service.start()
-    wait_until(lambda: _listeners(engine) == 1, DEADLINE, "the service's listener")
+
+    def settled() -> bool:
+        # the listener's catch-up nudge is out, and the dispatcher is past the rounds it may
+        # start (its first turn, that nudge) and waits for its next turn or a nudge
+        if not made or made[0].nudged < 1 or len(made[0].watched) != 1:
+            return False
+        event = made[0].watched[0]
+        return event.waiting_long and not event.is_set()
+
+    wait_until(settled, DEADLINE, "the dispatcher to wait for its next turn")
     Router(engine, cfg).assign_many([Lead(i, {"country": "Canada"}) for i in ids], "import")
     announce(engine, cfg.org)
     wait_until(

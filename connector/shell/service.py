@@ -216,12 +216,12 @@ def run_dispatch_service(
 ) -> int:
     """``connector dispatch``: the dispatchers of ``configs`` until SIGTERM/SIGINT (or until
     ``stop`` is set, when the caller passes one: then no signal handler is installed), each
-    finishing the round it is in (a minute at most). They go when an inbox worker in another
-    process announces a routed round of their org (``connector.writeback.wakeups``), and on
-    their cycle otherwise. A second SIGINT or SIGTERM ends the process at once."""
-    if stop is None:
-        stop = threading.Event()
-        _stop_on_signals(stop)
+    finishing the round it is in (a minute at most for all of them). They go when an inbox
+    worker in another process announces a routed round of their org
+    (``connector.writeback.wakeups``), and on their cycle otherwise. A second SIGINT or
+    SIGTERM ends the process at once."""
+    signalled = _signals_received() if stop is None else []
+    stop = stop or threading.Event()
     nudges = Nudges()
     threads: list[threading.Thread] = []
     try:
@@ -229,28 +229,38 @@ def run_dispatch_service(
         threads += start_dispatchers(
             engine, configs, Adapters(configs), stop, per_org, None, lease_seconds, nudges=nudges
         )
-        while not stop.wait(0.5):
+        while not (stop.wait(0.5) or signalled):
             pass
     finally:
         stop.set()
         nudges.wake_all()  # dispatchers waiting for a nudge see the stop at once
-        for t in threads:
-            t.join(timeout=60)
+        _join_all(threads, 60.0)
     return 0
 
 
-def _stop_on_signals(stop: threading.Event) -> None:
-    """SIGTERM and SIGINT set ``stop``; the second one gets the default action (ends the
-    process) for an operator who will not wait for the rounds in progress."""
+def _signals_received() -> list[int]:
+    """Record SIGTERM and SIGINT in the list returned (the caller's loop polls it: a handler
+    that took a lock, such as an Event's, could deadlock against the thread it interrupted);
+    the second one gets the default action and ends the process, for an operator who will not
+    wait for the rounds in progress."""
+    received: list[int] = []
 
     def handle(signum: int, _frame: object) -> None:
-        if stop.is_set():
+        received.append(signum)
+        if len(received) > 1:
             signal.signal(signum, signal.SIG_DFL)
             signal.raise_signal(signum)
-        stop.set()
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, handle)
+    return received
+
+
+def _join_all(threads: Sequence[threading.Thread], seconds: float) -> None:
+    """Join every thread within ``seconds`` in all (not each)."""
+    deadline = time.monotonic() + seconds
+    for t in threads:
+        t.join(max(deadline - time.monotonic(), 0.0))
 
 
 def _loopback(host: str) -> bool:
@@ -385,17 +395,16 @@ def run_service(
                 settle_garbage_collector()
                 server.run()  # returns after SIGTERM/SIGINT, requests done
             else:
-                for sig in (signal.SIGTERM, signal.SIGINT):
-                    signal.signal(sig, lambda *_: stop.set())
-                stop.wait()
+                signalled = _signals_received()
+                while not (stop.wait(0.5) or signalled):
+                    pass
     finally:
         stop.set()
         if nudges is not None:
             nudges.wake_all()  # dispatchers waiting for a nudge see the stop at once
         if sched is not None:
             sched.shutdown(wait=True)  # a poll in progress finishes its page and returns
-        for t in threads:
-            t.join(timeout=60)
+        _join_all(threads, 60.0)
         log.info("connector stopped")
     return 0
 

@@ -53,15 +53,17 @@ class OutboxListener:
     """Listens for announcements and nudges this process's dispatchers of the org named.
 
     Runs in a thread (``start``) until ``stop`` is set; a stop is seen within
-    ``receive_timeout``. After ``ping_after`` seconds without an announcement it checks the
-    connection with a round trip (a connection that a load balancer or NAT dropped while it
-    was quiet would otherwise wait in silence; TCP keepalives, set by ``listener_for``, are
-    the second line). When the connection breaks it reconnects with backoff (full jitter,
-    ``retry_base`` doubling up to ``retry_cap`` seconds; the backoff starts over only after a
-    connection lived ``retry_cap`` seconds, so a server that ends every session soon after it
-    starts is not hammered). Announcements for orgs this process does not dispatch are
-    ignored. Nothing it meets ends the thread before ``stop``: an unexpected error is logged
-    with its traceback and retried like a lost connection.
+    ``receive_timeout`` (or, while a ping waits on a dead connection, once libpq gives it up:
+    30 s with ``listener_for``'s settings). After ``ping_after`` seconds without an
+    announcement it checks the connection with a round trip (a connection that a load
+    balancer or NAT dropped while it was quiet would otherwise wait in silence; TCP
+    keepalives, set by ``listener_for``, are the second line). When the connection breaks it
+    reconnects with backoff (full jitter, ``retry_base`` doubling up to ``retry_cap``
+    seconds; the backoff starts over only after a connection lived ``retry_cap`` seconds, so
+    a server that ends every session soon after it starts is not hammered). Announcements for
+    orgs this process does not dispatch are ignored. Nothing it meets ends the thread before
+    ``stop``: an unexpected error is logged with its traceback and retried like a lost
+    connection.
     """
 
     def __init__(
@@ -151,6 +153,9 @@ def listener_for(engine: Engine, nudges: Nudges, orgs: Iterable[str]) -> OutboxL
         "keepalives_idle": 30,
         "keepalives_interval": 10,
         "keepalives_count": 3,
+        # and a ping unanswered for 30 s fails instead of retransmitting for ~15 minutes
+        # (keepalives are not sent while sent data waits for its ACK)
+        "tcp_user_timeout": 30_000,
     }
     source = notifications_for(engine, _QUERIES["listen_ready"], conn_args)
     return OutboxListener(source, nudges, orgs)
