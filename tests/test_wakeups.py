@@ -201,39 +201,46 @@ def _listeners(engine: Engine) -> int:
         )
 
 
-class _WatchedEvent(threading.Event):
-    """A dispatcher's nudge event that tells when its dispatcher waits for a nudge alone: a
-    wait longer than 5 s is one for the next turn of an 18.75 s cycle."""
+class _Watch:
+    """Tells when the dispatcher of a nudge event waits for a nudge alone: a wait longer than
+    5 s is one for the next turn of an 18.75 s cycle."""
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, event: threading.Event) -> None:
+        self.event = event
         self.waiting_long = False
+        self._wait = event.wait
+        setattr(event, "wait", self.wait)  # noqa: B010 (the dispatcher calls event.wait)
 
     def wait(self, timeout: float | None = None) -> bool:
         long = timeout is None or timeout > 5.0
         self.waiting_long = long
         try:
-            return super().wait(timeout)
+            return self._wait(timeout)
         finally:
             if long:
                 self.waiting_long = False
 
 
-class _WatchedNudges(Nudges):
-    def __init__(self) -> None:
+class _ObservedNudges(Nudges):
+    """Counts nudges per org and watches each dispatcher's event; the first ``fail`` nudges
+    raise (a bug in what they wake)."""
+
+    def __init__(self, fail: int = 0) -> None:
         super().__init__()
-        self.watched: list[_WatchedEvent] = []
-        self.nudged = 0
+        self.counts: dict[str, int] = {}
+        self.watched: list[_Watch] = []
+        self.fail = fail
 
     def listener(self, org: str) -> threading.Event:
-        event = _WatchedEvent()
-        with self._lock:
-            self._events.setdefault(org, []).append(event)
-        self.watched.append(event)
+        event = super().listener(org)
+        self.watched.append(_Watch(event))
         return event
 
     def nudge(self, org: str) -> None:
-        self.nudged += 1
+        if self.fail > 0:
+            self.fail -= 1
+            raise RuntimeError("a nudge that fails")
+        self.counts[org] = self.counts.get(org, 0) + 1
         super().nudge(org)
 
 
@@ -253,10 +260,10 @@ def test_the_dispatch_service_wires_its_listener_to_its_dispatchers(
     apply_teams(engine, cfg)
     hs = two_orgs.hs
     ids = [hs.add_record("contacts", properties={"country": "Canada"}) for _ in range(3)]
-    made: list[_WatchedNudges] = []
+    made: list[_ObservedNudges] = []
 
-    def nudges() -> _WatchedNudges:
-        made.append(_WatchedNudges())
+    def nudges() -> _ObservedNudges:
+        made.append(_ObservedNudges())
         return made[-1]
 
     monkeypatch.setattr(service_module, "Nudges", nudges)
@@ -271,10 +278,10 @@ def test_the_dispatch_service_wires_its_listener_to_its_dispatchers(
     def settled() -> bool:
         # the listener's catch-up nudge is out, and the dispatcher is past the rounds it may
         # start (its first turn, that nudge) and waits for its next turn or a nudge
-        if not made or made[0].nudged < 1 or len(made[0].watched) != 1:
+        if not made or made[0].counts.get(cfg.org, 0) < 1 or len(made[0].watched) != 1:
             return False
-        event = made[0].watched[0]
-        return event.waiting_long and not event.is_set()
+        watch = made[0].watched[0]
+        return watch.waiting_long and not watch.event.is_set()
 
     wait_until(settled, DEADLINE, "the dispatcher to wait for its next turn")
     Router(engine, cfg).assign_many([Lead(i, {"country": "Canada"}) for i in ids], "import")
@@ -289,30 +296,14 @@ def test_the_dispatch_service_wires_its_listener_to_its_dispatchers(
     assert not service.is_alive()
 
 
-class _CountingNudges(Nudges):
-    """Counts nudges per org; the first ``fail`` of them raise (a bug in what they wake)."""
-
-    def __init__(self, fail: int = 0) -> None:
-        super().__init__()
-        self.counts: dict[str, int] = {}
-        self.fail = fail
-
-    def nudge(self, org: str) -> None:
-        if self.fail > 0:
-            self.fail -= 1
-            raise RuntimeError("a nudge that fails")
-        self.counts[org] = self.counts.get(org, 0) + 1
-        super().nudge(org)
-
-
 def test_pinging_a_quiet_connection_loses_no_announcement(
     engine: Engine, stop: threading.Event
 ) -> None:
     """With a ping after every quiet receive, announcements that arrive during a ping are
     kept for the next receive: each of 40 reaches the org (plus the catch-up nudge)."""
-    nudges = _CountingNudges()
-    source = listener_for(engine, nudges, ["a"]).notifications
-    listener = OutboxListener(source, nudges, ["a"], receive_timeout=0.001, ping_after=0.0)
+    nudges = _ObservedNudges()
+    listener = listener_for(engine, nudges, ["a"])
+    listener.receive_timeout, listener.ping_after = 0.001, 0.0
     listener.start(stop)
     assert listener.listening.wait(DEADLINE)
     for _ in range(40):
@@ -326,11 +317,10 @@ def test_pinging_a_quiet_connection_loses_no_announcement(
 def test_an_unexpected_error_is_logged_and_the_listener_starts_again(
     engine: Engine, stop: threading.Event, caplog: pytest.LogCaptureFixture
 ) -> None:
-    nudges = _CountingNudges(fail=1)  # the catch-up nudge of the first connection raises
+    nudges = _ObservedNudges(fail=1)  # the catch-up nudge of the first connection raises
     with caplog.at_level(logging.INFO, logger="connector.writeback.wakeups"):
-        listener = OutboxListener(
-            listener_for(engine, nudges, ["a"]).notifications, nudges, ["a"], retry_base=0.01
-        )
+        listener = listener_for(engine, nudges, ["a"])
+        listener.retry_base = 0.01
         listener.start(stop)
         wait_until(lambda: listener.connects == 2, DEADLINE, "the listener to start again")
         assert listener.listening.wait(DEADLINE)

@@ -372,9 +372,7 @@ class Notifications:
         self._conn = conn
 
     def receive(self, timeout: float) -> list[str]:
-        conn = self._conn
-        if conn is None:
-            raise DatabaseUnavailable("database unavailable: not listening (open first)")
+        conn = self._listening()
         try:
             return [n.payload for n in conn.notifies(timeout=timeout, stop_after=1)]
         except psycopg.Error as exc:
@@ -385,14 +383,17 @@ class Notifications:
         """One round trip on the listening connection, so that a connection a network device
         dropped while it was quiet is found out (notifications that come meanwhile are kept
         for the next ``receive``)."""
-        conn = self._conn
-        if conn is None:
-            raise DatabaseUnavailable("database unavailable: not listening (open first)")
+        conn = self._listening()
         try:
             conn.execute("SELECT 1")
         except psycopg.Error as exc:
             self.close()
             raise translate(exc, connection_lost=True) from exc
+
+    def _listening(self) -> psycopg.Connection[tuple[Any, ...]]:
+        if self._conn is None:
+            raise DatabaseUnavailable("database unavailable: not listening (open first)")
+        return self._conn
 
     def backend_pid(self) -> int | None:
         """The server process of the listening connection (None when not listening)."""

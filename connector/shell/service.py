@@ -206,6 +206,15 @@ def start_dispatchers(
     return threads
 
 
+def wake_dispatchers_of(app: Starlette, engine: Engine, nudges: Nudges | None) -> None:
+    """After each round of the app's inbox worker, wake the org's dispatchers: this
+    process's own through ``nudges``, or (None: it has none) those of `connector dispatch`
+    processes, announced through the database (connector/writeback/wakeups.py)."""
+    worker = app.state.inbox_worker
+    if worker is not None:
+        worker.on_routed = nudges.nudge if nudges is not None else partial(announce, engine)
+
+
 def run_dispatch_service(
     engine: Engine,
     configs: Mapping[str, OrgConfig],
@@ -349,9 +358,8 @@ def run_service(
     # `connector dispatch` processes, through the database (connector/writeback/wakeups.py).
     dispatch = dispatch and dispatchers_per_org > 0
     nudges = Nudges() if dispatch and app is not None else None
-    worker = app.state.inbox_worker if app is not None else None
-    if worker is not None:
-        worker.on_routed = nudges.nudge if nudges is not None else partial(announce, engine)
+    if app is not None:
+        wake_dispatchers_of(app, engine, nudges)
     threads = (
         start_dispatchers(
             engine,
@@ -425,6 +433,5 @@ def app_from_env() -> Starlette:
         public_base_url=os.environ.get("CONNECTOR_PUBLIC_BASE_URL") or None,
         trusted_proxies=trusted_proxies_from_env(),
     )
-    if app.state.inbox_worker is not None:  # no dispatchers here: wake `connector dispatch`
-        app.state.inbox_worker.on_routed = partial(announce, engine)
+    wake_dispatchers_of(app, engine, None)  # no dispatchers here: `connector dispatch`'s
     return app
