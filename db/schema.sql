@@ -27,7 +27,8 @@ INSERT INTO schema_migrations (version, name) VALUES
     (17, 'inbox_claim_floor'),
     (18, 'claim_paths'),
     (19, 'route_lead_plain'),
-    (20, 'route_plain');
+    (20, 'route_plain'),
+    (21, 'route_plain_one_pass');
 
 -- 0001_routing.sql
 -- Routing state: teams, members, leads, assignments and the write-back outbox.
@@ -908,6 +909,10 @@ CREATE INDEX outbox_org_state_id ON outbox (org, state, id) WHERE state <> 'clai
 -- team not in the database). The caller then calls route_lead, whose statements take fresh
 -- snapshots: in the same transaction, or in autocommit as a statement of its own.
 -- Otherwise status 'assigned' and the columns route_lead returns.
+-- 0021_route_plain_one_pass.sql
+-- route_plain as it now reads: one pass over the team's seats gives the rotation's totals
+-- and the decision's arrays, and the pick is one ordered read of the active seats
+-- (rotation_pick_plain's ordering, which route_lead still uses).
 CREATE FUNCTION route_plain(
     p_org text, p_crm_object text, p_source text, p_crm_id text, p_fields jsonb,
     p_parent_id text, p_team text, p_rule_index integer, p_rule_name text,
@@ -951,33 +956,29 @@ BEGIN
             FROM locked JOIN members m ON m.team_id = locked.id
             WHERE m.in_config
             FOR SHARE OF m
-        ), pick AS (
-            -- rotation_pick_plain (migration 0019) over the active seats
-            SELECT p.member_id, p.cand_ids, p.cand_skips, p.cand_weights, p.cand_turns
-            FROM (
-                SELECT coalesce(array_agg(s.id) FILTER (WHERE s.active), '{}') AS ids,
-                       coalesce(array_agg(s.weight) FILTER (WHERE s.active), '{}') AS weights,
-                       coalesce(array_agg(s.turns) FILTER (WHERE s.active), '{}') AS turns,
-                       coalesce(array_agg(s.position) FILTER (WHERE s.active), '{}') AS positions
-                FROM seat s
-            ) a
-            CROSS JOIN LATERAL rotation_pick_plain(a.ids, a.weights, a.turns, a.positions) p
-        ), chosen AS (
-            SELECT s.id, s.crm_user_id, s.name FROM seat s JOIN pick ON s.id = pick.member_id
         ), seats AS (
-            -- as route_lead records them: the rotation's seats in its order, then the inactive
-            -- members by position
-            SELECT pick.cand_ids || coalesce(i.ids, '{}') AS ids,
-                   pick.cand_skips || coalesce(i.skips, '{}') AS skips,
-                   pick.cand_weights || coalesce(i.weights, '{}') AS weights,
-                   pick.cand_turns || coalesce(i.turns, '{}') AS turns
-            FROM pick, (
-                SELECT array_agg(s.id ORDER BY s.position) AS ids,
-                       array_agg(CAST('inactive' AS text) ORDER BY s.position) AS skips,
-                       array_agg(s.weight ORDER BY s.position) AS weights,
-                       array_agg(s.turns ORDER BY s.position) AS turns
-                FROM seat s WHERE NOT s.active
-            ) i
+            -- the rotation's totals over the active seats, and every member as the decision
+            -- records it: the active seats in rotation order, then the inactive ones
+            SELECT CAST(sum(s.weight) FILTER (WHERE s.active) AS bigint) AS w,
+                   CAST(sum(s.turns) FILTER (WHERE s.active) AS bigint) AS slot,
+                   array_agg(s.id ORDER BY NOT s.active, CASE WHEN s.active THEN -s.weight END,
+                                           s.position, s.id) AS ids,
+                   array_agg(CASE WHEN NOT s.active THEN 'inactive' END
+                             ORDER BY NOT s.active, CASE WHEN s.active THEN -s.weight END,
+                                      s.position, s.id) AS skips,
+                   array_agg(s.weight ORDER BY NOT s.active, CASE WHEN s.active THEN -s.weight END,
+                                               s.position, s.id) AS weights,
+                   array_agg(s.turns ORDER BY NOT s.active, CASE WHEN s.active THEN -s.weight END,
+                                              s.position, s.id) AS turns
+            FROM seat s
+        ), chosen AS (
+            SELECT s.id, s.crm_user_id, s.name
+            FROM seat s, seats
+            WHERE s.active
+            ORDER BY s.turns * seats.w / s.weight > seats.slot,
+                     ((s.turns + 1) * seats.w + s.weight - 1) / s.weight,
+                     s.weight DESC, s.position, s.id
+            LIMIT 1
         ), bump AS (
             UPDATE members mb SET assigned_in_epoch = mb.assigned_in_epoch + 1
             FROM chosen WHERE mb.id = chosen.id
@@ -1019,13 +1020,14 @@ BEGIN
             FROM lead, locked, chosen, seats
             RETURNING lead_id
         )
-        SELECT (SELECT lead.id FROM lead) AS lead_id,
-               (SELECT locked.version FROM locked)
-                   IS NOT DISTINCT FROM (SELECT snap.version FROM snap) AS same_team,
+        SELECT lead.id AS lead_id,
+               locked.version IS NOT DISTINCT FROM snap.version AS same_team,
                (SELECT count(*) FROM decided) AS decided,
-               (SELECT chosen.crm_user_id FROM chosen) AS owner_id,
-               (SELECT chosen.name FROM chosen) AS owner_name,
-               (SELECT seats.ids FROM seats) AS ids, (SELECT seats.skips FROM seats) AS skips
+               chosen.crm_user_id AS owner_id, chosen.name AS owner_name,
+               seats.ids, seats.skips
+        FROM (SELECT) AS one
+        LEFT JOIN snap ON true LEFT JOIN lead ON true LEFT JOIN locked ON true
+        LEFT JOIN chosen ON true LEFT JOIN seats ON true
         INTO r;
         v_lead := r.lead_id;
         IF v_lead IS NOT NULL AND NOT (r.same_team AND r.decided = 1) THEN

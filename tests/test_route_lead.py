@@ -186,6 +186,82 @@ def test_rotation_pick_plain_matches_rotation_pick(conn: Connection, s: dict[str
     assert plain[0] == python_pick(s)[0]
 
 
+def plain_team(n: int) -> OrgConfig:
+    """One plain team of ``n`` reps (no caps, no catch-up, no hours) that takes every lead."""
+    members = "".join(
+        f'      - {{crm_user_id: "005P{i:02d}", name: Rep{i:02d}}}\n' for i in range(n)
+    )
+    return parse_config(
+        HEADER
+        + f"teams:\n  - name: p\n    members:\n{members}rules:\n  - {{name: all, team: p}}\n",
+        "p.yaml",
+        ENV,
+    )
+
+
+@st.composite
+def plain_seats(draw: st.DrawFn) -> list[tuple[int, int, int, bool]]:
+    """Eight reps' (weight, turns, position, active): ties, repeated positions, released and
+    unreleased seats and inactive reps in any mix."""
+    seat = st.tuples(st.integers(1, 7), st.integers(0, 60), st.integers(0, 3), st.booleans())
+    return draw(st.lists(seat, min_size=8, max_size=8))
+
+
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(plain_seats())
+def test_route_plain_picks_and_records_as_rotation_pick_plain(
+    engine: Engine, seats: list[tuple[int, int, int, bool]]
+) -> None:
+    """route_plain (migration 0021) reads the seats in one pass and orders the pick itself;
+    for any team it picks the rep rotation_pick_plain picks over the active seats (None:
+    it hands the lead to route_lead), and records the seats as route_lead does: the
+    rotation's seats in its order, then the inactive reps by position."""
+    cfg = plain_team(8)
+    apply_teams(engine, cfg)
+    params = Router(engine, cfg, clock=WallClock(MONDAY))._single_params(Lead("00Qh1", {}), "api")
+    assert params is not None
+    with engine.connect() as c:
+        c.begin()
+        ids = c.execute(text("SELECT id FROM members ORDER BY crm_user_id")).scalars().all()
+        for member_id, (weight, turns, position, active) in zip(ids, seats, strict=True):
+            c.execute(
+                text(
+                    "UPDATE members SET weight = :w, assigned_in_epoch = :t, position = :p, "
+                    "active = :a WHERE id = :id"
+                ),
+                {"w": weight, "t": turns, "p": position, "a": active, "id": member_id},
+            )
+        active = [(i, s) for i, s in zip(ids, seats, strict=True) if s[3]]
+        state = {
+            "ids": [i for i, _ in active],
+            "weights": [s[0] for _, s in active],
+            "turns": [s[1] for _, s in active],
+            "positions": [s[2] for _, s in active],
+        }
+        want = c.execute(PICK_PLAIN, state).one()
+        row = c.execute(assign_module._SQL["route_plain"], params).one()
+        if want.member_id is None:  # no active rep: route_lead records the lead unassigned
+            assert row.status == "route_lead"
+            return
+        assert row.status == "assigned"
+        owner = c.execute(
+            text("SELECT member_id FROM assignments WHERE lead_id = :l"), {"l": row.lead_id}
+        ).scalar_one()
+        assert owner == want.member_id
+        inactive = sorted(
+            ((s[2], i) for i, s in zip(ids, seats, strict=True) if not s[3]), key=lambda x: x
+        )
+        assert row.cand_ids == list(want.cand_ids) + [i for _, i in inactive]
+        assert row.cand_skips == [None] * len(active) + ["inactive"] * len(inactive)
+        seats_recorded = _decision_of(c, "00Qh1")["seats"]
+        by_id = dict(zip(ids, seats, strict=True))
+        assert seats_recorded["weights"] == [by_id[i][0] for i in row.cand_ids]
+        assert seats_recorded["counts"] == [by_id[i][1] for i in row.cand_ids]
+        c.rollback()
+
+
 def test_rotation_pick_plain_follows_the_weighted_schedule(conn: Connection) -> None:
     """Weights 3, 1, 1 from zero turns: 25 picks in a row give each seat its share of every
     prefix within one turn, and the heavy seat 15 of 25."""
