@@ -6,7 +6,12 @@
 Every configuration runs in a fresh database on the same server in the same run (the
 embedded PostgreSQL, or BENCH_DATABASE_URL), one team of 10 equal-weight reps, workers as
 separate processes released together. The ceiling (``ceiling``, ``ceiling_batch``) is the same
-work as one prepared statement a call (bench/ceiling.sql, see bench/harness.py). Prints a
+work as one prepared statement a call (bench/ceiling.sql, see bench/harness.py); per lead
+there are two, one statement (``ceiling``) and two statements in a server-side function
+(``ceiling_fn``, no row lock on the members), and the project is measured against the
+faster of the two in each row. Each row also prints the CPU a lead cost in the timed part,
+in the workers' processes and in their server processes (read from /proc, so only for a
+server on this machine). Prints a
 table and the ratios project / ceiling, and writes bench/results/assign.json (or
 assign-history-N.json with ``--history N``), with the load average before and after, since
 other work on the machine moves these figures.
@@ -102,12 +107,21 @@ def one(
         "double_owners": report["double_owners"],
         "assigned": report["assigned"] - history,  # this run's leads only
         "history": history,
+        # CPU per lead in the timed part: the workers' processes, and their server processes'
+        # (None when the server's processes cannot be read from this machine)
+        "client_cpu_us": round(result.client_cpu / leads * 1e6, 1),
+        "server_cpu_us": (
+            None if result.server_cpu is None else round(result.server_cpu / leads * 1e6, 1)
+        ),
     }
+    cpu = f"cpu/lead client {row['client_cpu_us']:>6.0f} us"
+    if row["server_cpu_us"] is not None:
+        cpu += f"  server {row['server_cpu_us']:>6.0f} us"
     print(
         f"{mode:<14} workers={workers:<3} batch={batch:<4} leads={leads:<6} "
         f"{row['leads_per_s']:>9,.0f}/s  p50 {row['p50_ms']:>7.2f} ms  "
         f"p99 {row['p99_ms']:>7.2f} ms  spread {row['spread']:>4}  "
-        f"double owners {row['double_owners']}",
+        f"double owners {row['double_owners']}  {cpu}",
         flush=True,
     )
     return row
@@ -157,7 +171,7 @@ def main() -> None:
     load_before = os.getloadavg()
     try:
         for workers in (1, 4, 16):
-            for mode in ("ceiling", "project", "naive"):
+            for mode in ("ceiling", "ceiling_fn", "project", "naive"):
                 rows.append(one(factory, mode, workers, per_lead, history=args.history))
         for workers in (1, 4, 16):
             for mode in ("ceiling_batch", "project_batch"):
@@ -170,8 +184,10 @@ def main() -> None:
 
     ratios = {}
     for workers in (1, 4, 16):
+        # the faster of the two ceilings in this row: one statement, or two in a function
+        best = max(find(m, workers)["leads_per_s"] for m in ("ceiling", "ceiling_fn"))
         ratios[f"per_lead_vs_ceiling_x{workers}"] = round(
-            find("project", workers)["leads_per_s"] / find("ceiling", workers)["leads_per_s"], 3
+            find("project", workers)["leads_per_s"] / best, 3
         )
         ratios[f"batch_vs_ceiling_batch_x{workers}"] = round(
             find("project_batch", workers)["leads_per_s"]

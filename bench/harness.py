@@ -8,6 +8,9 @@ released together by a barrier. Three ways to do the same work are measured side
   work per lead (lead, team lock, pick, assignment, counts, outbox row, a compact decision
   row) as one prepared statement in autocommit, one round trip: what the project is compared
   against;
+* ``ceiling_fn``: the same work as ``ceiling`` in a server-side function of two statements,
+  still one round trip: no row lock on the members, so faster when leads queue for the team
+  lock. The project is measured against the faster of the two;
 * ``naive_caps``: **DELIBERATELY WRONG, kept to prove the cap test can fail.** The project's
   Router, except that each member's leads of the day and week are read before the team lock
   is taken (in their own snapshot), not under it: a cap counted outside the lock.
@@ -23,6 +26,7 @@ from __future__ import annotations
 import datetime
 import json
 import multiprocessing as mp
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +45,7 @@ MODES = (
     "project",
     "project_batch",
     "ceiling",
+    "ceiling_fn",
     "ceiling_batch",
     "naive",
     "naive_caps",
@@ -116,6 +121,13 @@ def prepare_naive(db_url: str, org: str) -> None:
         )
 
 
+def prepare_ceiling_fn(db_url: str) -> None:
+    """The two-statement ceiling's function (bench/ceiling.sql ``one_fn_setup``)."""
+    setup = db.parse_named(CEILING.read_text(encoding="utf-8"))["one_fn_setup"]
+    with psycopg.connect(_libpq_url(db_url), autocommit=True) as conn:
+        conn.execute(setup.encode())
+
+
 def _naive_assign(conn: psycopg.Connection[Any], org: str, crm_id: str) -> None:
     """THE NAIVE ROTATION (wrong on purpose), exactly the seed article's first sample:
     ORDER BY last_assigned_at LIMIT 1 FOR UPDATE, then last_assigned_at = NOW(). A waiter
@@ -183,6 +195,9 @@ class CeilingRouter:
     def assign(self, crm_id: str) -> None:
         self.conn.execute(self.sql["one"], {**self.params, "crm_id": crm_id}, prepare=True)
 
+    def assign_fn(self, crm_id: str) -> None:
+        self.conn.execute(self.sql["one_fn"], {**self.params, "crm_id": crm_id}, prepare=True)
+
     def assign_batch(self, crm_ids: list[str]) -> None:
         self.conn.execute(self.sql["batch"], {**self.params, "crm_ids": crm_ids}, prepare=True)
 
@@ -219,9 +234,44 @@ class NaiveCapsRouter(Router):
         return {r.id: self._stale.get(r.id, (0, 0)) for r in rows}
 
 
+def _backend_cpu(pid: int | None) -> float | None:
+    """CPU seconds (user + system) a server process has used so far, read from /proc: only
+    when the server runs on this machine and its processes are readable, else None."""
+    if pid is None:
+        return None
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text(encoding="ascii")
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuMeter:
+    """The CPU a worker's share costs: its own process (``time.process_time``) and its
+    server process's, between ``start`` (after the barrier) and ``stop``."""
+
+    def __init__(self, backend_pid: int | None) -> None:
+        self.backend_pid = backend_pid
+        self.client = 0.0
+        self.server: float | None = None
+
+    def start(self) -> None:
+        self._client0 = time.process_time()
+        self._server0 = _backend_cpu(self.backend_pid)
+
+    def stop(self) -> None:
+        self.client = time.process_time() - self._client0
+        end = _backend_cpu(self.backend_pid)
+        if self._server0 is not None and end is not None:
+            self.server = end - self._server0
+
+
 def worker(job: Job, barrier: Any, out: Any) -> None:
-    """Run one worker's share; report (latencies in seconds, error text or None)."""
+    """Run one worker's share; report (latencies in seconds, error text or None, client CPU
+    seconds, server CPU seconds or None)."""
     latencies: list[float] = []
+    meter = CpuMeter(None)
     try:
         cfg = parse_config(job.yaml, "bench.yaml", ENV)
         if job.mode in ("project", "project_batch", "naive_caps"):
@@ -230,9 +280,10 @@ def worker(job: Job, barrier: Any, out: Any) -> None:
             clock = (lambda: at) if at is not None else None
             kind = NaiveCapsRouter if job.mode == "naive_caps" else Router
             router = kind(engine, cfg, clock=clock)
-            with engine.connect():
-                pass
+            with engine.connect() as c:  # the pooled connection the share will reuse
+                meter = CpuMeter(c.execute(text("SELECT pg_backend_pid()")).scalar_one())
             barrier.wait()
+            meter.start()
             step = job.batch if job.mode == "project_batch" else 1
             for i in range(0, len(job.ids), step):
                 chunk = job.ids[i : i + step]
@@ -242,29 +293,38 @@ def worker(job: Job, barrier: Any, out: Any) -> None:
                 else:
                     router.assign_many([Lead(x, {}) for x in chunk], "import")
                 latencies.append(time.perf_counter() - t0)
+            meter.stop()
             engine.dispose()
-        elif job.mode in ("ceiling", "ceiling_batch"):
+        elif job.mode in ("ceiling", "ceiling_fn", "ceiling_batch"):
             with psycopg.connect(_libpq_url(job.db_url)) as conn:
                 ceiling = CeilingRouter(conn, cfg.org)
+                meter = CpuMeter(conn.info.backend_pid)
                 barrier.wait()
+                meter.start()
                 step = job.batch if job.mode == "ceiling_batch" else 1
                 for i in range(0, len(job.ids), step):
                     t0 = time.perf_counter()
-                    if step == 1:
+                    if job.mode == "ceiling_fn":
+                        ceiling.assign_fn(job.ids[i])
+                    elif step == 1:
                         ceiling.assign(job.ids[i])
                     else:
                         ceiling.assign_batch(job.ids[i : i + step])
                     latencies.append(time.perf_counter() - t0)
+                meter.stop()
         else:
             with psycopg.connect(_libpq_url(job.db_url)) as conn:
+                meter = CpuMeter(conn.info.backend_pid)
                 barrier.wait()
+                meter.start()
                 for crm_id in job.ids:
                     t0 = time.perf_counter()
                     _naive_assign(conn, cfg.org, crm_id)
                     latencies.append(time.perf_counter() - t0)
-        out.put((latencies, None))
+                meter.stop()
+        out.put((latencies, None, meter.client, meter.server))
     except Exception as exc:  # reported to the parent, which fails loudly
-        out.put((latencies, f"{type(exc).__name__}: {exc}"))
+        out.put((latencies, f"{type(exc).__name__}: {exc}", meter.client, meter.server))
 
 
 @dataclass(frozen=True)
@@ -275,6 +335,10 @@ class RunResult:
     seconds: float
     latencies: list[float]
     errors: list[str]
+    # CPU seconds all workers' processes used in the timed part, and their server
+    # processes' (None when the server's processes cannot be read from this machine)
+    client_cpu: float = 0.0
+    server_cpu: float | None = None
 
     @property
     def leads_per_s(self) -> float:
@@ -308,6 +372,8 @@ def run(
     """Split ``ids`` over ``workers`` processes and run them at once."""
     if mode == "naive":
         prepare_naive(db_url, parse_config(yaml_text, "bench.yaml", ENV).org)
+    if mode == "ceiling_fn":
+        prepare_ceiling_fn(db_url)
     ctx = worker_context()
     barrier = ctx.Barrier(workers + 1)
     out = ctx.Queue()
@@ -326,7 +392,17 @@ def run(
         p.join(timeout=60)
     lat = [x for r in results for x in r[0]]
     errs = [r[1] for r in results if r[1]]
-    return RunResult(mode, workers, len(ids), seconds, lat, errs)
+    server = [r[3] for r in results]
+    return RunResult(
+        mode,
+        workers,
+        len(ids),
+        seconds,
+        lat,
+        errs,
+        client_cpu=sum(r[2] for r in results),
+        server_cpu=None if None in server else sum(x for x in server if x is not None),
+    )
 
 
 def fairness(engine: Engine, org: str) -> dict[str, Any]:

@@ -910,8 +910,10 @@ CREATE INDEX outbox_org_state_id ON outbox (org, state, id) WHERE state <> 'clai
 -- snapshots: in the same transaction, or in autocommit as a statement of its own.
 -- Otherwise status 'assigned' and the columns route_lead returns.
 -- 0021_route_plain_one_pass.sql
--- route_plain as it now reads: one pass over the team's seats gives the rotation's totals
--- and the decision's arrays, and the pick is one ordered read of the active seats
+-- route_plain as it now reads: two statements in the one call, the second with a fresh
+-- snapshot taken under the team's lock (no row lock on the members, no team version to
+-- compare, no exception block); one pass over the seats gives the rotation's totals and
+-- the decision's arrays, and the pick is one ordered read of the active seats
 -- (rotation_pick_plain's ordering, which route_lead still uses).
 CREATE FUNCTION route_plain(
     p_org text, p_crm_object text, p_source text, p_crm_id text, p_fields jsonb,
@@ -926,128 +928,133 @@ LANGUAGE plpgsql VOLATILE
 AS $$
 #variable_conflict use_column
 DECLARE
+    l record;
     r record;
-    v_lead bigint;
 BEGIN
-    BEGIN
-        WITH snap AS (
-            SELECT t.id, t.xmin AS version FROM teams t
-            WHERE t.org = p_org AND t.name = p_team AND t.in_config
-              -- no rep of the team away by command at p_now (read from the org's time off,
-              -- which is usually empty, not from the team's members)
-              AND NOT EXISTS (
-                  SELECT FROM rep_time_off o
-                  WHERE o.org = p_org AND o.starts_at <= p_now AND p_now < o.until
-                    AND EXISTS (SELECT FROM members mb
-                                WHERE mb.team_id = t.id AND mb.crm_user_id = o.crm_user_id
-                                  AND mb.in_config))
-        ), lead AS (
-            INSERT INTO leads (org, crm_object, crm_id, fields, parent_id, source)
-            SELECT p_org, p_crm_object, p_crm_id, p_fields, p_parent_id, p_source FROM snap
-            ON CONFLICT (org, crm_object, crm_id) WHERE merged_into IS NULL DO NOTHING
-            RETURNING id, received_at
-        ), locked AS (
-            SELECT t.id, t.epoch, t.xmin AS version FROM teams t
-            WHERE t.id = (SELECT snap.id FROM snap) AND t.in_config AND EXISTS (SELECT FROM lead)
-            FOR UPDATE
-        ), seat AS (
-            SELECT m.id, m.weight, m.assigned_in_epoch + m.credited_in_epoch AS turns, m.position,
-                   m.active, m.crm_user_id, m.name
-            FROM locked JOIN members m ON m.team_id = locked.id
-            WHERE m.in_config
-            FOR SHARE OF m
-        ), seats AS (
-            -- the rotation's totals over the active seats, and every member as the decision
-            -- records it: the active seats in rotation order, then the inactive ones
-            SELECT CAST(sum(s.weight) FILTER (WHERE s.active) AS bigint) AS w,
-                   CAST(sum(s.turns) FILTER (WHERE s.active) AS bigint) AS slot,
-                   array_agg(s.id ORDER BY NOT s.active, CASE WHEN s.active THEN -s.weight END,
-                                           s.position, s.id) AS ids,
-                   array_agg(CASE WHEN NOT s.active THEN 'inactive' END
-                             ORDER BY NOT s.active, CASE WHEN s.active THEN -s.weight END,
-                                      s.position, s.id) AS skips,
-                   array_agg(s.weight ORDER BY NOT s.active, CASE WHEN s.active THEN -s.weight END,
-                                               s.position, s.id) AS weights,
-                   array_agg(s.turns ORDER BY NOT s.active, CASE WHEN s.active THEN -s.weight END,
-                                              s.position, s.id) AS turns
-            FROM seat s
-        ), chosen AS (
-            SELECT s.id, s.crm_user_id, s.name
-            FROM seat s, seats
-            WHERE s.active
-            ORDER BY s.turns * seats.w / s.weight > seats.slot,
-                     ((s.turns + 1) * seats.w + s.weight - 1) / s.weight,
-                     s.weight DESC, s.position, s.id
-            LIMIT 1
-        ), bump AS (
-            UPDATE members mb SET assigned_in_epoch = mb.assigned_in_epoch + 1
-            FROM chosen WHERE mb.id = chosen.id
-            RETURNING mb.id
-        ), load AS (
-            INSERT INTO member_load (member_id, period, starts_on, assigned)
-            SELECT chosen.id, k.period, k.starts_on, 1
-            FROM chosen
-            CROSS JOIN (VALUES ('day', p_day), ('week', p_week)) AS k (period, starts_on)
-            ON CONFLICT (member_id, period, starts_on)
-            DO UPDATE SET assigned = member_load.assigned + 1
-            RETURNING member_id
-        ), assigned AS (
-            INSERT INTO assignments (lead_id, org, team_id, member_id, crm_user_id, epoch,
-                                     rule_index, rule_name, source, sla_due_at)
-            SELECT lead.id, p_org, locked.id, chosen.id, chosen.crm_user_id, locked.epoch,
-                   p_rule_index, p_rule_name, p_source,
-                   now() + make_interval(mins => p_sla_minutes)
-            FROM lead, locked, chosen
-            RETURNING id
-        ), queued AS (
-            INSERT INTO outbox (org, lead_id, assignment_id, crm_object, crm_id, owner_id, parent_id,
-                                lead_received_at)
-            SELECT p_org, lead.id, assigned.id, p_crm_object, p_crm_id, chosen.crm_user_id,
-                   p_parent_id, lead.received_at
-            FROM assigned, lead, chosen
-            RETURNING id
-        ), decided AS (
-            INSERT INTO routing_decisions (org, lead_id, kind, detail)
-            SELECT p_org, lead.id, 'route',
-                   p_detail
-                   || jsonb_build_object(
-                          'batch', lead.id, 'team', p_team,
-                          'seats', jsonb_build_object('ids', seats.ids, 'weights', seats.weights,
-                                                      'counts', seats.turns, 'skips', seats.skips),
-                          'epoch', locked.epoch, 'outcome', 'assigned', 'chosen_id', chosen.id)
-                   || CASE WHEN p_sla_minutes IS NULL THEN CAST('{}' AS jsonb)
-                           ELSE jsonb_build_object('sla_minutes', p_sla_minutes) END
-            FROM lead, locked, chosen, seats
-            RETURNING lead_id
-        )
-        SELECT lead.id AS lead_id,
-               locked.version IS NOT DISTINCT FROM snap.version AS same_team,
-               (SELECT count(*) FROM decided) AS decided,
-               chosen.crm_user_id AS owner_id, chosen.name AS owner_name,
-               seats.ids, seats.skips
-        FROM (SELECT) AS one
-        LEFT JOIN snap ON true LEFT JOIN lead ON true LEFT JOIN locked ON true
-        LEFT JOIN chosen ON true LEFT JOIN seats ON true
-        INTO r;
-        v_lead := r.lead_id;
-        IF v_lead IS NOT NULL AND NOT (r.same_team AND r.decided = 1) THEN
-            -- the team changed while the lead waited for its lock, or has no active member
-            RAISE EXCEPTION USING ERRCODE = 'LR001', MESSAGE = 'route_plain: take route_lead';
-        END IF;
-    EXCEPTION WHEN SQLSTATE 'LR001' THEN
-        v_lead := NULL;  -- every write of the statement is undone
-    END;
     team := p_team;
-    IF v_lead IS NULL THEN
-        status := 'route_lead';
-    ELSE
-        status := 'assigned';
-        lead_id := v_lead;
-        owner_id := r.owner_id;
-        owner_name := r.owner_name;
-        cand_ids := r.ids;
-        cand_skips := r.skips;
+    status := 'route_lead';
+    WITH snap AS (
+        SELECT t.id FROM teams t
+        WHERE t.org = p_org AND t.name = p_team AND t.in_config
+          -- no rep of the team away by command at p_now (read from the org's time off,
+          -- which is usually empty, not from the team's members)
+          AND NOT EXISTS (
+              SELECT FROM rep_time_off o
+              WHERE o.org = p_org AND o.starts_at <= p_now AND p_now < o.until
+                AND EXISTS (SELECT FROM members mb
+                            WHERE mb.team_id = t.id AND mb.crm_user_id = o.crm_user_id
+                              AND mb.in_config))
+    ), lead AS (
+        INSERT INTO leads (org, crm_object, crm_id, fields, parent_id, source)
+        SELECT p_org, p_crm_object, p_crm_id, p_fields, p_parent_id, p_source FROM snap
+        ON CONFLICT (org, crm_object, crm_id) WHERE merged_into IS NULL DO NOTHING
+        RETURNING id, received_at
+    ), locked AS (
+        -- in_config is checked again on the row's newest version: a team a config apply
+        -- retired while the lead waited is not locked
+        SELECT t.id, t.epoch FROM teams t
+        WHERE t.id = (SELECT snap.id FROM snap) AND t.in_config AND EXISTS (SELECT FROM lead)
+        FOR UPDATE
+    )
+    SELECT lead.id, lead.received_at, locked.id AS team_id, locked.epoch
+    FROM lead LEFT JOIN locked ON true
+    INTO l;
+    IF l.id IS NULL THEN  -- nothing written
+        RETURN NEXT;
+        RETURN;
     END IF;
+    -- A new statement: a fresh snapshot, taken with the team's lock held.
+    WITH seat AS (
+        SELECT m.id, m.weight, m.assigned_in_epoch + m.credited_in_epoch AS turns, m.position,
+               m.active, m.crm_user_id, m.name
+        FROM members m
+        WHERE m.team_id = l.team_id AND m.in_config
+    ), seats AS (
+        -- the rotation's totals over the active seats, and every member as the decision
+        -- records it: the active seats in rotation order, then the inactive ones
+        SELECT CAST(sum(s.weight) FILTER (WHERE s.active) AS bigint) AS w,
+               CAST(sum(s.turns) FILTER (WHERE s.active) AS bigint) AS slot,
+               array_agg(s.id ORDER BY NOT s.active, CASE WHEN s.active THEN -s.weight END,
+                                       s.position, s.id) AS ids,
+               array_agg(CASE WHEN NOT s.active THEN 'inactive' END
+                         ORDER BY NOT s.active, CASE WHEN s.active THEN -s.weight END,
+                                  s.position, s.id) AS skips,
+               array_agg(s.weight ORDER BY NOT s.active, CASE WHEN s.active THEN -s.weight END,
+                                           s.position, s.id) AS weights,
+               array_agg(s.turns ORDER BY NOT s.active, CASE WHEN s.active THEN -s.weight END,
+                                          s.position, s.id) AS turns
+        FROM seat s
+    ), chosen AS (
+        SELECT s.id, s.crm_user_id, s.name
+        FROM seat s, seats
+        WHERE s.active
+          -- a rep of the team away by command now (stored while the lead waited): route_lead
+          -- decides the lead
+          AND NOT EXISTS (
+              SELECT FROM rep_time_off o JOIN seat mb ON mb.crm_user_id = o.crm_user_id
+              WHERE o.org = p_org AND o.starts_at <= p_now AND p_now < o.until)
+        ORDER BY s.turns * seats.w / s.weight > seats.slot,
+                 ((s.turns + 1) * seats.w + s.weight - 1) / s.weight,
+                 s.weight DESC, s.position, s.id
+        LIMIT 1
+    ), bump AS (
+        UPDATE members mb SET assigned_in_epoch = mb.assigned_in_epoch + 1
+        FROM chosen WHERE mb.id = chosen.id
+        RETURNING mb.id
+    ), load AS (
+        INSERT INTO member_load (member_id, period, starts_on, assigned)
+        SELECT chosen.id, k.period, k.starts_on, 1
+        FROM chosen
+        CROSS JOIN (VALUES ('day', p_day), ('week', p_week)) AS k (period, starts_on)
+        ON CONFLICT (member_id, period, starts_on)
+        DO UPDATE SET assigned = member_load.assigned + 1
+        RETURNING member_id
+    ), assigned AS (
+        INSERT INTO assignments (lead_id, org, team_id, member_id, crm_user_id, epoch,
+                                 rule_index, rule_name, source, sla_due_at)
+        SELECT l.id, p_org, l.team_id, chosen.id, chosen.crm_user_id, l.epoch,
+               p_rule_index, p_rule_name, p_source,
+               now() + make_interval(mins => p_sla_minutes)
+        FROM chosen
+        RETURNING id
+    ), queued AS (
+        INSERT INTO outbox (org, lead_id, assignment_id, crm_object, crm_id, owner_id, parent_id,
+                            lead_received_at)
+        SELECT p_org, l.id, assigned.id, p_crm_object, p_crm_id, chosen.crm_user_id,
+               p_parent_id, l.received_at
+        FROM assigned, chosen
+        RETURNING id
+    ), decided AS (
+        INSERT INTO routing_decisions (org, lead_id, kind, detail)
+        SELECT p_org, l.id, 'route',
+               p_detail
+               || jsonb_build_object(
+                      'batch', l.id, 'team', p_team,
+                      'seats', jsonb_build_object('ids', seats.ids, 'weights', seats.weights,
+                                                  'counts', seats.turns, 'skips', seats.skips),
+                      'epoch', l.epoch, 'outcome', 'assigned', 'chosen_id', chosen.id)
+               || CASE WHEN p_sla_minutes IS NULL THEN CAST('{}' AS jsonb)
+                       ELSE jsonb_build_object('sla_minutes', p_sla_minutes) END
+        FROM chosen, seats
+        RETURNING lead_id
+    )
+    SELECT chosen.crm_user_id AS owner_id, chosen.name AS owner_name, seats.ids, seats.skips,
+           (SELECT count(*) FROM decided) AS decided
+    FROM chosen, seats
+    INTO r;
+    IF r.decided IS DISTINCT FROM 1 THEN
+        -- nothing but the lead was written (the team was retired, a rep of it went away by
+        -- command or it has no active member): take the lead back, route_lead decides it
+        DELETE FROM leads WHERE id = l.id;
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    status := 'assigned';
+    lead_id := l.id;
+    owner_id := r.owner_id;
+    owner_name := r.owner_name;
+    cand_ids := r.ids;
+    cand_skips := r.skips;
     RETURN NEXT;
 END
 $$;

@@ -679,10 +679,11 @@ def _lead_rows(engine: Engine) -> dict[str, int]:
 def test_route_plain_waiter_reads_what_the_lock_holder_committed(
     engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """route_plain's snapshot is taken before it waits for the team lock; it reads the
-    members through row locks (FOR SHARE), which re-read each row at its newest version. The
-    holder's pick (Hal, weight 2 of 4) is committed while the waiter waits: read with the
-    waiter's snapshot Hal would be owed the lead again; read at the newest version, Ida is."""
+    """route_plain's first statement takes its snapshot before it waits for the team lock;
+    it reads the members in a second statement, whose snapshot is taken under the lock
+    (migration 0021). The holder's pick (Hal, weight 2 of 4) is committed while the waiter
+    waits: read with the first snapshot Hal would be owed the lead again; read with the
+    second, Ida is."""
     answered = _spy_plain(monkeypatch)
     cfg = org()
     apply_teams(engine, cfg)
@@ -699,14 +700,15 @@ def test_route_plain_waiter_reads_what_the_lock_holder_committed(
 
 
 @pytest.mark.parametrize("in_transaction", [False, True], ids=["autocommit", "in a transaction"])
-def test_route_plain_hands_a_lead_whose_team_changed_while_it_waited_to_route_lead(
+def test_route_plain_reads_a_team_that_changed_while_it_waited(
     engine: Engine, monkeypatch: pytest.MonkeyPatch, in_transaction: bool
 ) -> None:
-    """A config apply writes the team row and may add members, which the waiting statement's
-    snapshot cannot see. route_plain finds the team row changed, undoes its writes (its lead
-    too) and answers 'route_lead'; route_lead, with a fresh snapshot, decides among every
-    member: the new one (Lee) is a candidate, and the lead is stored once. In the caller's
-    transaction (the inbox's, the poller's) that transaction goes on and commits."""
+    """A config apply may add members while a lead waits for its team's lock, which a
+    snapshot taken before the wait cannot see. route_plain reads the members in a second
+    statement, with a fresh snapshot taken under the lock (migration 0021), so it decides
+    among every member: the new one (Lee) is a candidate, and the lead is stored once. In
+    the caller's transaction (the inbox's, the poller's) that transaction goes on and
+    commits."""
     answered = _spy_plain(monkeypatch)
     cfg = org()
     apply_teams(engine, cfg)
@@ -738,7 +740,7 @@ def test_route_plain_hands_a_lead_whose_team_changed_while_it_waited_to_route_le
         _wait_until_blocked(engine, "%FROM route_plain(%")
         holder.commit()
         waiter.join(timeout=30)
-    assert answered == ([] if in_transaction else ["route_lead"])
+    assert answered == ([] if in_transaction else ["assigned"])
     with engine.connect() as c:
         users = dict(c.execute(text("SELECT id, crm_user_id FROM members")).all())
     # Lee (weight 5 of 9) is owed the first lead of the rotation
@@ -749,6 +751,55 @@ def test_route_plain_hands_a_lead_whose_team_changed_while_it_waited_to_route_le
         "assignments": 1,
         "outbox": 1,
         "routing_decisions": 1,
+    }
+
+
+@pytest.mark.parametrize("in_transaction", [False, True], ids=["autocommit", "in a transaction"])
+def test_route_plain_hands_a_lead_to_route_lead_when_a_rep_went_away_while_it_waited(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch, in_transaction: bool
+) -> None:
+    """Time off stored while the lead waits for its team's lock (here by a writer that does
+    not take the team's lock, as `connector rep away` does): route_plain's second statement
+    sees it, writes nothing, takes its lead row back and answers 'route_lead', which
+    decides the lead with Ida away: Hal again (weight 2), not Ida, who was owed it. The lead
+    is stored once, in autocommit and in the caller's transaction."""
+    answered = _spy_plain(monkeypatch)
+    cfg = org()
+    apply_teams(engine, cfg)
+    r = Router(engine, cfg, clock=WallClock(MONDAY))
+    got: list[Outcome] = []
+
+    def waiter_run() -> None:
+        lead = Lead("00Qpt2", {"Country": "FR"})
+        if in_transaction:
+            with engine.begin() as c:
+                got.extend(r.assign_in(c, [lead], "api"))
+        else:
+            got.append(r.assign(lead, "api"))
+
+    with engine.connect() as holder:
+        holder.begin()
+        first = r.assign_in(holder, [Lead("00Qpt1", {"Country": "FR"})], "api")[0]
+        waiter = threading.Thread(target=waiter_run)
+        waiter.start()
+        _wait_until_blocked(engine, "%FROM route_plain(%")
+        holder.execute(
+            text(
+                "INSERT INTO rep_time_off (org, crm_user_id, starts_at, until) "
+                "VALUES ('acme', '005I', :start, :until)"
+            ),
+            {"start": MONDAY - timedelta(hours=1), "until": MONDAY + timedelta(hours=1)},
+        )
+        holder.commit()
+        waiter.join(timeout=30)
+    assert answered == ([] if in_transaction else ["route_lead"])
+    assert first.owner_id == "005H"
+    assert (got[0].status, got[0].owner_id) == ("assigned", "005H")
+    assert _lead_rows(engine) == {
+        "leads": 2,
+        "assignments": 2,
+        "outbox": 2,
+        "routing_decisions": 2,
     }
 
 
