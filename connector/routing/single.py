@@ -12,12 +12,12 @@ time off at ``now`` (as ``away``/``off_shift``), its caps, catch-up's K, the rul
 the SLA.
 
 A PLAIN team's lead (no caps, no catch-up, nobody blocked by the config at ``now``:
-``plain_call``) takes ``route_plain`` instead: the same work and the same records as ONE
-statement, without route_lead's six executors (migration 0020 says how it reads the rotation
-correctly with the snapshot it took before the lock). It hands the lead to ``route_lead``,
-having left nothing behind, when it must not decide it: a repeat, a rep of the team away by
-`connector rep away`, a team not in the database, a team that changed while the lead waited
-for its lock, or one with no active member. Two round trips then, the same outcome.
+``plain_call``) takes ``route_plain`` instead: the same work and the same records in two
+statements instead of route_lead's six, the second reading the seats with a snapshot taken
+under the team lock (migration 0021). It hands the lead to ``route_lead``, having left
+nothing behind, when it must not decide it: a repeat, a rep of the team away by `connector
+rep away`, a team not in the database or retired while the lead waited for its lock, or one
+with no active member. Two round trips then, the same outcome.
 
 One difference from the general path, by design: ``now`` is read before the call, so before
 the wait for the team lock, while the general path reads it once the locks are held. A lead
