@@ -26,6 +26,7 @@ from typing import Any
 
 import psycopg
 import sqlalchemy
+from psycopg.types.array import ListBinaryDumper
 from sqlalchemy import Engine, event
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL, ExceptionContext
@@ -179,11 +180,23 @@ class BoundaryPool(QueuePool):
 
 
 def create_engine(url: str | URL, **kwargs: Any) -> Engine:
-    """``sqlalchemy.create_engine`` whose failures are the connector's errors."""
+    """``sqlalchemy.create_engine`` whose failures are the connector's errors, and whose
+    connections send list parameters in binary (``_binary_lists``)."""
     kwargs.setdefault("poolclass", BoundaryPool)
     engine = sqlalchemy.create_engine(url, **kwargs)
     event.listen(engine, "handle_error", _on_error)
+    event.listen(engine, "connect", _binary_lists)
     return engine
+
+
+def _binary_lists(dbapi_connection: Any, _record: Any) -> None:
+    """Send Python lists as binary arrays on this connection. psycopg's default for a list
+    is its text form, which it builds element by element with a quoting check per element:
+    a batch of 500 leads sends about a dozen such arrays, 0.3 to 1.3 ms each to build, 4 to
+    16 times what the binary form costs. Every array parameter in db/*.sql is cast to its
+    type (``CAST(:ids AS bigint[])``), so the binary form's element type (int8 for ints,
+    text for str) is never what the statement relies on."""
+    dbapi_connection.adapters.register_dumper(list, ListBinaryDumper)
 
 
 def one_statement(engine: Engine, sql: str, params: Mapping[str, Any]) -> tuple[Any, ...] | None:
