@@ -195,7 +195,7 @@ def main() -> None:
             3,
         )
     print(
-        "ratios (project / one-statement ceiling, same run):",
+        "ratios (project / the faster ceiling in each row, same run):",
         ", ".join(f"{k}={v}" for k, v in ratios.items()),
     )
     RESULTS.mkdir(exist_ok=True)

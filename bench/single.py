@@ -9,7 +9,8 @@ each kind's median and p90 in microseconds and its ratio to the ceiling's median
 bench/results/single.json with the load average before and after.
 
 * ``ceiling``: the one-statement ceiling (bench/ceiling.sql ``one``) on a held connection,
-  exactly as bench.assign's ceiling workers send it.
+  exactly as bench.assign's ceiling workers send it; ``ceiling_fn`` the two-statement one
+  (``one_fn``: the same work in a function, no row lock on the members).
 * ``route_plain call`` / ``route_lead call``: the connector's call of each function on a held
   connection, with the parameters ``Router`` computed once: the server's part, plus the
   driver's.
@@ -32,7 +33,7 @@ from pathlib import Path
 
 import psycopg
 
-from bench.harness import ENV, CeilingRouter, team_yaml
+from bench.harness import ENV, CeilingRouter, prepare_ceiling_fn, team_yaml
 from connector.core.config import parse_config
 from connector.routing import assign
 from connector.routing.teams import apply_teams
@@ -50,6 +51,7 @@ def measure(calls: int) -> dict[str, list[float]]:
         cfg = parse_config(team_yaml(10), "bench.yaml", ENV)
         engine = make_engine(db_url, pool_size=1)
         apply_teams(engine, cfg)
+        prepare_ceiling_fn(db_url)
         plain = assign.Router(engine, cfg)
         general = assign.Router(engine, cfg)
         general.single = {k: dataclasses.replace(v, plain=False) for k, v in plain.single.items()}
@@ -78,6 +80,7 @@ def measure(calls: int) -> dict[str, list[float]]:
 
             kinds: dict[str, Callable[[str], None]] = {
                 "ceiling": ceiling.assign,
+                "ceiling_fn": ceiling.assign_fn,
                 "route_plain call": call(assign._ROUTE_PLAIN),
                 "route_lead call": call(assign._ROUTE_LEAD),
                 "assign (route_plain)": routed(plain),

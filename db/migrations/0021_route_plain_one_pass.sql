@@ -25,8 +25,8 @@
 --   unassigned), the second statement writes nothing and the lead row the first stored is
 --   deleted, in this transaction, under the team's lock: no exception block, so no
 --   subtransaction and no second transaction id on any call.
--- Measured with pgbench (prepared, the server on 127.0.0.1, fsync on), ms a call at 1 / 4 /
--- 16 clients: 0020 0.76 / 3.25 / 16.9, this 0.72 / 2.78 / 12.4.
+-- Measured with pgbench (prepared, the server on 127.0.0.1, fsync on, two alternating runs
+-- each), ms a call at 1 / 4 / 16 clients: 0020 0.81 / 3.40 / 18.4, this 0.70 / 2.69 / 13.2.
 CREATE OR REPLACE FUNCTION route_plain(
     p_org text, p_crm_object text, p_source text, p_crm_id text, p_fields jsonb,
     p_parent_id text, p_team text, p_rule_index integer, p_rule_name text,
