@@ -236,12 +236,17 @@ class NaiveCapsRouter(Router):
 
 def _backend_cpu(pid: int | None) -> float | None:
     """CPU seconds (user + system) a server process has used so far, read from /proc: only
-    when the server runs on this machine and its processes are readable, else None."""
+    when the server runs on this machine and its processes are readable, else None. A
+    server in a container reports pids of its own namespace, which here may name another
+    process: a pid whose command line is not a postgres process's counts as unreadable."""
     if pid is None:
         return None
     try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         stat = Path(f"/proc/{pid}/stat").read_text(encoding="ascii")
     except OSError:
+        return None
+    if not cmdline.startswith(b"postgres"):
         return None
     fields = stat[stat.rindex(")") + 2 :].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

@@ -3,9 +3,9 @@
 -- name: touch_teams
 -- A new version of each team row of the rep as the database has it (locked until the
 -- transaction ends, in name order as routers and config applies lock teams), written before
--- the time off: a lead of such a team waiting for its lock while this commits sees the team
--- changed and is decided by route_lead, which reads the time off with a fresh snapshot
--- (route_plain's snapshot, taken before its wait, could not see it; migration 0020).
+-- the time off: the command waits for the leads already queued for those teams' locks, so
+-- they are decided as they arrived, and every lead after it sees the time off (route_plain
+-- reads it again under the lock, migration 0021, and hands such a lead to route_lead).
 WITH mine AS (
     SELECT t.id FROM teams t
     WHERE t.org = :org AND t.in_config

@@ -118,9 +118,9 @@ RETURNING lead_id
 UPDATE leads SET unassigned_reason = :reason WHERE id = ANY(CAST(:lead_ids AS bigint[]))
 
 -- name: route_plain
--- One new lead of a PLAIN team (connector/routing/single.py plain_call) in ONE statement
--- (migration 0020): route_lead's work and records, or status 'route_lead' with nothing
--- written when route_lead must decide it.
+-- One new lead of a PLAIN team (connector/routing/single.py plain_call) in ONE call of two
+-- statements (migration 0021): route_lead's work and records, or status 'route_lead' with
+-- nothing left written when route_lead must decide it.
 SELECT status, lead_id, team, owner_id, owner_name, reason, cand_ids, cand_skips
 FROM route_plain(
     CAST(:org AS text), CAST(:crm_object AS text), CAST(:source AS text),

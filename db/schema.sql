@@ -914,7 +914,8 @@ CREATE INDEX outbox_org_state_id ON outbox (org, state, id) WHERE state <> 'clai
 -- snapshot taken under the team's lock (no row lock on the members, no team version to
 -- compare, no exception block); one pass over the seats gives the rotation's totals and
 -- the decision's arrays, and the pick is one ordered read of the active seats
--- (rotation_pick_plain's ordering, which route_lead still uses).
+-- (rotation_pick_plain's ordering, which route_lead still uses). A lead it hands on is
+-- deleted under the lock, whose check of leads.merged_into reads leads_merged_into.
 CREATE FUNCTION route_plain(
     p_org text, p_crm_object text, p_source text, p_crm_id text, p_fields jsonb,
     p_parent_id text, p_team text, p_rule_index integer, p_rule_name text,
@@ -936,6 +937,9 @@ BEGIN
     WITH snap AS (
         SELECT t.id FROM teams t
         WHERE t.org = p_org AND t.name = p_team AND t.in_config
+          -- an active member (route_lead records a lead of a team without one unassigned)
+          AND EXISTS (SELECT FROM members am
+                      WHERE am.team_id = t.id AND am.active AND am.in_config)
           -- no rep of the team away by command at p_now (read from the org's time off,
           -- which is usually empty, not from the team's members)
           AND NOT EXISTS (
@@ -1058,3 +1062,6 @@ BEGIN
     RETURN NEXT;
 END
 $$;
+
+-- The check a delete of a lead makes for leads merged into it (see above).
+CREATE INDEX leads_merged_into ON leads (merged_into) WHERE merged_into IS NOT NULL;

@@ -200,10 +200,13 @@ def plain_team(n: int) -> OrgConfig:
 
 
 @st.composite
-def plain_seats(draw: st.DrawFn) -> list[tuple[int, int, int, bool]]:
-    """Eight reps' (weight, turns, position, active): ties, repeated positions, released and
-    unreleased seats and inactive reps in any mix."""
-    seat = st.tuples(st.integers(1, 7), st.integers(0, 60), st.integers(0, 3), st.booleans())
+def plain_seats(draw: st.DrawFn) -> list[tuple[int, int, int, bool, int]]:
+    """Eight reps' (weight, turns, position, active, credited turns): ties, repeated
+    positions, released and unreleased seats, inactive reps and credits an earlier
+    route_lead gave in any mix."""
+    seat = st.tuples(
+        st.integers(1, 7), st.integers(0, 60), st.integers(0, 3), st.booleans(), st.integers(0, 4)
+    )
     return draw(st.lists(seat, min_size=8, max_size=8))
 
 
@@ -212,7 +215,7 @@ def plain_seats(draw: st.DrawFn) -> list[tuple[int, int, int, bool]]:
 )
 @given(plain_seats())
 def test_route_plain_picks_and_records_as_rotation_pick_plain(
-    engine: Engine, seats: list[tuple[int, int, int, bool]]
+    engine: Engine, seats: list[tuple[int, int, int, bool, int]]
 ) -> None:
     """route_plain (migration 0021) reads the seats in one pass and orders the pick itself;
     for any team it picks the rep rotation_pick_plain picks over the active seats (None:
@@ -225,19 +228,26 @@ def test_route_plain_picks_and_records_as_rotation_pick_plain(
     with engine.connect() as c:
         c.begin()
         ids = c.execute(text("SELECT id FROM members ORDER BY crm_user_id")).scalars().all()
-        for member_id, (weight, turns, position, active) in zip(ids, seats, strict=True):
+        for member_id, (weight, turns, position, active, credited) in zip(ids, seats, strict=True):
             c.execute(
                 text(
                     "UPDATE members SET weight = :w, assigned_in_epoch = :t, position = :p, "
-                    "active = :a WHERE id = :id"
+                    "active = :a, credited_in_epoch = :c WHERE id = :id"
                 ),
-                {"w": weight, "t": turns, "p": position, "a": active, "id": member_id},
+                {
+                    "w": weight,
+                    "t": turns,
+                    "p": position,
+                    "a": active,
+                    "c": credited,
+                    "id": member_id,
+                },
             )
         active = [(i, s) for i, s in zip(ids, seats, strict=True) if s[3]]
         state = {
             "ids": [i for i, _ in active],
             "weights": [s[0] for _, s in active],
-            "turns": [s[1] for _, s in active],
+            "turns": [s[1] + s[4] for _, s in active],  # a seat's turns count its credits
             "positions": [s[2] for _, s in active],
         }
         want = c.execute(PICK_PLAIN, state).one()
@@ -258,7 +268,7 @@ def test_route_plain_picks_and_records_as_rotation_pick_plain(
         seats_recorded = _decision_of(c, "00Qh1")["seats"]
         by_id = dict(zip(ids, seats, strict=True))
         assert seats_recorded["weights"] == [by_id[i][0] for i in row.cand_ids]
-        assert seats_recorded["counts"] == [by_id[i][1] for i in row.cand_ids]
+        assert seats_recorded["counts"] == [by_id[i][1] + by_id[i][4] for i in row.cand_ids]
         c.rollback()
 
 
@@ -803,11 +813,52 @@ def test_route_plain_hands_a_lead_to_route_lead_when_a_rep_went_away_while_it_wa
     }
 
 
+@pytest.mark.parametrize("in_transaction", [False, True], ids=["autocommit", "in a transaction"])
+def test_a_lead_whose_team_was_retired_while_it_waited_is_not_stored(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch, in_transaction: bool
+) -> None:
+    """A config apply retires the team (in_config false) while a lead waits for its lock:
+    route_plain's lock finds no team, so its second statement writes nothing and it deletes
+    the lead row it stored; route_lead then finds no team and the Router says so. Nothing
+    of the lead is left, in autocommit and in the caller's transaction."""
+    answered = _spy_plain(monkeypatch)
+    cfg = org()
+    apply_teams(engine, cfg)
+    r = Router(engine, cfg, clock=WallClock(MONDAY))
+    errors: list[BaseException] = []
+
+    def waiter_run() -> None:
+        lead = Lead("00Qpr2", {"Country": "FR"})
+        if in_transaction:
+            with engine.begin() as c:
+                r.assign_in(c, [lead], "api")
+        else:
+            r.assign(lead, "api")
+
+    with engine.connect() as holder:
+        holder.begin()
+        r.assign_in(holder, [Lead("00Qpr1", {"Country": "FR"})], "api")
+        waiter = _in_thread(waiter_run, errors)
+        _wait_until_blocked(engine, "%FROM route_plain(%")
+        holder.execute(text("UPDATE teams SET in_config = false WHERE name = 'p'"))
+        holder.commit()
+        waiter.join(timeout=30)
+    assert answered == ([] if in_transaction else ["route_lead"])
+    assert [type(e) for e in errors] == [RoutingError]
+    assert "not in the database" in str(errors[0])
+    assert _lead_rows(engine) == {
+        "leads": 1,
+        "assignments": 1,
+        "outbox": 1,
+        "routing_decisions": 1,
+    }
+
+
 def test_route_plain_hands_a_team_without_active_members_to_route_lead(
     engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """No active member: route_plain undoes its writes and answers 'route_lead', which
-    records the lead as unassigned with its reason, once."""
+    """No active member: route_plain writes nothing and answers 'route_lead', which records
+    the lead as unassigned with its reason, once."""
     answered = _spy_plain(monkeypatch)
     cfg = org()
     apply_teams(engine, cfg)
@@ -839,7 +890,7 @@ def test_a_deactivation_takes_the_team_lock_before_the_members(engine: Engine) -
     lead in between, each waited for the other (a deadlock, one of them aborted). Now the
     deactivation waits for the team lock first, and both finish. (At 20:00 UTC Lou is off
     shift, so the leads take route_lead, which reads no member row before it updates one:
-    route_plain's share locks on every member would make the old order wait, not deadlock.)"""
+    route_plain, which updates one member row only, would do as well.)"""
     cfg = org()
     apply_teams(engine, cfg)
     r = Router(engine, cfg, clock=WallClock(MONDAY + timedelta(hours=7)))

@@ -193,9 +193,10 @@ def _binary_lists(dbapi_connection: Any, _record: Any) -> None:
     """Send Python lists as binary arrays on this connection. psycopg's default for a list
     is its text form, which it builds element by element with a quoting check per element:
     a batch of 500 leads sends about a dozen such arrays, 0.3 to 1.3 ms each to build, 4 to
-    16 times what the binary form costs. Every array parameter in db/*.sql is cast to its
-    type (``CAST(:ids AS bigint[])``), so the binary form's element type (int8 for ints,
-    text for str) is never what the statement relies on."""
+    16 times what the binary form costs. The binary form names its element type (int2 to
+    numeric for ints, by their size; text for str), where the text form left it to the
+    server, so every array parameter in db/*.sql is cast to its type
+    (``CAST(:ids AS bigint[])``): a new one must be too."""
     dbapi_connection.adapters.register_dumper(list, ListBinaryDumper)
 
 

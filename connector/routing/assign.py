@@ -21,10 +21,10 @@ lock is what serialises a team's rotation across any number of processes; in a b
 held for the read of the members, the pick, one recording statement and the commit, and
 never while a CRM is called. A single new lead of a rotation rule (team without an overflow
 team) is one call of ``route_lead`` (``connector.routing.single``), or for a plain team
-``route_plain``, one statement (a second call, ``route_lead``, when it hands the lead on):
-``assign`` sends it in autocommit, one round trip, so the lock is held for that statement
-plus the commit; ``assign_in`` sends it in the caller's transaction, which holds the lock
-until it commits.
+``route_plain``, one call of two statements (a second call, ``route_lead``, when it hands
+the lead on): ``assign`` sends it in autocommit, one round trip, so the lock is held for the
+rest of that call plus the commit; ``assign_in`` sends it in the caller's transaction, which
+holds the lock until it commits.
 """
 
 from __future__ import annotations
@@ -288,7 +288,7 @@ class Router:
         raise AssertionError("unreachable")
 
     def _call_single(self, params: Mapping[str, Any]) -> tuple[Any, ...] | None:
-        """The single-lead call's row, in autocommit: ``route_plain`` (one statement) for a
+        """The single-lead call's row, in autocommit: ``route_plain`` (one call) for a
         plain call, ``route_lead`` for the others and for what ``route_plain`` hands on."""
         if plain_call(self.single[params["team"]], params):
             row = one_statement(self.engine, _ROUTE_PLAIN, params)

@@ -329,7 +329,7 @@ def deactivate_rep(engine: Engine, cfg: OrgConfig, rep: str, reroute: bool) -> D
             )
         # the teams' locks before their members' rows, in name order as routers and config
         # applies take them: a lead being assigned holds its team's lock and then updates
-        # (route_plain also share-locks) the members, so the other order could deadlock
+        # the members, so the other order could deadlock
         conn.execute(
             _SQL["lock_teams_by_id"],
             {"team_ids": sorted({r.team_id for r in rows if r.crm_user_id == users[0]})},

@@ -55,7 +55,7 @@ class TeamInputs:
     team_per_week: int | None
     max_in_a_row: int | None
     # no caps and no catch-up: a lead that finds nobody blocked by the config at its ``now``
-    # takes the one-statement path (``route_plain``)
+    # takes the plain path (``route_plain``)
     plain: bool
 
 
@@ -103,8 +103,8 @@ def config_blocked(inputs: TeamInputs, now: datetime) -> list[str | None]:
 
 
 def plain_call(inputs: TeamInputs, params: Mapping[str, Any]) -> bool:
-    """Whether a call may take ``route_plain`` (one statement): its team has no caps and no
-    catch-up, and no member is away or off shift by the config at the call's ``now``."""
+    """Whether a call may take ``route_plain`` (two statements, one call): its team has no
+    caps and no catch-up, and no member is away or off shift by the config at ``now``."""
     return inputs.plain and all(b is None for b in params["blocked"])
 
 
