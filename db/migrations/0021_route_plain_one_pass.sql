@@ -31,7 +31,9 @@
 --   scanned the whole index, 3.3 ms a delete at 3 million leads, while the team's lock is
 --   held (leads_merged_into below: 0.03 ms).
 -- Measured with pgbench (prepared, the server on 127.0.0.1, fsync on, two alternating runs
--- each), ms a call at 1 / 4 / 16 clients: 0020 0.81 / 3.40 / 18.4, this 0.70 / 2.69 / 13.2.
+-- each), ms a call at 1 / 4 / 16 clients: 0020 0.81 / 3.40 / 18.4, this 0.70 / 2.69 / 13.2
+-- before the check for an active member was added; with it, later in the same (grown)
+-- database: 0.87 / 3.56 / 19.8 and 0.77 / 2.82 / 13.1.
 CREATE OR REPLACE FUNCTION route_plain(
     p_org text, p_crm_object text, p_source text, p_crm_id text, p_fields jsonb,
     p_parent_id text, p_team text, p_rule_index integer, p_rule_name text,
