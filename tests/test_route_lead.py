@@ -243,12 +243,12 @@ def test_route_plain_picks_and_records_as_rotation_pick_plain(
                     "id": member_id,
                 },
             )
-        active = [(i, s) for i, s in zip(ids, seats, strict=True) if s[3]]
+        on = [(i, s) for i, s in zip(ids, seats, strict=True) if s[3]]
         state = {
-            "ids": [i for i, _ in active],
-            "weights": [s[0] for _, s in active],
-            "turns": [s[1] + s[4] for _, s in active],  # a seat's turns count its credits
-            "positions": [s[2] for _, s in active],
+            "ids": [i for i, _ in on],
+            "weights": [s[0] for _, s in on],
+            "turns": [s[1] + s[4] for _, s in on],  # a seat's turns count its credits
+            "positions": [s[2] for _, s in on],
         }
         want = c.execute(PICK_PLAIN, state).one()
         row = c.execute(assign_module._SQL["route_plain"], params).one()
@@ -264,7 +264,7 @@ def test_route_plain_picks_and_records_as_rotation_pick_plain(
             ((s[2], i) for i, s in zip(ids, seats, strict=True) if not s[3]), key=lambda x: x
         )
         assert row.cand_ids == list(want.cand_ids) + [i for _, i in inactive]
-        assert row.cand_skips == [None] * len(active) + ["inactive"] * len(inactive)
+        assert row.cand_skips == [None] * len(on) + ["inactive"] * len(inactive)
         seats_recorded = _decision_of(c, "00Qh1")["seats"]
         by_id = dict(zip(ids, seats, strict=True))
         assert seats_recorded["weights"] == [by_id[i][0] for i in row.cand_ids]
@@ -400,6 +400,18 @@ def _decision_of(c: Connection, crm_id: str) -> dict[str, Any]:
         {"crm_id": crm_id},
     ).scalar_one()
     return detail
+
+
+def _assign_one(
+    engine: Engine, r: Router, lead: Lead, in_transaction: bool, got: list[Outcome]
+) -> None:
+    """Assign ``lead`` as ``Router.assign`` does (autocommit) or inside a transaction of the
+    caller's (``assign_in``, as the inbox and the poller do); its outcome goes to ``got``."""
+    if in_transaction:
+        with engine.begin() as c:
+            got.extend(r.assign_in(c, [lead], "api"))
+    else:
+        got.append(r.assign(lead, "api"))
 
 
 def _behind_a_holder(
@@ -724,15 +736,6 @@ def test_route_plain_reads_a_team_that_changed_while_it_waited(
     apply_teams(engine, cfg)
     r = Router(engine, cfg, clock=WallClock(MONDAY))
     got: list[Outcome] = []
-
-    def waiter_run() -> None:
-        lead = Lead("00Qpc1", {"Country": "FR"})
-        if in_transaction:
-            with engine.begin() as c:
-                got.extend(r.assign_in(c, [lead], "api"))
-        else:
-            got.append(r.assign(lead, "api"))
-
     with engine.connect() as holder:
         holder.begin()
         team_id = holder.execute(
@@ -745,7 +748,8 @@ def test_route_plain_reads_a_team_that_changed_while_it_waited(
             ),
             {"t": team_id},
         )
-        waiter = threading.Thread(target=waiter_run)
+        lead = Lead("00Qpc1", {"Country": "FR"})
+        waiter = threading.Thread(target=_assign_one, args=(engine, r, lead, in_transaction, got))
         waiter.start()
         _wait_until_blocked(engine, "%FROM route_plain(%")
         holder.commit()
@@ -778,19 +782,11 @@ def test_route_plain_hands_a_lead_to_route_lead_when_a_rep_went_away_while_it_wa
     apply_teams(engine, cfg)
     r = Router(engine, cfg, clock=WallClock(MONDAY))
     got: list[Outcome] = []
-
-    def waiter_run() -> None:
-        lead = Lead("00Qpt2", {"Country": "FR"})
-        if in_transaction:
-            with engine.begin() as c:
-                got.extend(r.assign_in(c, [lead], "api"))
-        else:
-            got.append(r.assign(lead, "api"))
-
     with engine.connect() as holder:
         holder.begin()
         first = r.assign_in(holder, [Lead("00Qpt1", {"Country": "FR"})], "api")[0]
-        waiter = threading.Thread(target=waiter_run)
+        lead = Lead("00Qpt2", {"Country": "FR"})
+        waiter = threading.Thread(target=_assign_one, args=(engine, r, lead, in_transaction, got))
         waiter.start()
         _wait_until_blocked(engine, "%FROM route_plain(%")
         holder.execute(
@@ -826,19 +822,11 @@ def test_a_lead_whose_team_was_retired_while_it_waited_is_not_stored(
     apply_teams(engine, cfg)
     r = Router(engine, cfg, clock=WallClock(MONDAY))
     errors: list[BaseException] = []
-
-    def waiter_run() -> None:
-        lead = Lead("00Qpr2", {"Country": "FR"})
-        if in_transaction:
-            with engine.begin() as c:
-                r.assign_in(c, [lead], "api")
-        else:
-            r.assign(lead, "api")
-
     with engine.connect() as holder:
         holder.begin()
         r.assign_in(holder, [Lead("00Qpr1", {"Country": "FR"})], "api")
-        waiter = _in_thread(waiter_run, errors)
+        lead = Lead("00Qpr2", {"Country": "FR"})
+        waiter = _in_thread(lambda: _assign_one(engine, r, lead, in_transaction, []), errors)
         _wait_until_blocked(engine, "%FROM route_plain(%")
         holder.execute(text("UPDATE teams SET in_config = false WHERE name = 'p'"))
         holder.commit()
