@@ -420,23 +420,27 @@ def _behind_a_holder(
     held: Lead,
     waiting: Lead,
     function: str,
-    meanwhile: Callable[[], None] | None = None,
+    meanwhile: Callable[[Connection], object] | None = None,
+    in_transaction: bool = False,
 ) -> tuple[Outcome, Outcome]:
     """``held`` is assigned in a transaction left open, so it holds its team's lock, while
-    ``waiting`` is assigned by ``Router.assign`` in a thread until its call of ``function``
-    waits for that lock; then ``meanwhile`` runs, the holder commits, and both outcomes are
-    returned."""
+    ``waiting`` is assigned in a thread (``_assign_one``: by ``Router.assign``, or in a
+    transaction of its own) until its call of ``function`` waits for that lock; then
+    ``meanwhile`` runs on the holder's connection, the holder commits, and both outcomes are
+    returned (what the waiter raised is raised here)."""
     got: list[Outcome] = []
+    errors: list[BaseException] = []
     with engine.connect() as holder:
         holder.begin()
         first = r.assign_in(holder, [held], "api")[0]
-        waiter = threading.Thread(target=lambda: got.append(r.assign(waiting, "api")))
-        waiter.start()
+        waiter = _in_thread(lambda: _assign_one(engine, r, waiting, in_transaction, got), errors)
         _wait_until_blocked(engine, f"%FROM {function}(%")
         if meanwhile is not None:
-            meanwhile()
+            meanwhile(holder)
         holder.commit()
         waiter.join(timeout=30)
+    if errors:
+        raise errors[0]
     return first, got[0]
 
 
@@ -781,26 +785,24 @@ def test_route_plain_hands_a_lead_to_route_lead_when_a_rep_went_away_while_it_wa
     cfg = org()
     apply_teams(engine, cfg)
     r = Router(engine, cfg, clock=WallClock(MONDAY))
-    got: list[Outcome] = []
-    with engine.connect() as holder:
-        holder.begin()
-        first = r.assign_in(holder, [Lead("00Qpt1", {"Country": "FR"})], "api")[0]
-        lead = Lead("00Qpt2", {"Country": "FR"})
-        waiter = threading.Thread(target=_assign_one, args=(engine, r, lead, in_transaction, got))
-        waiter.start()
-        _wait_until_blocked(engine, "%FROM route_plain(%")
-        holder.execute(
-            text(
-                "INSERT INTO rep_time_off (org, crm_user_id, starts_at, until) "
-                "VALUES ('acme', '005I', :start, :until)"
-            ),
-            {"start": MONDAY - timedelta(hours=1), "until": MONDAY + timedelta(hours=1)},
-        )
-        holder.commit()
-        waiter.join(timeout=30)
+    time_off = text(
+        "INSERT INTO rep_time_off (org, crm_user_id, starts_at, until) "
+        "VALUES ('acme', '005I', :start, :until)"
+    )
+    first, second = _behind_a_holder(
+        engine,
+        r,
+        Lead("00Qpt1", {"Country": "FR"}),
+        Lead("00Qpt2", {"Country": "FR"}),
+        "route_plain",
+        lambda holder: holder.execute(
+            time_off, {"start": MONDAY - timedelta(hours=1), "until": MONDAY + timedelta(hours=1)}
+        ),
+        in_transaction,
+    )
     assert answered == ([] if in_transaction else ["route_lead"])
     assert first.owner_id == "005H"
-    assert (got[0].status, got[0].owner_id) == ("assigned", "005H")
+    assert (second.status, second.owner_id) == ("assigned", "005H")
     assert _lead_rows(engine) == {
         "leads": 2,
         "assignments": 2,
@@ -821,19 +823,19 @@ def test_a_lead_whose_team_was_retired_while_it_waited_is_not_stored(
     cfg = org()
     apply_teams(engine, cfg)
     r = Router(engine, cfg, clock=WallClock(MONDAY))
-    errors: list[BaseException] = []
-    with engine.connect() as holder:
-        holder.begin()
-        r.assign_in(holder, [Lead("00Qpr1", {"Country": "FR"})], "api")
-        lead = Lead("00Qpr2", {"Country": "FR"})
-        waiter = _in_thread(lambda: _assign_one(engine, r, lead, in_transaction, []), errors)
-        _wait_until_blocked(engine, "%FROM route_plain(%")
-        holder.execute(text("UPDATE teams SET in_config = false WHERE name = 'p'"))
-        holder.commit()
-        waiter.join(timeout=30)
+    with pytest.raises(RoutingError, match="not in the database"):
+        _behind_a_holder(
+            engine,
+            r,
+            Lead("00Qpr1", {"Country": "FR"}),
+            Lead("00Qpr2", {"Country": "FR"}),
+            "route_plain",
+            lambda holder: holder.execute(
+                text("UPDATE teams SET in_config = false WHERE name = 'p'")
+            ),
+            in_transaction,
+        )
     assert answered == ([] if in_transaction else ["route_lead"])
-    assert [type(e) for e in errors] == [RoutingError]
-    assert "not in the database" in str(errors[0])
     assert _lead_rows(engine) == {
         "leads": 1,
         "assignments": 1,
@@ -921,7 +923,7 @@ def test_rep_away_waits_for_the_leads_already_waiting_for_its_team(
 
     setter = threading.Thread(target=away)
 
-    def meanwhile() -> None:
+    def meanwhile(_holder: Connection) -> None:
         setter.start()
         # the time off is not stored while the lead waits for the team lock
         assert not done.wait(1.0)
