@@ -511,11 +511,18 @@ class Router:
             batch.recorder.away_by_command(lead_id, away)
         turns = {r.id: r.turns for r in members}
         weight = {r.id: r.weight for r in members}
+        # The rotation hands every turn of a batch the same candidates unless a rep is blocked
+        # or capped on the way: their ids, weights and skips are listed once per distinct
+        # tuple (by identity), not once per lead; only the counts change pick by pick.
+        listed: dict[int, tuple[list[int], list[int], list[str | None]]] = {}
         for (lead_id, cid, m), turn, seat in placed.rows:
-            ids = [mid for mid, _ in turn.candidates]
-            skips = [why for _, why in turn.candidates]
-            counts = [turns[mid] for mid in ids]
-            seats = (ids, [weight[mid] for mid in ids], counts, skips)
+            same = listed.get(id(turn.candidates))
+            if same is None:
+                ids = [mid for mid, _ in turn.candidates]
+                same = (ids, [weight[mid] for mid in ids], [why for _, why in turn.candidates])
+                listed[id(turn.candidates)] = same
+            ids, weights, skips = same
+            seats = (ids, weights, [turns[mid] for mid in ids], skips)
             batch.recorder.seat_pick(lead_id, team_name, team.epoch, seats)
             batch.recorder.picked(lead_id, team_name, seat.id, m.rule_index)
             turns[seat.id] += 1
