@@ -20,7 +20,8 @@ FROM skipped_records
 WHERE org = :org AND crm_object = :crm_object AND crm_id = :crm_id
 
 -- name: decisions
-SELECT id, kind, detail, made_at FROM routing_decisions WHERE lead_id = :lead_id ORDER BY id
+-- decision_details: routing_decisions with the pick's columns (migration 0022) folded into detail
+SELECT id, kind, detail, made_at FROM decision_details WHERE lead_id = :lead_id ORDER BY id
 
 -- name: current
 SELECT a.id, a.crm_user_id, m.name, t.name AS team, a.reason, a.note, a.assigned_at,

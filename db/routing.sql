@@ -120,14 +120,15 @@ UPDATE leads SET unassigned_reason = :reason WHERE id = ANY(CAST(:lead_ids AS bi
 -- name: route_plain
 -- One new lead of a PLAIN team (connector/routing/single.py plain_call) in ONE call of two
 -- statements (migration 0021): route_lead's work and records, or status 'route_lead' with
--- nothing left written when route_lead must decide it.
+-- nothing left written when route_lead must decide it. Its decision is :plain_detail (the
+-- caller's part, whole) plus the pick's part, which it writes in columns (migration 0022).
 SELECT status, lead_id, team, owner_id, owner_name, reason, cand_ids, cand_skips
 FROM route_plain(
     CAST(:org AS text), CAST(:crm_object AS text), CAST(:source AS text),
     CAST(:crm_id AS text), CAST(:fields AS jsonb), CAST(:parent_id AS text),
     CAST(:team AS text), CAST(:rule_index AS integer), CAST(:rule_name AS text),
     CAST(:now AS timestamptz), CAST(:day AS date), CAST(:week AS date),
-    CAST(:detail AS jsonb), CAST(:sla_minutes AS integer))
+    CAST(:plain_detail AS jsonb), CAST(:sla_minutes AS integer))
 
 -- name: route_lead
 -- One new lead of a rotation rule, decided and recorded in ONE call (migration 0014): the team

@@ -28,7 +28,8 @@ INSERT INTO schema_migrations (version, name) VALUES
     (18, 'claim_paths'),
     (19, 'route_lead_plain'),
     (20, 'route_plain'),
-    (21, 'route_plain_one_pass');
+    (21, 'route_plain_one_pass'),
+    (22, 'decision_columns');
 
 -- 0001_routing.sql
 -- Routing state: teams, members, leads, assignments and the write-back outbox.
@@ -375,10 +376,31 @@ CREATE TABLE routing_decisions (
     lead_id bigint NOT NULL REFERENCES leads (id),
     kind    text NOT NULL CHECK (kind IN ('route', 'reassign', 'sla')),
     detail  jsonb NOT NULL,
-    made_at timestamptz NOT NULL DEFAULT now()
+    made_at timestamptz NOT NULL DEFAULT now(),
+    -- 0022: what the pick decided, as route_plain writes it (NULL from every other writer,
+    -- which keeps it in detail): read routing decisions through decision_details
+    batch        bigint,
+    epoch        integer,
+    chosen_id    bigint,
+    seat_ids     bigint[],
+    seat_weights integer[],
+    seat_counts  bigint[],
+    seat_skips   text[]
 );
 CREATE INDEX routing_decisions_lead ON routing_decisions (lead_id, id);
 CREATE INDEX routing_decisions_made ON routing_decisions (made_at);
+
+-- 0022: routing_decisions as readers see them, one detail whoever wrote the row.
+CREATE VIEW decision_details AS
+SELECT d.id, d.org, d.lead_id, d.kind, d.made_at,
+       CASE WHEN d.seat_ids IS NULL THEN d.detail
+            ELSE d.detail || jsonb_build_object(
+                     'batch', d.batch, 'epoch', d.epoch, 'chosen_id', d.chosen_id,
+                     'seats', jsonb_build_object('ids', d.seat_ids, 'weights', d.seat_weights,
+                                                 'counts', d.seat_counts,
+                                                 'skips', d.seat_skips))
+       END AS detail
+FROM routing_decisions d;
 
 -- Owners the CRM may show because of our own earlier writes of this lead (the owner we last
 -- wrote, and writes that were in flight when a reassignment replaced them). The dispatcher
@@ -909,13 +931,15 @@ CREATE INDEX outbox_org_state_id ON outbox (org, state, id) WHERE state <> 'clai
 -- team not in the database). The caller then calls route_lead, whose statements take fresh
 -- snapshots: in the same transaction, or in autocommit as a statement of its own.
 -- Otherwise status 'assigned' and the columns route_lead returns.
--- 0021_route_plain_one_pass.sql
+-- 0021_route_plain_one_pass.sql, 0022_decision_columns.sql
 -- route_plain as it now reads: two statements in the one call, the second with a fresh
 -- snapshot taken under the team's lock (no row lock on the members, no team version to
 -- compare, no exception block); one pass over the seats gives the rotation's totals and
 -- the decision's arrays, and the pick is one ordered read of the active seats
 -- (rotation_pick_plain's ordering, which route_lead still uses). A lead it hands on is
--- deleted under the lock, whose check of leads.merged_into reads leads_merged_into.
+-- deleted under the lock, whose check of leads.merged_into reads leads_merged_into. Its
+-- decision is the caller's p_detail plus the pick's part in columns of routing_decisions
+-- (0022: no JSON built under the team's lock; read them through decision_details).
 CREATE FUNCTION route_plain(
     p_org text, p_crm_object text, p_source text, p_crm_id text, p_fields jsonb,
     p_parent_id text, p_team text, p_rule_index integer, p_rule_name text,
@@ -1029,16 +1053,14 @@ BEGIN
         FROM assigned, chosen
         RETURNING id
     ), decided AS (
-        INSERT INTO routing_decisions (org, lead_id, kind, detail)
-        SELECT p_org, l.id, 'route',
-               p_detail
-               || jsonb_build_object(
-                      'batch', l.id, 'team', p_team,
-                      'seats', jsonb_build_object('ids', seats.ids, 'weights', seats.weights,
-                                                  'counts', seats.turns, 'skips', seats.skips),
-                      'epoch', l.epoch, 'outcome', 'assigned', 'chosen_id', chosen.id)
-               || CASE WHEN p_sla_minutes IS NULL THEN CAST('{}' AS jsonb)
-                       ELSE jsonb_build_object('sla_minutes', p_sla_minutes) END
+        -- the decision as the caller wrote it (p_detail: the rules, the values, the instant,
+        -- the team, the outcome and the SLA), and what the pick adds in columns of their
+        -- own: no JSON is built while the team's lock is held (decision_details shows the
+        -- row as one detail)
+        INSERT INTO routing_decisions (org, lead_id, kind, detail, batch, epoch, chosen_id,
+                                       seat_ids, seat_weights, seat_counts, seat_skips)
+        SELECT p_org, l.id, 'route', p_detail, l.id, l.epoch, chosen.id,
+               seats.ids, seats.weights, seats.turns, seats.skips
         FROM chosen, seats
         RETURNING lead_id
     )

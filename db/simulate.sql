@@ -5,7 +5,7 @@
 -- a lead reassigned since (reassign, rep deactivation, SLA) is given its first owner, the one
 -- its assignment row had before the first reassignment (the row keeps its id, so its place in
 -- the team's lock order). Merged copies (a second id form of one record) are left out: their
--- winner stands for them. From the lead's routing decision (routing_decisions, kind 'route'):
+-- winner stands for them. From the lead's routing decision (decision_details, kind 'route'):
 -- the instant availability was judged at and the batch (recorded since the replay uses them;
 -- NULL for older decisions), the team that decided, the teams it overflowed from, whether its
 -- account's owner got it, and the reps away by `connector rep away` then (older decisions,
@@ -35,7 +35,7 @@ LEFT JOIN LATERAL (
                          r.detail,
                          '$.overflow_from[*].candidates[*] ? (@.skip == "away").crm_user_id')
            END AS away
-    FROM routing_decisions r
+    FROM decision_details r
     WHERE r.lead_id = l.id AND r.kind = 'route'
     ORDER BY r.id LIMIT 1
 ) d ON true
@@ -47,7 +47,7 @@ ORDER BY l.received_at, l.id
 -- name: first_decisions
 -- The routing decisions of the given leads (each team's first decision of the window): the
 -- candidates' counts in them are the rotation's turns (leads + credited turns) at that pick.
-SELECT lead_id, detail FROM routing_decisions
+SELECT lead_id, detail FROM decision_details
 WHERE lead_id = ANY(CAST(:lead_ids AS bigint[])) AND kind = 'route'
 ORDER BY id
 
@@ -67,7 +67,7 @@ FROM (
            COALESCE(d.detail -> 'chosen' ->> 'crm_user_id', m.crm_user_id) AS crm_user_id,
            COALESCE((d.detail ->> 'at')::timestamptz, l.received_at) AS at
     FROM leads l
-    JOIN routing_decisions d ON d.lead_id = l.id AND d.kind = 'route'
+    JOIN decision_details d ON d.lead_id = l.id AND d.kind = 'route'
     LEFT JOIN members m ON m.id = CAST(d.detail ->> 'chosen_id' AS bigint)
     WHERE l.org = :org AND l.merged_into IS NULL
       AND l.received_at < :since AND l.received_at >= :since - interval '8 days'

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import threading
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
@@ -31,7 +32,7 @@ from connector.routing.assign import Lead, Outcome, Router, RoutingError
 from connector.routing.decisions import expand
 from connector.routing.reassign import deactivate_rep, reassign_lead
 from connector.routing.rotation import Seat, pick_available
-from connector.routing.single import team_inputs
+from connector.routing.single import plain_detail, team_inputs
 from connector.routing.teams import apply_teams
 from connector.shell.reps import resolve_rep, set_away
 from connector.shell.store import make_engine
@@ -394,7 +395,7 @@ def _decision_of(c: Connection, crm_id: str) -> dict[str, Any]:
     """The routing decision recorded for the lead with this CRM id."""
     detail: dict[str, Any] = c.execute(
         text(
-            "SELECT d.detail FROM routing_decisions d JOIN leads l "
+            "SELECT d.detail FROM decision_details d JOIN leads l "
             "ON l.id = d.lead_id WHERE l.crm_id = :crm_id"
         ),
         {"crm_id": crm_id},
@@ -471,7 +472,7 @@ def _decisions(engine: Engine) -> list[tuple[str, dict[str, Any]]]:
         users = dict(c.execute(text("SELECT id, crm_user_id FROM members")).all())
         rows = c.execute(
             text(
-                "SELECT l.crm_id, d.detail FROM routing_decisions d JOIN leads l "
+                "SELECT l.crm_id, d.detail FROM decision_details d JOIN leads l "
                 "ON l.id = d.lead_id ORDER BY l.crm_id"
             )
         ).all()
@@ -1065,3 +1066,16 @@ def test_a_reassignment_to_another_team_locks_both_teams_in_name_order(engine: E
     with engine.connect() as c:
         owner = c.execute(text("SELECT crm_user_id FROM assignments")).scalar_one()
     assert owner == "005O"
+
+
+def test_plain_detail_adds_the_team_the_outcome_and_the_sla_to_the_callers_detail() -> None:
+    """route_plain stores the caller's detail whole (migration 0022): ``plain_detail`` edits
+    the text of route_lead's detail, so it must stay one JSON object with exactly these keys
+    added, whatever the team is called."""
+    detail = json.dumps({"source": "api", "rules": [], "values": {"a": '"}'}, "at": "t"})
+    for team, sla in (("p", None), ('Team "Ω" \\ 1', 15)):
+        got = json.loads(plain_detail(detail, team, sla))
+        extra = {"team": team, "outcome": "assigned"}
+        if sla is not None:
+            extra["sla_minutes"] = sla
+        assert got == {**json.loads(detail), **extra}

@@ -20,6 +20,13 @@ not repeated in every row. ``expand`` (pure) turns such a record back into the f
 (``candidates`` with names, ``chosen`` with its weighted share), the form older rows were
 written in, so `connector explain` and `connector simulate` read both. A batch of 500 leads
 built and sent about 1 KB of JSON per lead in the full form, most of the batch's time.
+
+**Where a decision is read** (since migration 0022): a single lead of a plain team
+(``route_plain``) stores the pick's part of its decision (``batch``, ``epoch``,
+``chosen_id``, ``seats``) in columns of its ``routing_decisions`` row, so that no JSON is
+built while the team's lock is held; every other writer keeps them in ``detail``. Readers
+read the view ``decision_details``, which folds the columns back into ``detail`` under the
+same keys: one shape whoever wrote the row.
 """
 
 from __future__ import annotations
