@@ -76,13 +76,23 @@ rules:
 
 
 ENV = {"BENCH_TOKEN": "unused"}
-# record_assignments' rotation credits, cap counters and decisions, for callers that use none
+# record_assignments' rotation credits, cap counters and decisions (with their seat columns),
+# for callers that use none
 NO_CREDITS: dict[str, Any] = {
     "credit_ids": [],
     "credit_ns": [],
     "details": "[]",
     "day": datetime.date(2000, 1, 3),
     "week": datetime.date(2000, 1, 3),
+    "batch": None,
+    "seat_sets": [],
+    "count_starts": [],
+    "seat_counts": [],
+    "set_starts": [],
+    "set_lens": [],
+    "set_ids": [],
+    "set_weights": [],
+    "set_skips": [],
 }
 
 

@@ -58,7 +58,12 @@ SELECT member_id FROM assignments WHERE team_id = :team_id ORDER BY id DESC LIMI
 -- with the picks by position (a caller may send fewer, e.g. '[]': the rest get none), and
 -- :sla_minutes sets each assignment's SLA check time as it is inserted. The outbox row takes
 -- the lead's id, parent and received_at (insert_leads returned it) from the picks, not from
--- a join with leads.
+-- a join with leads. A pick's part of its decision (migration 0022) goes in columns, no JSON:
+-- the batch (:batch), the epoch, the member picked and the seats it was picked among, as
+-- :seat_sets (each pick's set of candidates, 1-based, into :set_starts / :set_lens, which
+-- slice :set_ids, :set_weights and :set_skips: a batch's picks mostly share one set) and
+-- :count_starts (where its counts start in :seat_counts, one run of the set's length). A
+-- pick with no set (NULL) keeps those parts in its JSON detail.
 WITH picks AS (
     SELECT *
     FROM ROWS FROM (unnest(CAST(:lead_ids AS bigint[])), unnest(CAST(:member_ids AS bigint[])),
@@ -66,10 +71,21 @@ WITH picks AS (
                     unnest(CAST(:crm_ids AS text[])), unnest(CAST(:parent_ids AS text[])),
                     unnest(CAST(:received_ats AS timestamptz[])),
                     unnest(CAST(:sla_minutes AS integer[])),
-                    jsonb_array_elements(CAST(:details AS jsonb)))
+                    jsonb_array_elements(CAST(:details AS jsonb)),
+                    unnest(CAST(:seat_sets AS integer[])),
+                    unnest(CAST(:count_starts AS integer[])))
          WITH ORDINALITY AS p (lead_id, member_id, rule_index, rule_name, crm_id, parent_id,
-                               received_at, sla_minutes, detail, ord)
+                               received_at, sla_minutes, detail, seat_set, count_start, ord)
     WHERE p.lead_id IS NOT NULL
+), sets AS (
+    SELECT *
+    FROM ROWS FROM (unnest(CAST(:set_starts AS integer[])), unnest(CAST(:set_lens AS integer[])))
+         WITH ORDINALITY AS s (start, len, n)
+), seat_arrays AS MATERIALIZED (
+    -- cast once: a cast written in the per-pick slices below would convert the whole array
+    -- for every pick (psycopg sends small ints as int2[]), 35 us a pick in the generic plan
+    SELECT CAST(:set_ids AS bigint[]) AS ids, CAST(:set_weights AS integer[]) AS weights,
+           CAST(:set_skips AS text[]) AS skips, CAST(:seat_counts AS bigint[]) AS counts
 ), per_member AS (
     SELECT member_id, count(*) AS n FROM picks GROUP BY member_id
 ), credits AS (
@@ -103,8 +119,17 @@ WITH picks AS (
     ORDER BY p.ord
     RETURNING id, lead_id, crm_user_id
 ), decided AS (
-    INSERT INTO routing_decisions (org, lead_id, kind, detail)
-    SELECT :org, p.lead_id, 'route', p.detail FROM picks p WHERE p.detail IS NOT NULL
+    INSERT INTO routing_decisions (org, lead_id, kind, detail, batch, epoch, chosen_id,
+                                   seat_ids, seat_weights, seat_counts, seat_skips)
+    SELECT :org, p.lead_id, 'route', p.detail,
+           CASE WHEN s.n IS NOT NULL THEN CAST(:batch AS bigint) END,
+           CASE WHEN s.n IS NOT NULL THEN CAST(:epoch AS integer) END,
+           CASE WHEN s.n IS NOT NULL THEN p.member_id END,
+           x.ids[s.start:s.start + s.len - 1], x.weights[s.start:s.start + s.len - 1],
+           x.counts[p.count_start:p.count_start + s.len - 1],
+           x.skips[s.start:s.start + s.len - 1]
+    FROM picks p LEFT JOIN sets s ON s.n = p.seat_set CROSS JOIN seat_arrays x
+    WHERE p.detail IS NOT NULL
     ORDER BY p.lead_id
     RETURNING lead_id
 )
@@ -120,15 +145,15 @@ UPDATE leads SET unassigned_reason = :reason WHERE id = ANY(CAST(:lead_ids AS bi
 -- name: route_plain
 -- One new lead of a PLAIN team (connector/routing/single.py plain_call) in ONE call of two
 -- statements (migration 0021): route_lead's work and records, or status 'route_lead' with
--- nothing left written when route_lead must decide it. Its decision is :plain_detail (the
--- caller's part, whole) plus the pick's part, which it writes in columns (migration 0022).
+-- nothing left written when route_lead must decide it. It writes the pick's part of its
+-- decision in columns (migration 0022).
 SELECT status, lead_id, team, owner_id, owner_name, reason, cand_ids, cand_skips
 FROM route_plain(
     CAST(:org AS text), CAST(:crm_object AS text), CAST(:source AS text),
     CAST(:crm_id AS text), CAST(:fields AS jsonb), CAST(:parent_id AS text),
     CAST(:team AS text), CAST(:rule_index AS integer), CAST(:rule_name AS text),
     CAST(:now AS timestamptz), CAST(:day AS date), CAST(:week AS date),
-    CAST(:plain_detail AS jsonb), CAST(:sla_minutes AS integer))
+    CAST(:detail AS jsonb), CAST(:sla_minutes AS integer))
 
 -- name: route_lead
 -- One new lead of a rotation rule, decided and recorded in ONE call (migration 0014): the team

@@ -955,6 +955,13 @@ AS $$
 DECLARE
     l record;
     r record;
+    -- the decision as it will be stored when this call decides: the caller's part (the rules,
+    -- the values, the instant), with the team, the outcome and the SLA; built here, before
+    -- the team's lock is taken (the pick's part goes in columns, see below)
+    v_detail jsonb := p_detail
+        || jsonb_build_object('team', p_team, 'outcome', 'assigned')
+        || CASE WHEN p_sla_minutes IS NULL THEN CAST('{}' AS jsonb)
+                ELSE jsonb_build_object('sla_minutes', p_sla_minutes) END;
 BEGIN
     team := p_team;
     status := 'route_lead';
@@ -1053,13 +1060,12 @@ BEGIN
         FROM assigned, chosen
         RETURNING id
     ), decided AS (
-        -- the decision as the caller wrote it (p_detail: the rules, the values, the instant,
-        -- the team, the outcome and the SLA), and what the pick adds in columns of their
-        -- own: no JSON is built while the team's lock is held (decision_details shows the
-        -- row as one detail)
+        -- the decision built before the lock (v_detail), and what the pick adds in columns
+        -- of their own: no JSON is built while the team's lock is held (decision_details
+        -- shows the row as one detail)
         INSERT INTO routing_decisions (org, lead_id, kind, detail, batch, epoch, chosen_id,
                                        seat_ids, seat_weights, seat_counts, seat_skips)
-        SELECT p_org, l.id, 'route', p_detail, l.id, l.epoch, chosen.id,
+        SELECT p_org, l.id, 'route', v_detail, l.id, l.epoch, chosen.id,
                seats.ids, seats.weights, seats.turns, seats.skips
         FROM chosen, seats
         RETURNING lead_id

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from datetime import UTC, date, datetime, timedelta
+from typing import Any
 
 from sqlalchemy import Engine, text
 
@@ -256,3 +258,48 @@ def test_a_team_edit_restarts_the_credits_with_the_counts(engine: Engine) -> Non
     assert table(engine, "SELECT sum(assigned_in_epoch), sum(credited_in_epoch) FROM members") == [
         (0, 0)
     ]
+
+
+def test_a_batchs_decisions_keep_each_picks_seats_in_columns(engine: Engine) -> None:
+    """A batch's picks record their seats in columns of the decision (migration 0022), one
+    candidate set per distinct set of candidates: read through decision_details, each pick
+    shows the counts before it (the previous pick's plus one for its rep), Ada's cap from the
+    pick after her second lead, Eve inactive in the overflow team, and its batch, epoch and
+    rep."""
+    clock = WallClock(MONDAY)
+    r = router(engine, org(TEAMS), clock)
+    got = r.assign_many(leads("00Qc", 7), "api")
+    assert [o.owner_id for o in got] == ["005A", "005B", "005A", "005B", "005B", "005D", "005D"]
+    with engine.connect() as conn:
+        raw = conn.execute(
+            text("SELECT detail ? 'seats', seat_ids IS NOT NULL FROM routing_decisions")
+        ).all()
+        rows = conn.execute(
+            text(
+                "SELECT t.name, a.member_id, t.epoch, d.detail, "
+                "(SELECT min(id) FROM leads) AS first FROM assignments a "
+                "JOIN teams t ON t.id = a.team_id "
+                "JOIN decision_details d ON d.lead_id = a.lead_id ORDER BY a.id"
+            )
+        ).all()
+        who = dict(conn.execute(text("SELECT id, crm_user_id FROM members")).all())
+    assert raw == [(False, True)] * 7  # the seats are in the columns only
+    by_team: dict[str, list[dict[str, Any]]] = {"a": [], "de": []}
+    for team, member_id, epoch, detail, first in rows:
+        assert (detail["chosen_id"], detail["epoch"], detail["batch"]) == (member_id, epoch, first)
+        assert (detail["team"], detail["outcome"]) == (team, "assigned")
+        by_team[team].append(detail)
+    for picks in by_team.values():
+        for before, after in itertools.pairwise(picks):
+            seats = before["seats"]
+            ids_counts = zip(seats["ids"], seats["counts"], strict=True)
+            assert after["seats"]["counts"] == [
+                c + (i == before["chosen_id"]) for i, c in ids_counts
+            ]
+    skips = [
+        dict(zip([who[i] for i in d["seats"]["ids"]], d["seats"]["skips"], strict=True))
+        for d in by_team["a"] + by_team["de"]
+    ]
+    assert [s["005A"] for s in skips[:5]] == [None, None, None, "capped", "capped"]
+    assert [s["005E"] for s in skips[5:]] == ["inactive", "inactive"]
+    assert all(d["seats"]["weights"] == [1] * len(d["seats"]["ids"]) for d in by_team["a"])

@@ -50,6 +50,11 @@ CATALOG = {
         WHERE n.nspname = 'public' ORDER BY c.relname
     """,
     "versions": "SELECT version, name FROM schema_migrations ORDER BY version",
+    "views": """
+        SELECT c.relname, pg_get_viewdef(c.oid)
+        FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+        WHERE n.nspname = 'public' AND c.relkind = 'v' ORDER BY 1
+    """,
     # a function replaced by a migration must read the same in db/schema.sql
     "functions": """
         SELECT p.proname, pg_get_function_arguments(p.oid),
@@ -103,6 +108,7 @@ def test_migrations_produce_schema_sql(databases: DatabaseFactory, blank: Engine
     assert {"route_lead", "rotation_pick", "rotation_pick_plain"} <= {
         r[0] for r in got["functions"]
     }
+    assert "decision_details" in {r[0] for r in got["views"]}
 
 
 def test_migrate_is_idempotent(blank: Engine) -> None:

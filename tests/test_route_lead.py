@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
 import threading
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
@@ -32,7 +31,7 @@ from connector.routing.assign import Lead, Outcome, Router, RoutingError
 from connector.routing.decisions import expand
 from connector.routing.reassign import deactivate_rep, reassign_lead
 from connector.routing.rotation import Seat, pick_available
-from connector.routing.single import plain_detail, team_inputs
+from connector.routing.single import team_inputs
 from connector.routing.teams import apply_teams
 from connector.shell.reps import resolve_rep, set_away
 from connector.shell.store import make_engine
@@ -1066,16 +1065,3 @@ def test_a_reassignment_to_another_team_locks_both_teams_in_name_order(engine: E
     with engine.connect() as c:
         owner = c.execute(text("SELECT crm_user_id FROM assignments")).scalar_one()
     assert owner == "005O"
-
-
-def test_plain_detail_adds_the_team_the_outcome_and_the_sla_to_the_callers_detail() -> None:
-    """route_plain stores the caller's detail whole (migration 0022): ``plain_detail`` edits
-    the text of route_lead's detail, so it must stay one JSON object with exactly these keys
-    added, whatever the team is called."""
-    detail = json.dumps({"source": "api", "rules": [], "values": {"a": '"}'}, "at": "t"})
-    for team, sla in (("p", None), ('Team "Ω" \\ 1', 15)):
-        got = json.loads(plain_detail(detail, team, sla))
-        extra = {"team": team, "outcome": "assigned"}
-        if sla is not None:
-            extra["sla_minutes"] = sla
-        assert got == {**json.loads(detail), **extra}

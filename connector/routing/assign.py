@@ -201,6 +201,53 @@ class _StandingViews:
         self._turns[member_id] += 1
 
 
+class _SeatColumns:
+    """The seats of one team's picks as ``record_assignments`` takes them (migration 0022):
+    distinct candidate sets, flat, and each pick's set and counts."""
+
+    def __init__(self) -> None:
+        self.set_ids: list[int] = []
+        self.set_weights: list[int] = []
+        self.set_skips: list[str | None] = []
+        self.set_starts: list[int] = []
+        self.set_lens: list[int] = []
+        self.seat_sets: list[int] = []
+        self.count_starts: list[int] = []
+        self.seat_counts: list[int] = []
+
+    def add_set(
+        self, candidates: Sequence[tuple[int, str | None]], weight: Mapping[int, int]
+    ) -> tuple[int, list[int]]:
+        """A new set of candidates: (its number, 1-based; its member ids in order)."""
+        ids = [mid for mid, _ in candidates]
+        self.set_starts.append(len(self.set_ids) + 1)
+        self.set_lens.append(len(ids))
+        self.set_ids.extend(ids)
+        self.set_weights.extend(weight[mid] for mid in ids)
+        self.set_skips.extend(why for _, why in candidates)
+        return len(self.set_starts), ids
+
+    def add_pick(self, known: tuple[int, list[int]], turns: Mapping[int, int]) -> None:
+        """The next pick, among set ``known``, with each candidate's turns before it."""
+        number, ids = known
+        self.seat_sets.append(number)
+        self.count_starts.append(len(self.seat_counts) + 1)
+        self.seat_counts.extend(turns[mid] for mid in ids)
+
+    def params(self, batch: int | None) -> dict[str, Any]:
+        return {
+            "batch": batch,
+            "seat_sets": self.seat_sets,
+            "count_starts": self.count_starts,
+            "seat_counts": self.seat_counts,
+            "set_starts": self.set_starts,
+            "set_lens": self.set_lens,
+            "set_ids": self.set_ids,
+            "set_weights": self.set_weights,
+            "set_skips": self.set_skips,
+        }
+
+
 def overflow_order(cfg: OrgConfig, teams: set[str]) -> list[str]:
     """``teams`` so that every team comes before the team it overflows into (then by name)."""
     depth = dict.fromkeys(teams, 0)
@@ -225,6 +272,7 @@ class _Batch:
     parents: dict[str, str | None] = field(default_factory=dict)  # stored CRM id -> parent
     received: dict[str, datetime] = field(default_factory=dict)  # new lead -> received_at
     results: dict[str, Outcome] = field(default_factory=dict)
+    first: int | None = None  # the batch: its first new lead's id (decisions record it)
     unassigned: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
     by_team: dict[str, list[tuple[int, str, Match]]] = field(
         default_factory=lambda: defaultdict(list)
@@ -380,7 +428,8 @@ class Router:
         locked = self._lock_teams(batch, needed, matched)
         now = self.clock()
         if new_ids:
-            batch.recorder.judged_at(list(new_ids.values()), now, min(new_ids.values()))
+            batch.first = min(new_ids.values())
+            batch.recorder.judged_at(list(new_ids.values()), now, batch.first)
         for team_name in overflow_order(self.cfg, needed):
             if batch.by_team.get(team_name):
                 self._route_team(batch, team_name, locked[team_name], now)
@@ -511,19 +560,19 @@ class Router:
             batch.recorder.away_by_command(lead_id, away)
         turns = {r.id: r.turns for r in members}
         weight = {r.id: r.weight for r in members}
-        # The rotation hands every turn of a batch the same candidates unless a rep is blocked
-        # or capped on the way: their ids, weights and skips are listed once per distinct
-        # tuple (by identity), not once per lead; only the counts change pick by pick.
-        listed: dict[int, tuple[list[int], list[int], list[str | None]]] = {}
+        # Each pick's seats (the candidates in the rotation's order, their weights, counts
+        # and skip reasons) go in columns of its decision (record_assignments). The rotation
+        # hands every turn of a batch the same candidates unless a rep is blocked or capped
+        # on the way: each distinct tuple (by identity; placed.rows keeps them alive) is one
+        # set, sent once; only the counts change pick by pick.
+        seats = _SeatColumns()
+        set_of: dict[int, tuple[int, list[int]]] = {}
         for (lead_id, cid, m), turn, seat in placed.rows:
-            same = listed.get(id(turn.candidates))
-            if same is None:
-                ids = [mid for mid, _ in turn.candidates]
-                same = (ids, [weight[mid] for mid in ids], [why for _, why in turn.candidates])
-                listed[id(turn.candidates)] = same
-            ids, weights, skips = same
-            seats = (ids, weights, [turns[mid] for mid in ids], skips)
-            batch.recorder.seat_pick(lead_id, team_name, team.epoch, seats)
+            known = set_of.get(id(turn.candidates))
+            if known is None:
+                known = set_of[id(turn.candidates)] = seats.add_set(turn.candidates, weight)
+            seats.add_pick(known, turns)
+            batch.recorder.picked_in_columns(lead_id, team_name)
             batch.recorder.picked(lead_id, team_name, seat.id, m.rule_index)
             turns[seat.id] += 1
             views.advance(seat.id)
@@ -531,7 +580,7 @@ class Router:
                 cid, "assigned", team_name, seat.crm_user_id, seat.name, candidates=turn.candidates
             )
         if placed.rows:  # the assignments and their decisions, in one statement
-            params = self._record_params(team, placed, batch)
+            params = self._record_params(team, placed, batch) | seats.params(batch.first)
             batch.conn.execute(_SQL["record_assignments"], params)
         overflow = self.cfg.team(team_name).overflow_team
         for item, turn in left:
@@ -624,8 +673,14 @@ class Router:
         by_id = {r.id: r for r in rows}
         placed = _Placed([], picks.credited, p)
         left: list[tuple[tuple[int, str, Match], Turn]] = []
+        # one tuple per distinct candidates tuple (by identity; picks.turns keeps them alive),
+        # so the picks that share candidates keep sharing them (_route_team sends each once)
+        joined: dict[int, tuple[tuple[int, str | None], ...]] = {}
         for item, turn in zip(group, picks.turns, strict=True):
-            turn = Turn(turn.member_id, turn.candidates + inactive)
+            cands = joined.get(id(turn.candidates))
+            if cands is None:
+                cands = joined[id(turn.candidates)] = turn.candidates + inactive
+            turn = Turn(turn.member_id, cands)
             if turn.member_id is None:
                 left.append((item, turn))
             else:

@@ -21,12 +21,14 @@ not repeated in every row. ``expand`` (pure) turns such a record back into the f
 written in, so `connector explain` and `connector simulate` read both. A batch of 500 leads
 built and sent about 1 KB of JSON per lead in the full form, most of the batch's time.
 
-**Where a decision is read** (since migration 0022): a single lead of a plain team
-(``route_plain``) stores the pick's part of its decision (``batch``, ``epoch``,
-``chosen_id``, ``seats``) in columns of its ``routing_decisions`` row, so that no JSON is
-built while the team's lock is held; every other writer keeps them in ``detail``. Readers
-read the view ``decision_details``, which folds the columns back into ``detail`` under the
-same keys: one shape whoever wrote the row.
+**Where a decision is read** (since migration 0022): a rotation's pick stores its part of the
+decision (``batch``, ``epoch``, ``chosen_id``, ``seats``) in columns of its
+``routing_decisions`` row, so that none of it is built or parsed as JSON while the team's
+lock is held: ``route_plain`` for a single lead, and a batch's ``record_assignments``, to
+which ``picked_in_columns`` leaves the seats (``assign._SeatColumns``). The other writers
+(``route_lead``, an unassigned or overflowed lead, a reassignment) keep them in ``detail``.
+Readers read the view ``decision_details``, which folds the columns back into ``detail``
+under the same keys: one shape whoever wrote the row.
 """
 
 from __future__ import annotations
@@ -295,6 +297,12 @@ class DecisionRecorder:
                 "seats": {"ids": ids, "weights": weights, "counts": counts, "skips": skips},
             }
         )
+
+    def picked_in_columns(self, lead_id: int, team: str) -> None:
+        """The lead is picked from ``team``'s seats, which its statement writes in columns
+        of the decision (``record_assignments``, migration 0022: the batch, epoch, pick and
+        seats), not in ``detail``."""
+        self._entry(lead_id).detail["team"] = team
 
     def picked(self, lead_id: int, team: str, member_id: int, rule_index: int | None) -> None:
         """The lead went to ``member_id``; with its rule, the SLA is looked up too."""

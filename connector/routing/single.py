@@ -17,9 +17,9 @@ statements instead of route_lead's six, the second reading the seats with a snap
 under the team lock (migration 0021). It hands the lead to ``route_lead``, having left
 nothing behind, when it must not decide it: a repeat, a rep of the team away by `connector
 rep away`, a team not in the database or retired while the lead waited for its lock, or one
-with no active member. Two round trips then, the same outcome. Its decision is the caller's
-``plain_detail`` (the rules, values and instant, the team, the outcome, the SLA) stored whole,
-with the pick's part in columns of its own (migration 0022): no JSON is built under the lock.
+with no active member. Two round trips then, the same outcome, and the same records as read
+through ``decision_details``: route_plain writes the pick's part of its decision in columns
+of its own (migration 0022), so no JSON is built under the lock.
 
 One difference from the general path, by design: ``now`` is read before the call, so before
 the wait for the team lock, while the general path reads it once the locks are held. A lead
@@ -125,11 +125,7 @@ def call_params(
     p = periods(now, inputs.timezone)
     tried, values = trace_rules(rules, fields)
     sla = cfg.sla_for(m.rule_index, m.team)
-    sla_minutes = sla.minutes if sla else None
-    # the decision so far; route_lead adds the batch (the lead itself), the team, the
-    # candidates, the pick and the reps away by `connector rep away`
-    detail = json.dumps({"source": source, "rules": tried, "values": values, "at": now.isoformat()})
-    params = {
+    return {
         "org": cfg.org,
         "crm_object": cfg.crm_object,
         "source": source,
@@ -149,20 +145,10 @@ def call_params(
         "team_per_day": inputs.team_per_day,
         "team_per_week": inputs.team_per_week,
         "max_in_a_row": inputs.max_in_a_row,
-        "detail": detail,
-        "sla_minutes": sla_minutes,
+        # the decision so far; route_lead adds the batch (the lead itself), the team, the
+        # candidates, the pick and the reps away by `connector rep away`
+        "detail": json.dumps(
+            {"source": source, "rules": tried, "values": values, "at": now.isoformat()}
+        ),
+        "sla_minutes": sla.minutes if sla else None,
     }
-    if inputs.plain:
-        params["plain_detail"] = plain_detail(detail, m.team, sla_minutes)
-    return params
-
-
-def plain_detail(detail: str, team: str, sla_minutes: int | None) -> str:
-    """The decision ``route_plain`` stores when it decides (migration 0022): ``detail`` (a
-    non-empty JSON object, which none of these keys is in) with the team, the outcome and
-    the SLA minutes added, by editing its text (no second encoding of the rules and values).
-    The pick's part (batch, epoch, chosen_id, seats) goes in columns of its own."""
-    extra = f', "team": {json.dumps(team)}, "outcome": "assigned"'
-    if sla_minutes is not None:
-        extra += f', "sla_minutes": {int(sla_minutes)}'
-    return detail[:-1] + extra + "}"

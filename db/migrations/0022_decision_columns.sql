@@ -9,11 +9,13 @@
 -- * routing_decisions gains the parts of a decision the pick decides, as columns: the batch
 --   (the lead's own id for a single lead), the epoch, the chosen member and the seats as the
 --   pick saw them (ids, weights, counts, skip reasons, in the rotation's order). route_plain
---   fills all seven; every other writer leaves them NULL and writes the whole decision as
---   JSON, as before.
--- * The caller sends the rest of the decision whole: the rules, the values and the instant as
---   before, plus the team, the outcome 'assigned' and the SLA minutes (a lead route_plain
---   hands on has no decision row: the caller's p_detail is used only when it decides).
+--   fills all seven, and so does a batch's record_assignments (db/routing.sql); the other
+--   writers (route_lead, an unassigned or reassigned lead) leave them NULL and write the
+--   whole decision as JSON, as before.
+-- * The rest of the decision (the caller's p_detail: the rules, the values and the instant,
+--   as before; with the team, the outcome 'assigned' and the SLA minutes added) is built at
+--   the start of the call, before the lock is taken, and stored as it is. p_detail means what
+--   it meant for 0021, so a process not yet restarted on this version still calls it right.
 -- * decision_details is routing_decisions as readers see it: detail with the columns folded
 --   back in under the keys the JSON used (batch, epoch, chosen_id, seats), so
 --   `connector explain` and `connector simulate` read one shape whoever wrote the row.
@@ -52,6 +54,13 @@ AS $$
 DECLARE
     l record;
     r record;
+    -- the decision as it will be stored when this call decides: the caller's part (the rules,
+    -- the values, the instant), with the team, the outcome and the SLA; built here, before
+    -- the team's lock is taken (the pick's part goes in columns, see below)
+    v_detail jsonb := p_detail
+        || jsonb_build_object('team', p_team, 'outcome', 'assigned')
+        || CASE WHEN p_sla_minutes IS NULL THEN CAST('{}' AS jsonb)
+                ELSE jsonb_build_object('sla_minutes', p_sla_minutes) END;
 BEGIN
     team := p_team;
     status := 'route_lead';
@@ -150,13 +159,12 @@ BEGIN
         FROM assigned, chosen
         RETURNING id
     ), decided AS (
-        -- the decision as the caller wrote it (p_detail: the rules, the values, the instant,
-        -- the team, the outcome and the SLA), and what the pick adds in columns of their
-        -- own: no JSON is built while the team's lock is held (decision_details shows the
-        -- row as one detail)
+        -- the decision built before the lock (v_detail), and what the pick adds in columns
+        -- of their own: no JSON is built while the team's lock is held (decision_details
+        -- shows the row as one detail)
         INSERT INTO routing_decisions (org, lead_id, kind, detail, batch, epoch, chosen_id,
                                        seat_ids, seat_weights, seat_counts, seat_skips)
-        SELECT p_org, l.id, 'route', p_detail, l.id, l.epoch, chosen.id,
+        SELECT p_org, l.id, 'route', v_detail, l.id, l.epoch, chosen.id,
                seats.ids, seats.weights, seats.turns, seats.skips
         FROM chosen, seats
         RETURNING lead_id
