@@ -5,7 +5,7 @@
 -- a lead reassigned since (reassign, rep deactivation, SLA) is given its first owner, the one
 -- its assignment row had before the first reassignment (the row keeps its id, so its place in
 -- the team's lock order). Merged copies (a second id form of one record) are left out: their
--- winner stands for them. From the lead's routing decision (decision_details, kind 'route'):
+-- winner stands for them. From the lead's routing decision (routing_decisions, kind 'route'):
 -- the instant availability was judged at and the batch (recorded since the replay uses them;
 -- NULL for older decisions), the team that decided, the teams it overflowed from, whether its
 -- account's owner got it, and the reps away by `connector rep away` then (older decisions,
@@ -22,7 +22,11 @@ LEFT JOIN LATERAL (
     FROM assignment_history h WHERE h.lead_id = l.id ORDER BY h.id LIMIT 1
 ) f ON true
 LEFT JOIN LATERAL (
-    SELECT r.id, r.detail ->> 'at' AS at, (r.detail ->> 'batch')::bigint AS batch,
+    -- routing_decisions itself, not decision_details: every key read here is in detail,
+    -- except a column-stored pick's batch (migration 0022); the view would rebuild the whole
+    -- detail for each key read
+    SELECT r.id, r.detail ->> 'at' AS at,
+           COALESCE(r.batch, (r.detail ->> 'batch')::bigint) AS batch,
            r.detail ->> 'team' AS team,
            CASE WHEN r.detail ? 'overflow_from'
                 THEN jsonb_path_query_array(r.detail, '$.overflow_from[*].team')
@@ -35,7 +39,7 @@ LEFT JOIN LATERAL (
                          r.detail,
                          '$.overflow_from[*].candidates[*] ? (@.skip == "away").crm_user_id')
            END AS away
-    FROM decision_details r
+    FROM routing_decisions r
     WHERE r.lead_id = l.id AND r.kind = 'route'
     ORDER BY r.id LIMIT 1
 ) d ON true
@@ -62,13 +66,15 @@ SELECT id, crm_user_id, name FROM members WHERE id = ANY(CAST(:ids AS bigint[]))
 -- Reassignments, which also count toward the caps, are not included.
 SELECT z.team, r.crm_user_id, (r.at AT TIME ZONE z.tz)::date AS day, count(*) AS n
 FROM (
-    -- the pick: a full record names the rep, a compact one (since 0014) its member id
+    -- the pick: a full record names the rep, a compact one (since 0014) its member id, in
+    -- detail or (since 0022) in a column; routing_decisions itself, not decision_details,
+    -- which would rebuild the whole detail for each key read
     SELECT d.detail ->> 'team' AS team,
            COALESCE(d.detail -> 'chosen' ->> 'crm_user_id', m.crm_user_id) AS crm_user_id,
            COALESCE((d.detail ->> 'at')::timestamptz, l.received_at) AS at
     FROM leads l
-    JOIN decision_details d ON d.lead_id = l.id AND d.kind = 'route'
-    LEFT JOIN members m ON m.id = CAST(d.detail ->> 'chosen_id' AS bigint)
+    JOIN routing_decisions d ON d.lead_id = l.id AND d.kind = 'route'
+    LEFT JOIN members m ON m.id = COALESCE(d.chosen_id, CAST(d.detail ->> 'chosen_id' AS bigint))
     WHERE l.org = :org AND l.merged_into IS NULL
       AND l.received_at < :since AND l.received_at >= :since - interval '8 days'
       AND d.detail ->> 'outcome' = 'assigned'

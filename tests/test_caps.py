@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import itertools
+import json
 from collections import Counter
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Engine, text
 
+import db
 from connector.core.config import OrgConfig, parse_config
 from connector.routing.assign import Lead, Outcome, Router
 from connector.routing.teams import apply_teams
@@ -303,3 +305,80 @@ def test_a_batchs_decisions_keep_each_picks_seats_in_columns(engine: Engine) -> 
     assert [s["005A"] for s in skips[:5]] == [None, None, None, "capped", "capped"]
     assert [s["005E"] for s in skips[5:]] == ["inactive", "inactive"]
     assert all(d["seats"]["weights"] == [1] * len(d["seats"]["ids"]) for d in by_team["a"])
+
+
+def test_record_assignments_slices_each_picks_seats_from_its_set(engine: Engine) -> None:
+    """record_assignments' seat columns (migration 0022), sent directly: two candidate sets
+    that differ in members, order and weights, counts in one flat array, and a pick without a
+    set (its seat_sets entry missing), which keeps its decision as sent."""
+    cfg = org(TEAMS)
+    apply_teams(engine, cfg)
+    with engine.begin() as conn:
+        ids = dict(conn.execute(text("SELECT crm_user_id, id FROM members")).all())
+        team = conn.execute(text("SELECT id, epoch FROM teams WHERE name = 'a'")).one()
+        leads = conn.execute(
+            text(
+                "INSERT INTO leads (org, crm_object, crm_id, fields, source) "
+                "SELECT 'acme', 'Lead', x, '{}', 'api' FROM unnest(ARRAY['L1', 'L2', 'L3']) x "
+                "ORDER BY x RETURNING id, received_at"
+            )
+        ).all()
+        a, b, d = ids["005A"], ids["005B"], ids["005D"]
+        conn.execute(
+            text(db.queries("routing")["record_assignments"]),
+            {
+                "org": "acme",
+                "team_id": team.id,
+                "epoch": team.epoch,
+                "source": "api",
+                "crm_object": "Lead",
+                "lead_ids": [r.id for r in leads],
+                "member_ids": [b, a, a],
+                "rule_indexes": [1, 1, 1],
+                "rule_names": ["rest"] * 3,
+                "crm_ids": ["L1", "L2", "L3"],
+                "parent_ids": [None] * 3,
+                "received_ats": [r.received_at for r in leads],
+                "sla_minutes": [None] * 3,
+                "details": json.dumps([{"team": "a"}, {"team": "a"}, {"team": "a", "x": 1}]),
+                "credit_ids": [],
+                "credit_ns": [],
+                "day": date(2026, 12, 7),
+                "week": date(2026, 12, 7),
+                "batch": leads[0].id,
+                "seat_sets": [2, 1],  # L3 has none
+                "count_starts": [1, 4],
+                "seat_counts": [10, 11, 12, 20, 21],
+                "set_starts": [1, 3],
+                "set_lens": [2, 3],
+                "set_ids": [a, b, d, b, a],
+                "set_weights": [5, 6, 7, 8, 9],
+                "set_skips": [None, "capped", "away", None, None],
+            },
+        )
+        got = {
+            r[0]: r[1]
+            for r in conn.execute(
+                text(
+                    "SELECT l.crm_id, d.detail FROM decision_details d "
+                    "JOIN leads l ON l.id = d.lead_id"
+                )
+            )
+        }
+    common = {"team": "a", "batch": leads[0].id, "epoch": team.epoch}
+    assert got["L1"] == {
+        **common,
+        "chosen_id": b,
+        "seats": {
+            "ids": [d, b, a],
+            "weights": [7, 8, 9],
+            "counts": [10, 11, 12],
+            "skips": ["away", None, None],
+        },
+    }
+    assert got["L2"] == {
+        **common,
+        "chosen_id": a,
+        "seats": {"ids": [a, b], "weights": [5, 6], "counts": [20, 21], "skips": [None, "capped"]},
+    }
+    assert got["L3"] == {"team": "a", "x": 1}

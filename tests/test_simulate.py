@@ -587,7 +587,7 @@ def recorded_facts(engine: Engine) -> dict[str, int]:
     with engine.connect() as conn:
         return {
             k: conn.execute(
-                text(f"SELECT count(*) FROM routing_decisions WHERE kind = 'route' AND {where}")
+                text(f"SELECT count(*) FROM decision_details WHERE kind = 'route' AND {where}")
             ).scalar_one()
             for k, where in checks.items()
         }

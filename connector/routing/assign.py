@@ -561,19 +561,19 @@ class Router:
         turns = {r.id: r.turns for r in members}
         weight = {r.id: r.weight for r in members}
         # Each pick's seats (the candidates in the rotation's order, their weights, counts
-        # and skip reasons) go in columns of its decision (record_assignments). The rotation
-        # hands every turn of a batch the same candidates unless a rep is blocked or capped
-        # on the way: each distinct tuple (by identity; placed.rows keeps them alive) is one
-        # set, sent once; only the counts change pick by pick.
+        # and skip reasons) go in columns of its decision (record_assignments). The turns of
+        # a batch share their candidates until a rep is blocked or capped on the way: each
+        # distinct candidates tuple is one set, sent once; only the counts change pick by
+        # pick.
         seats = _SeatColumns()
-        set_of: dict[int, tuple[int, list[int]]] = {}
+        set_of: dict[tuple[tuple[int, str | None], ...], tuple[int, list[int]]] = {}
         for (lead_id, cid, m), turn, seat in placed.rows:
-            known = set_of.get(id(turn.candidates))
+            known = set_of.get(turn.candidates)
             if known is None:
-                known = set_of[id(turn.candidates)] = seats.add_set(turn.candidates, weight)
+                known = set_of[turn.candidates] = seats.add_set(turn.candidates, weight)
             seats.add_pick(known, turns)
-            batch.recorder.picked_in_columns(lead_id, team_name)
             batch.recorder.picked(lead_id, team_name, seat.id, m.rule_index)
+            batch.recorder.picked_in_columns(lead_id, team_name)
             turns[seat.id] += 1
             views.advance(seat.id)
             batch.results[cid] = Outcome(
@@ -673,13 +673,13 @@ class Router:
         by_id = {r.id: r for r in rows}
         placed = _Placed([], picks.credited, p)
         left: list[tuple[tuple[int, str, Match], Turn]] = []
-        # one tuple per distinct candidates tuple (by identity; picks.turns keeps them alive),
-        # so the picks that share candidates keep sharing them (_route_team sends each once)
-        joined: dict[int, tuple[tuple[int, str | None], ...]] = {}
+        # one tuple per distinct candidates tuple, so the picks with the same candidates
+        # share one (the decisions list them; _route_team sends each distinct set once)
+        joined: dict[tuple[tuple[int, str | None], ...], tuple[tuple[int, str | None], ...]] = {}
         for item, turn in zip(group, picks.turns, strict=True):
-            cands = joined.get(id(turn.candidates))
+            cands = joined.get(turn.candidates)
             if cands is None:
-                cands = joined[id(turn.candidates)] = turn.candidates + inactive
+                cands = joined[turn.candidates] = turn.candidates + inactive
             turn = Turn(turn.member_id, cands)
             if turn.member_id is None:
                 left.append((item, turn))

@@ -299,10 +299,13 @@ class DecisionRecorder:
         )
 
     def picked_in_columns(self, lead_id: int, team: str) -> None:
-        """The lead is picked from ``team``'s seats, which its statement writes in columns
-        of the decision (``record_assignments``, migration 0022: the batch, epoch, pick and
-        seats), not in ``detail``."""
-        self._entry(lead_id).detail["team"] = team
+        """The lead was picked (``picked``) from ``team``'s seats; its statement writes the
+        batch, epoch, pick and seats in columns of the decision (``record_assignments``,
+        migration 0022), so ``detail`` keeps none of them."""
+        d = self._entry(lead_id).detail
+        d["team"] = team
+        d.pop("batch", None)
+        d.pop("chosen_id", None)
 
     def picked(self, lead_id: int, team: str, member_id: int, rule_index: int | None) -> None:
         """The lead went to ``member_id``; with its rule, the SLA is looked up too."""
