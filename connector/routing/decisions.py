@@ -21,14 +21,15 @@ not repeated in every row. ``expand`` (pure) turns such a record back into the f
 written in, so `connector explain` and `connector simulate` read both. A batch of 500 leads
 built and sent about 1 KB of JSON per lead in the full form, most of the batch's time.
 
-**Where a decision is read** (since migration 0022): a rotation's pick stores its part of the
-decision (``batch``, ``epoch``, ``chosen_id``, ``seats``) in columns of its
+**Where a decision is read** (since migration 0022): a plain team's single lead
+(``route_plain``) and a batch's picks (``record_assignments``, to which
+``picked_in_columns`` leaves them, sent by ``assign._SeatColumns``) store the pick's part of
+the decision (``batch``, ``epoch``, ``chosen_id``, ``seats``) in columns of the
 ``routing_decisions`` row, so that none of it is built or parsed as JSON while the team's
-lock is held: ``route_plain`` for a single lead, and a batch's ``record_assignments``, to
-which ``picked_in_columns`` leaves the seats (``assign._SeatColumns``). The other writers
-(``route_lead``, an unassigned or overflowed lead, a reassignment) keep them in ``detail``.
-Readers read the view ``decision_details``, which folds the columns back into ``detail``
-under the same keys: one shape whoever wrote the row.
+lock is held. The other writers (``route_lead``, a lead left unassigned, a reassignment)
+keep them in ``detail``. Readers of whole decisions read the view ``decision_details``,
+which folds the columns back into ``detail`` under the same keys: one shape whoever wrote
+the row (`connector simulate`'s history reads single keys from the table itself).
 """
 
 from __future__ import annotations
