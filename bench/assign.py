@@ -1,6 +1,6 @@
 """Benchmark: assignment speed and fairness vs the one-statement ceiling and the naive rotation.
 
-    .venv/bin/python -m bench.assign [--quick] [--history N]
+    .venv/bin/python -m bench.assign [--quick] [--history N] [--repeat N]
                                      [--only MODE:WORKERS[:LEADS[:BATCH]] ...]
 
 Every configuration runs in a fresh database on the same server in the same run (the
@@ -19,6 +19,10 @@ other work on the machine moves these figures.
 ``--history N`` first gives the team N earlier leads, assigned round robin, and ANALYZEs (as
 autovacuum would): a database in production holds many assignments, and the planner's
 estimates, so its choice of plans, follow the table's size.
+
+``--repeat N`` runs the whole table N times in turn and reports each ratio's median with
+every run's value: on two shared cores one run's ratio at 16 workers moves by 0.1 or more
+from run to run, mostly with the ceiling's own throughput.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -127,6 +132,27 @@ def one(
     return row
 
 
+def ratios_of(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """One run's ratios: the project per lead against the faster of the two ceilings in each
+    row (one statement, or two in a function), and batched against the batched ceiling."""
+
+    def find(mode: str, workers: int) -> dict[str, Any]:
+        return next(r for r in rows if r["mode"] == mode and r["workers"] == workers)
+
+    ratios = {}
+    for workers in (1, 4, 16):
+        best = max(find(m, workers)["leads_per_s"] for m in ("ceiling", "ceiling_fn"))
+        ratios[f"per_lead_vs_ceiling_x{workers}"] = round(
+            find("project", workers)["leads_per_s"] / best, 3
+        )
+        ratios[f"batch_vs_ceiling_batch_x{workers}"] = round(
+            find("project_batch", workers)["leads_per_s"]
+            / find("ceiling_batch", workers)["leads_per_s"],
+            3,
+        )
+    return ratios
+
+
 def adhoc(specs: list[str], history: int = 0) -> None:
     """Run the given configurations (e.g. ``ceiling:4:600`` or ``project_batch:1:5000:500``)."""
     factory = DatabaseFactory(os.environ.get("BENCH_DATABASE_URL") or server_url())
@@ -156,9 +182,18 @@ def main() -> None:
         metavar="N",
         help="give the team N earlier assigned leads first (a multiple of its 10 reps)",
     )
+    ap.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run the whole table N times in turn; report each ratio's median",
+    )
     args = ap.parse_args()
     if args.history < 0 or args.history % 10:
         ap.error("--history must be 0 or a positive multiple of the team's 10 reps")
+    if args.repeat < 1:
+        ap.error("--repeat must be at least 1")
     if args.only:
         adhoc(args.only, args.history)
         return
@@ -167,37 +202,35 @@ def main() -> None:
     url = os.environ.get("BENCH_DATABASE_URL") or server_url()
     factory = DatabaseFactory(url)
     rows: list[dict[str, Any]] = []
+    each: list[dict[str, float]] = []  # every run's ratios
     t0 = time.time()
     load_before = os.getloadavg()
     try:
-        for workers in (1, 4, 16):
-            for mode in ("ceiling", "ceiling_fn", "project", "naive"):
-                rows.append(one(factory, mode, workers, per_lead, history=args.history))
-        for workers in (1, 4, 16):
-            for mode in ("ceiling_batch", "project_batch"):
-                rows.append(one(factory, mode, workers, batched, batch=500, history=args.history))
+        for run_no in range(args.repeat):
+            run_rows: list[dict[str, Any]] = []
+            for workers in (1, 4, 16):
+                for mode in ("ceiling", "ceiling_fn", "project", "naive"):
+                    run_rows.append(one(factory, mode, workers, per_lead, history=args.history))
+            for workers in (1, 4, 16):
+                for mode in ("ceiling_batch", "project_batch"):
+                    run_rows.append(
+                        one(factory, mode, workers, batched, batch=500, history=args.history)
+                    )
+            each.append(ratios_of(run_rows))
+            print(
+                f"ratios of run {run_no + 1} (project / the faster ceiling in each row):",
+                ", ".join(f"{k}={v}" for k, v in each[-1].items()),
+                flush=True,
+            )
+            rows.extend({**r, "run": run_no + 1} for r in run_rows)
     finally:
         factory.drop_all()
-
-    def find(mode: str, workers: int) -> dict[str, Any]:
-        return next(r for r in rows if r["mode"] == mode and r["workers"] == workers)
-
-    ratios = {}
-    for workers in (1, 4, 16):
-        # the faster of the two ceilings in this row: one statement, or two in a function
-        best = max(find(m, workers)["leads_per_s"] for m in ("ceiling", "ceiling_fn"))
-        ratios[f"per_lead_vs_ceiling_x{workers}"] = round(
-            find("project", workers)["leads_per_s"] / best, 3
+    ratios = {k: round(statistics.median(r[k] for r in each), 3) for k in each[0]}
+    if args.repeat > 1:
+        print(
+            f"median ratios of {args.repeat} runs:",
+            ", ".join(f"{k}={v}" for k, v in ratios.items()),
         )
-        ratios[f"batch_vs_ceiling_batch_x{workers}"] = round(
-            find("project_batch", workers)["leads_per_s"]
-            / find("ceiling_batch", workers)["leads_per_s"],
-            3,
-        )
-    print(
-        "ratios (project / the faster ceiling in each row, same run):",
-        ", ".join(f"{k}={v}" for k, v in ratios.items()),
-    )
     RESULTS.mkdir(exist_ok=True)
     out = {
         "benchmark": "assign",
@@ -207,7 +240,8 @@ def main() -> None:
         "quick": args.quick,
         "history": args.history,
         "rows": rows,
-        "ratios": ratios,
+        "ratios": ratios,  # the median of the runs' (one run: its own)
+        "ratios_each_run": each,
         "load_average": {"before": load_before, "after": os.getloadavg()},
         "seconds_total": round(time.time() - t0, 1),
     }
