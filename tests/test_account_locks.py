@@ -159,3 +159,40 @@ def test_the_naive_order_deadlocks(
     errors = [o for o in outcomes if isinstance(o, DatabaseError)]
     assert len(errors) == 1
     assert isinstance(errors[0], Conflict) and errors[0].sqlstate == "40P01"  # deadlock
+
+
+def test_an_account_lead_of_a_catch_up_team_is_recorded_under_its_lock(engine: Engine) -> None:
+    """Catch-up reads a team's latest owners by assignment id, account owners' leads included,
+    so a batch that only gives a catch-up team an account-matched lead takes the team's lock
+    before it records the lead. Recorded without it, the insert draws its id at once and only
+    then waits for the lock holder (the foreign key check): its id would come before the
+    holder's assignments although it follows them, and the team's next pick, and
+    `connector simulate`'s replay of it, would see a different order."""
+    c = parse_config(
+        YAML.replace("  - name: a\n", "  - name: a\n    catch_up: {max_in_a_row: 2}\n"),
+        "acme.yaml",
+        {"TOKEN": "t"},
+    )
+    apply_teams(engine, c)
+    page = [CrmAccount(to_18("001SB0000000001"), A1, ("a-corp.com",), datetime.now(UTC))]
+    with engine.begin() as conn:
+        store_accounts(conn, c.org, account_rows("salesforce", page))
+    router = Router(engine, c)
+    done: list[Outcome] = []
+    lead = Lead(to_18("00QSB0000000009"), {"Country": "A", "Email": "z@a-corp.com"})
+    with engine.connect() as holder:
+        holder.execute(text("SELECT id FROM teams WHERE name = 'a' FOR UPDATE"))
+        t = threading.Thread(target=lambda: done.extend(router.assign_many([lead], "api")))
+        t.start()
+        deadline = time.monotonic() + 60  # a bound, not a synchronisation: we wait for a state
+        while not _waiting_for_a_lock(engine):
+            assert time.monotonic() < deadline, "the batch never waited for the team's lock"
+            time.sleep(0.01)
+        # the lock holder's own assignment would take this id, after the batch began waiting
+        holders_id = holder.execute(text("SELECT nextval('assignments_id_seq')")).scalar_one()
+        holder.commit()
+    t.join(60)
+    assert [(o.owner_id, o.team, o.account_id is not None) for o in done] == [(A1, "a", True)]
+    with engine.connect() as conn:
+        account_id = conn.execute(text("SELECT id FROM assignments")).scalar_one()
+    assert account_id > holders_id

@@ -4,11 +4,14 @@
 one statement (``match_lookup``) the accounts they could belong to (by parent id and by
 domain) and the org's reps, and lets ``matching.decide`` judge each lead. Matched leads are
 recorded by ``record_matched``: assignment + outbox row, no rotation count. Their team row is
-not locked FOR UPDATE (the rotation does not move), but the assignment's foreign key check
-takes FOR KEY SHARE on it, which conflicts with that lock; so the router records them in the
-same name-ordered pass as its team locks, never before (tests/test_account_locks.py shows the
-deadlock that ordering avoids). The other leads go on to their rule's team rotation, and
-``note_fallbacks`` stores why on their assignments.
+not locked FOR UPDATE (the rotation does not move), unless the team has catch-up, whose picks
+read its latest owners (these included) by assignment id: then they are recorded under the
+lock, so their ids follow its order. The assignment's foreign key check takes FOR KEY SHARE
+on the team row, which conflicts with that lock; so the router records them in the same
+name-ordered pass as its team locks, never before (tests/test_account_locks.py shows the
+deadlock that ordering avoids, and the ids a catch-up team would get out of order). The
+other leads go on to their rule's team rotation, and ``note_fallbacks`` stores why on their
+assignments.
 """
 
 from __future__ import annotations

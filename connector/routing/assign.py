@@ -529,11 +529,15 @@ class Router:
         two batches never deadlock). Account-matched leads are recorded in the same name order:
         a team that only receives them is not locked FOR UPDATE (its rotation does not move; the
         insert's foreign key check takes FOR KEY SHARE on it), one that is locked records them
-        under its lock."""
+        under its lock. A team with catch-up is locked for them too: its picks read its latest
+        owners by assignment id, account owners' leads included, and an assignment inserted
+        before the lock wait (the foreign key check waits at the end of the insert) would hold
+        an id from before the lock holder's, out of the order the team's picks saw and
+        `connector simulate` replays."""
         org = self.cfg.org
         locked: dict[str, Any] = {}
         for team_name in sorted(needed | set(matched)):
-            if team_name not in needed:
+            if team_name not in needed and self.cfg.team(team_name).max_in_a_row is None:
                 accounts.record_matched(batch.conn, self.cfg, batch.source, matched[team_name])
                 continue
             team = batch.conn.execute(
@@ -544,7 +548,8 @@ class Router:
                     f"team {team_name!r} of org {org!r} is not in the database: "
                     "run `connector migrate` with this config"
                 )
-            locked[team_name] = team
+            if team_name in needed:
+                locked[team_name] = team
             accounts.record_matched(batch.conn, self.cfg, batch.source, matched.get(team_name, []))
         return locked
 
