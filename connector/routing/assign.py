@@ -678,14 +678,8 @@ class Router:
         by_id = {r.id: r for r in rows}
         placed = _Placed([], picks.credited, p)
         left: list[tuple[tuple[int, str, Match], Turn]] = []
-        # one tuple per distinct candidates tuple, so the picks with the same candidates
-        # share one (the decisions list them; _route_team sends each distinct set once)
-        joined: dict[tuple[tuple[int, str | None], ...], tuple[tuple[int, str | None], ...]] = {}
         for item, turn in zip(group, picks.turns, strict=True):
-            cands = joined.get(turn.candidates)
-            if cands is None:
-                cands = joined[turn.candidates] = turn.candidates + inactive
-            turn = Turn(turn.member_id, cands)
+            turn = Turn(turn.member_id, turn.candidates + inactive)
             if turn.member_id is None:
                 left.append((item, turn))
             else:
