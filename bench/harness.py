@@ -82,6 +82,7 @@ NO_CREDITS: dict[str, Any] = {
     "credit_ids": [],
     "credit_ns": [],
     "details": "[]",
+    "detail_of": [],
     "day": datetime.date(2000, 1, 3),
     "week": datetime.date(2000, 1, 3),
     "batch": None,

@@ -10,9 +10,11 @@
 -- a fresh snapshot).
 
 -- name: insert_leads
+-- :fields is ONE JSON array, zipped with the CRM ids by position (one json.dumps a batch).
 INSERT INTO leads (org, crm_object, crm_id, fields, parent_id, source)
-SELECT :org, :crm_object, t.crm_id, t.fields::jsonb, t.parent_id, :source
-FROM unnest(CAST(:crm_ids AS text[]), CAST(:fields AS text[]), CAST(:parent_ids AS text[]))
+SELECT :org, :crm_object, t.crm_id, t.fields, t.parent_id, :source
+FROM ROWS FROM (unnest(CAST(:crm_ids AS text[])), jsonb_array_elements(CAST(:fields AS jsonb)),
+                unnest(CAST(:parent_ids AS text[])))
      AS t (crm_id, fields, parent_id)
 ORDER BY t.crm_id
 ON CONFLICT (org, crm_object, crm_id) WHERE merged_into IS NULL DO NOTHING
@@ -54,8 +56,9 @@ SELECT member_id FROM assignments WHERE team_id = :team_id ORDER BY id DESC LIMI
 -- name: record_assignments
 -- Assignment ids follow the order of the picks (WITH ORDINALITY ... ORDER BY ord), so ordering
 -- a team's assignments by id replays its rotation exactly (`connector simulate` relies on it).
--- The picks' decisions are written by the same statement: :details is ONE JSON array zipped
--- with the picks by position (a caller may send fewer, e.g. '[]': the rest get none), and
+-- The picks' decisions are written by the same statement: :details is ONE JSON array of
+-- distinct decisions and :detail_of each pick's position in it, 0-based (a batch's picks
+-- mostly share one; NULL, or a list shorter than the picks: that pick gets none), and
 -- :sla_minutes sets each assignment's SLA check time as it is inserted. The outbox row takes
 -- the lead's id, parent and received_at (insert_leads returned it) from the picks, not from
 -- a join with leads. A pick's part of its decision (migration 0022) goes in columns, no JSON:
@@ -71,21 +74,23 @@ WITH picks AS (
                     unnest(CAST(:crm_ids AS text[])), unnest(CAST(:parent_ids AS text[])),
                     unnest(CAST(:received_ats AS timestamptz[])),
                     unnest(CAST(:sla_minutes AS integer[])),
-                    jsonb_array_elements(CAST(:details AS jsonb)),
+                    unnest(CAST(:detail_of AS integer[])),
                     unnest(CAST(:seat_sets AS integer[])),
                     unnest(CAST(:count_starts AS integer[])))
          WITH ORDINALITY AS p (lead_id, member_id, rule_index, rule_name, crm_id, parent_id,
-                               received_at, sla_minutes, detail, seat_set, count_start, ord)
+                               received_at, sla_minutes, detail_of, seat_set, count_start, ord)
     WHERE p.lead_id IS NOT NULL
 ), sets AS (
     SELECT *
     FROM ROWS FROM (unnest(CAST(:set_starts AS integer[])), unnest(CAST(:set_lens AS integer[])))
          WITH ORDINALITY AS s (start, len, n)
 ), seat_arrays AS MATERIALIZED (
-    -- cast once: a cast written in the per-pick slices below would convert the whole array
-    -- for every pick (psycopg sends small ints as int2[]), 35 us a pick in the generic plan
+    -- cast once (the JSON parsed once): a cast written in the per-pick expressions below
+    -- would convert the whole array, or parse the whole JSON, for every pick once the
+    -- statement runs on its generic plan (35 us a pick for a bigint[] sent as integer[])
     SELECT CAST(:set_ids AS bigint[]) AS ids, CAST(:set_weights AS integer[]) AS weights,
-           CAST(:set_skips AS text[]) AS skips, CAST(:seat_counts AS bigint[]) AS counts
+           CAST(:set_skips AS text[]) AS skips, CAST(:seat_counts AS bigint[]) AS counts,
+           CAST(:details AS jsonb) AS details
 ), per_member AS (
     SELECT member_id, count(*) AS n FROM picks GROUP BY member_id
 ), credits AS (
@@ -121,7 +126,7 @@ WITH picks AS (
 ), decided AS (
     INSERT INTO routing_decisions (org, lead_id, kind, detail, batch, epoch, chosen_id,
                                    seat_ids, seat_weights, seat_counts, seat_skips)
-    SELECT :org, p.lead_id, 'route', p.detail,
+    SELECT :org, p.lead_id, 'route', x.details -> p.detail_of,
            CASE WHEN s.n IS NOT NULL THEN CAST(:batch AS bigint) END,
            CASE WHEN s.n IS NOT NULL THEN CAST(:epoch AS integer) END,
            CASE WHEN s.n IS NOT NULL THEN p.member_id END,
@@ -129,7 +134,7 @@ WITH picks AS (
            x.counts[p.count_start:p.count_start + s.len - 1],
            x.skips[s.start:s.start + s.len - 1]
     FROM picks p LEFT JOIN sets s ON s.n = p.seat_set CROSS JOIN seat_arrays x
-    WHERE p.detail IS NOT NULL
+    WHERE x.details -> p.detail_of IS NOT NULL
     ORDER BY p.lead_id
     RETURNING lead_id
 )

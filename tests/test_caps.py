@@ -8,11 +8,13 @@ from collections import Counter
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Engine, text
+from sqlalchemy import Connection, Engine, text
 
 import db
 from connector.core.config import OrgConfig, parse_config
 from connector.routing.assign import Lead, Outcome, Router
+from connector.routing.decisions import DecisionRecorder
+from connector.routing.rules import compile_rules
 from connector.routing.teams import apply_teams
 from connector.shell.reps import end_away, resolve_rep, set_away
 from tests.clocks import WallClock
@@ -340,7 +342,8 @@ def test_record_assignments_slices_each_picks_seats_from_its_set(engine: Engine)
                 "parent_ids": [None] * 3,
                 "received_ats": [r.received_at for r in leads],
                 "sla_minutes": [None] * 3,
-                "details": json.dumps([{"team": "a"}, {"team": "a"}, {"team": "a", "x": 1}]),
+                "details": json.dumps([{"team": "a"}, {"team": "a", "x": 1}]),
+                "detail_of": [0, 0, 1],  # L1 and L2 share one
                 "credit_ids": [],
                 "credit_ns": [],
                 "day": date(2026, 12, 7),
@@ -382,3 +385,61 @@ def test_record_assignments_slices_each_picks_seats_from_its_set(engine: Engine)
         "seats": {"ids": [a, b], "weights": [5, 6], "counts": [20, 21], "skips": [None, "capped"]},
     }
     assert got["L3"] == {"team": "a", "x": 1}
+
+
+def test_a_batchs_decisions_are_sent_once_per_distinct_content(engine: Engine) -> None:
+    """record_assignments receives each distinct decision once (DecisionRecorder.take): the
+    US leads of team a share one, the German leads another (their own rule's trace), and the
+    leads that overflowed from a keep their own (overflow_from). Read back, every decision
+    holds what its lead's decision says."""
+    r = router(engine, org(TEAMS), WallClock(MONDAY))
+    sent: list[tuple[int, list[int]]] = []
+    execute = Connection.execute
+
+    def spy(self: Connection, statement: Any, params: Any = None, **kw: Any) -> Any:
+        if params and "detail_of" in params:
+            sent.append((len(json.loads(params["details"])), list(params["detail_of"])))
+        return execute(self, statement, params, **kw)
+
+    Connection.execute = spy  # type: ignore[method-assign]
+    try:
+        got = r.assign_many(leads("00Qd", 2, "DE") + leads("00Qu", 7), "api")
+    finally:
+        Connection.execute = execute  # type: ignore[method-assign]
+    assert owners(got) == ["005D", "005D", "005A", "005B", "005A", "005B", "005B", "005D", "005D"]
+    # team a: five picks, one decision; team de: two German leads (one) and two overflowed
+    assert sorted(sent) == [(1, [0] * 5), (3, [0, 0, 1, 2])]
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT l.crm_id, d.detail FROM decision_details d "
+                "JOIN leads l ON l.id = d.lead_id ORDER BY l.crm_id"
+            )
+        ).all()
+    detail = dict(rows)
+    assert len(detail) == 9
+    for cid, d in detail.items():
+        rule = "german" if cid.startswith("00Qd") else "rest"
+        assert [t["name"] for t in d["rules"] if t["matched"]] == [rule]
+        assert d["values"] == {"Country": "DE" if rule == "german" else "US"}
+        assert (d["source"], d["outcome"], d["at"]) == ("api", "assigned", MONDAY.isoformat())
+        overflowed = cid in ("00Qu005", "00Qu006")
+        assert d["team"] == ("de" if rule == "german" or overflowed else "a")
+        assert ("overflow_from" in d) == overflowed
+
+
+def test_take_shares_only_decisions_with_nothing_of_their_own() -> None:
+    cfg = org(TEAMS)
+    rec = DecisionRecorder(cfg, compile_rules(cfg.rules))
+    for lead_id, country in ((1, "US"), (2, "US"), (3, "DE"), (4, "US"), (5, "US"), (6, "US")):
+        rec.started(lead_id, "api", {"Country": country})
+        rec.picked_in_columns(lead_id, "a", 1)
+    rec.detail(4)["sla_minutes"] = 5  # another SLA
+    rec.away_by_command(5, ["005A"])  # its own part
+    rec.detail(6)["note"] = "x"  # a key take() does not know
+    details, positions, slas = rec.take([1, 2, 3, 4, 5, 6])
+    parts = json.loads(details)
+    assert positions == [0, 0, 1, 2, 3, 4]
+    assert parts[2]["sla_minutes"] == 5 and parts[3]["away_by_command"] == ["005A"]
+    assert parts[4]["note"] == "x" and "note" not in parts[0]
+    assert slas == [None] * 6

@@ -9,7 +9,8 @@ twin for the webhook receivers' one-statement writes, with the same translation,
 rest of the connector catches only the classes below.
 
 Layer rule (import-linter, "forbidden" contract): ``sqlalchemy.exc``, ``sqlalchemy.pool`` and
-``psycopg`` may be imported in ``connector`` by this module only, and only this module calls
+``psycopg`` may be imported in ``connector`` by this module only (and by ``arrays.py``, the list
+dumper, which uses its adaptation API), and only this module calls
 ``sqlalchemy.create_engine`` (``tests/test_errors.py`` checks both).
 
 Messages carry the SQLSTATE, its condition name and the constraint name, never SQL parameters
@@ -26,11 +27,12 @@ from typing import Any
 
 import psycopg
 import sqlalchemy
-from psycopg.types.array import ListBinaryDumper
 from sqlalchemy import Engine, event
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL, ExceptionContext
 from sqlalchemy.pool import PoolProxiedConnection, QueuePool
+
+from connector.core.arrays import send_lists_in_binary
 
 
 class ConnectorError(Exception):
@@ -181,27 +183,12 @@ class BoundaryPool(QueuePool):
 
 def create_engine(url: str | URL, **kwargs: Any) -> Engine:
     """``sqlalchemy.create_engine`` whose failures are the connector's errors, and whose
-    connections send list parameters in binary (``_binary_lists``)."""
+    connections send list parameters in binary (``arrays.send_lists_in_binary``)."""
     kwargs.setdefault("poolclass", BoundaryPool)
     engine = sqlalchemy.create_engine(url, **kwargs)
     event.listen(engine, "handle_error", _on_error)
-    event.listen(engine, "connect", _binary_lists)
+    event.listen(engine, "connect", send_lists_in_binary)
     return engine
-
-
-def _binary_lists(dbapi_connection: Any, _record: Any) -> None:
-    """Send Python lists as binary arrays on this connection. psycopg's default for a list
-    is its text form, which it builds element by element with a quoting check per element:
-    a batch of 500 leads sends about a dozen such arrays, 0.3 to 1.3 ms each to build, 4 to
-    16 times what the binary form costs. The binary form names its element type (int2 to
-    numeric for ints, by their size; text for str), where the text form left it to the
-    server, so every array parameter in db/*.sql is cast to its type
-    (``CAST(:ids AS bigint[])``): a new one must be too. Cast it where it is evaluated once
-    (``unnest``, an index condition, a ``MATERIALIZED`` CTE), never in an expression computed
-    per row: small ints arrive as ``int2[]``, so the cast is a real conversion, and once the
-    statement runs on its generic plan it converts the whole array for every row
-    (``record_assignments`` went from 31 to 47 ms a batch of 500 that way)."""
-    dbapi_connection.adapters.register_dumper(list, ListBinaryDumper)
 
 
 def one_statement(engine: Engine, sql: str, params: Mapping[str, Any]) -> tuple[Any, ...] | None:

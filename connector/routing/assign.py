@@ -186,26 +186,27 @@ class _Standing:
 
 
 class _StandingViews:
-    """The team's members with their turns advanced pick by pick through one batch."""
+    """The team's members with their turns as they stand (``turns``, advanced pick by pick
+    through one batch)."""
 
-    def __init__(self, rows: Sequence[Any]) -> None:
+    def __init__(self, rows: Sequence[Any], turns: Mapping[int, int]) -> None:
         self._rows = rows
-        self._turns = {r.id: r.turns for r in rows}
+        self._turns = turns
 
     def rows(self) -> list[_Standing]:
         return [
             _Standing(r.id, r.crm_user_id, r.name, r.weight, self._turns[r.id]) for r in self._rows
         ]
 
-    def advance(self, member_id: int) -> None:
-        self._turns[member_id] += 1
-
 
 class _SeatColumns:
     """The seats of one team's picks as ``record_assignments`` takes them (migration 0022):
-    distinct candidate sets, flat, and each pick's set and counts."""
+    distinct candidate sets, flat, and each pick's set and counts (every candidate's turns
+    before the pick, which advance pick by pick from ``turns``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, turns: Mapping[int, int], weight: Mapping[int, int]) -> None:
+        self.turns = dict(turns)
+        self.weight = weight
         self.set_ids: list[int] = []
         self.set_weights: list[int] = []
         self.set_skips: list[str | None] = []
@@ -214,25 +215,42 @@ class _SeatColumns:
         self.seat_sets: list[int] = []
         self.count_starts: list[int] = []
         self.seat_counts: list[int] = []
+        self._numbers: dict[tuple[tuple[int, str | None], ...], int] = {}
+        self._last: tuple[tuple[int, str | None], ...] | None = None
+        self._number = 0
+        self._ids: list[int] = []
+        self._counts: list[int] = []  # the current set's counts, in its order
 
-    def add_set(
-        self, candidates: Sequence[tuple[int, str | None]], weight: Mapping[int, int]
-    ) -> tuple[int, list[int]]:
-        """A new set of candidates: (its number, 1-based; its member ids in order)."""
-        ids = [mid for mid, _ in candidates]
-        self.set_starts.append(len(self.set_ids) + 1)
-        self.set_lens.append(len(ids))
-        self.set_ids.extend(ids)
-        self.set_weights.extend(weight[mid] for mid in ids)
-        self.set_skips.extend(why for _, why in candidates)
-        return len(self.set_starts), ids
-
-    def add_pick(self, known: tuple[int, list[int]], turns: Mapping[int, int]) -> None:
-        """The next pick, among set ``known``, with each candidate's turns before it."""
-        number, ids = known
-        self.seat_sets.append(number)
+    def pick(self, candidates: tuple[tuple[int, str | None], ...], member_id: int) -> None:
+        """The next pick: ``member_id`` among ``candidates`` (in the rotation's order). The
+        turns of a batch share their candidates until a rep is blocked or capped on the way:
+        each distinct tuple is one set, sent once (the same object is the common case)."""
+        if candidates is not self._last:
+            number = self._numbers.get(candidates)
+            if number is None:
+                number = self._numbers[candidates] = self._add_set(candidates)
+            if number != self._number:
+                self._number = number
+                start = self.set_starts[number - 1] - 1
+                self._ids = self.set_ids[start : start + self.set_lens[number - 1]]
+                self._counts = [self.turns[mid] for mid in self._ids]
+            self._last = candidates
+        self.seat_sets.append(self._number)
         self.count_starts.append(len(self.seat_counts) + 1)
-        self.seat_counts.extend(turns[mid] for mid in ids)
+        self.seat_counts += self._counts
+        self.turns[member_id] += 1
+        if member_id in self._ids:
+            self._counts[self._ids.index(member_id)] += 1
+
+    def _add_set(self, candidates: tuple[tuple[int, str | None], ...]) -> int:
+        """A new set of candidates: its number, 1-based."""
+        self.set_starts.append(len(self.set_ids) + 1)
+        self.set_lens.append(len(candidates))
+        for mid, why in candidates:
+            self.set_ids.append(mid)
+            self.set_weights.append(self.weight[mid])
+            self.set_skips.append(why)
+        return len(self.set_starts)
 
     def params(self, batch: int | None) -> dict[str, Any]:
         return {
@@ -450,7 +468,7 @@ class Router:
                 "crm_object": obj,
                 "source": batch.source,
                 "crm_ids": [cid for cid, _ in unique],
-                "fields": [json.dumps(x.fields) for _, x in unique],
+                "fields": json.dumps([x.fields for _, x in unique]),
                 "parent_ids": [batch.parents[cid] for cid, _ in unique],
             },
         ).all()
@@ -559,29 +577,19 @@ class Router:
         unassigned with the reason."""
         group = batch.by_team[team_name]
         placed, left, reason, members = self._pick(batch.conn, team_name, team.id, group, now)
-        views = _StandingViews(members)
         away = away_by_command(members, now)
         for lead_id, _, _ in group:
             batch.recorder.away_by_command(lead_id, away)
-        turns = {r.id: r.turns for r in members}
-        weight = {r.id: r.weight for r in members}
         # Each pick's seats (the candidates in the rotation's order, their weights, counts
-        # and skip reasons) go in columns of its decision (record_assignments). The turns of
-        # a batch share their candidates until a rep is blocked or capped on the way: each
-        # distinct candidates tuple is one set, sent once; only the counts change pick by
-        # pick.
-        seats = _SeatColumns()
-        set_of: dict[tuple[tuple[int, str | None], ...], tuple[int, list[int]]] = {}
+        # and skip reasons) go in columns of its decision (record_assignments).
+        seats = _SeatColumns({r.id: r.turns for r in members}, {r.id: r.weight for r in members})
+        views = _StandingViews(members, seats.turns)
+        picked = batch.recorder.picked_in_columns
+        results = batch.results
         for (lead_id, cid, m), turn, seat in placed.rows:
-            known = set_of.get(turn.candidates)
-            if known is None:
-                known = set_of[turn.candidates] = seats.add_set(turn.candidates, weight)
-            seats.add_pick(known, turns)
-            batch.recorder.picked(lead_id, team_name, seat.id, m.rule_index)
-            batch.recorder.picked_in_columns(lead_id, team_name)
-            turns[seat.id] += 1
-            views.advance(seat.id)
-            batch.results[cid] = Outcome(
+            seats.pick(turn.candidates, seat.id)
+            picked(lead_id, team_name, m.rule_index)
+            results[cid] = Outcome(
                 cid, "assigned", team_name, seat.crm_user_id, seat.name, candidates=turn.candidates
             )
         if placed.rows:  # the assignments and their decisions, in one statement
@@ -693,7 +701,7 @@ class Router:
 
     def _record_params(self, team: Any, placed: _Placed, batch: _Batch) -> dict[str, Any]:
         lead_ids = [item[0] for item, _, _ in placed.rows]
-        details, sla_minutes = batch.recorder.take(lead_ids)
+        details, detail_of, sla_minutes = batch.recorder.take(lead_ids)
         return {
             "org": self.cfg.org,
             "team_id": team.id,
@@ -704,6 +712,7 @@ class Router:
             "parent_ids": [batch.parents.get(item[1]) for item, _, _ in placed.rows],
             "received_ats": [batch.received[item[1]] for item, _, _ in placed.rows],
             "details": details,
+            "detail_of": detail_of,
             "sla_minutes": sla_minutes,
             "lead_ids": lead_ids,
             "member_ids": [turn.member_id for _, turn, _ in placed.rows],

@@ -203,6 +203,33 @@ class _Pending:
     sla_minutes: int | None = None
 
 
+# The keys of a decision that holds nothing of its own lead: its trace (``started``: the same
+# objects for leads whose rule fields have the same values), the batch's instant, and what
+# its team and rule give it. Anything else (an account, an absence, an overflow, a detail
+# changed through ``detail``) makes it the lead's own.
+_SHARED_KEYS = frozenset(
+    {"source", "rules", "values", "at", "batch", "team", "outcome", "sla_minutes"}
+)
+
+
+def _shared_key(d: Mapping[str, Any]) -> tuple[object, ...] | None:
+    """What a decision with only shared parts is equal by, else None. The trace's lists are
+    compared by identity: ``started`` shares one pair of objects per distinct trace, and
+    they stay alive (and unchanged) for the whole batch."""
+    if not d.keys() <= _SHARED_KEYS:
+        return None
+    return (
+        id(d.get("rules")),
+        id(d.get("values")),
+        d.get("source"),
+        d.get("at"),
+        d.get("batch"),
+        d.get("team"),
+        d.get("outcome"),
+        d.get("sla_minutes"),
+    )
+
+
 class DecisionRecorder:
     """Collects one batch's decisions; ``flush`` writes them in the caller's transaction."""
 
@@ -229,15 +256,18 @@ class DecisionRecorder:
         """The lead is new and its rules are about to be matched: trace them (a trace depends
         only on the values of the fields the rules look at, so a batch traces each distinct
         combination once)."""
-        key = tuple(fields.get(f) for f in self._fields)
+        key = tuple([fields.get(f) for f in self._fields])
         try:
             tried, values = self._traces[key]
         except KeyError:
             tried, values = self._traces.setdefault(key, trace_rules(self.rules, fields))
         except TypeError:  # an unhashable value (a list or an object): no cache
             tried, values = trace_rules(self.rules, fields)
-        d = self._entry(lead_id).detail
-        d.update({"source": source, "rules": tried, "values": values})
+        p = self._by_lead.get(lead_id)
+        if p is None:
+            self._by_lead[lead_id] = _Pending({"source": source, "rules": tried, "values": values})
+        else:
+            p.detail.update({"source": source, "rules": tried, "values": values})
 
     def judged_at(self, lead_ids: Sequence[int], at: datetime, batch: int) -> None:
         """The instant availability (caps, hours, time off) was judged at for these leads, and
@@ -299,14 +329,17 @@ class DecisionRecorder:
             }
         )
 
-    def picked_in_columns(self, lead_id: int, team: str) -> None:
-        """The lead was picked (``picked``) from ``team``'s seats; its statement writes the
-        batch, epoch, pick and seats in columns of the decision (``record_assignments``,
-        migration 0022), so ``detail`` keeps none of them."""
-        d = self._entry(lead_id).detail
+    def picked_in_columns(self, lead_id: int, team: str, rule_index: int | None) -> None:
+        """The lead was picked from ``team``'s seats by a statement that writes the batch,
+        epoch, pick and seats in columns of the decision (``record_assignments``, migration
+        0022), so ``detail`` keeps none of them: as ``picked`` otherwise."""
+        p = self._entry(lead_id)
+        d = p.detail
         d["team"] = team
+        d["outcome"] = "assigned"
         d.pop("batch", None)
-        d.pop("chosen_id", None)
+        if rule_index is not None:
+            self._sla(p, team, rule_index)
 
     def picked(self, lead_id: int, team: str, member_id: int, rule_index: int | None) -> None:
         """The lead went to ``member_id``; with its rule, the SLA is looked up too."""
@@ -314,13 +347,18 @@ class DecisionRecorder:
         p.detail["chosen_id"] = member_id
         p.detail["outcome"] = "assigned"
         if rule_index is not None:
-            key = (rule_index, team)
-            if key not in self._slas:
-                sla = self.cfg.sla_for(rule_index, team)
-                self._slas[key] = sla.minutes if sla else None
-            p.sla_minutes = self._slas[key]
-            if p.sla_minutes is not None:
-                p.detail["sla_minutes"] = p.sla_minutes
+            self._sla(p, team, rule_index)
+
+    def _sla(self, p: _Pending, team: str, rule_index: int) -> None:
+        key = (rule_index, team)
+        try:
+            minutes = self._slas[key]
+        except KeyError:
+            sla = self.cfg.sla_for(rule_index, team)
+            minutes = self._slas[key] = sla.minutes if sla else None
+        p.sla_minutes = minutes
+        if minutes is not None:
+            p.detail["sla_minutes"] = minutes
 
     def unassigned(
         self,
@@ -362,12 +400,29 @@ class DecisionRecorder:
             }
         )
 
-    def take(self, lead_ids: Sequence[int]) -> tuple[str, list[int | None]]:
+    def take(self, lead_ids: Sequence[int]) -> tuple[str, list[int], list[int | None]]:
         """Hand these leads' decisions to a statement that writes them with their assignments
-        (``record_assignments``): one JSON array and the SLA minutes, in the order given; they
-        are no longer flushed here."""
-        taken = [self._by_lead.pop(i) for i in lead_ids]
-        return json.dumps([p.detail for p in taken]), [p.sla_minutes for p in taken]
+        (``record_assignments``): one JSON array of the distinct decisions, each lead's
+        position in it and its SLA minutes, in the order given; they are no longer flushed
+        here. A batch's decisions mostly differ only in their pick, which goes in columns:
+        those that hold nothing of their own (``_shared_key``) are sent once."""
+        parts: list[dict[str, Any]] = []
+        positions: list[int] = []
+        slas: list[int | None] = []
+        seen: dict[tuple[object, ...], int] = {}
+        for lead_id in lead_ids:
+            p = self._by_lead.pop(lead_id)
+            d = p.detail
+            key = _shared_key(d)
+            n = seen.get(key) if key is not None else None
+            if n is None:
+                n = len(parts)
+                parts.append(d)
+                if key is not None:
+                    seen[key] = n
+            positions.append(n)
+            slas.append(p.sla_minutes)
+        return json.dumps(parts), positions, slas
 
     def flush(self, conn: Connection) -> int:
         """Write every decision (one statement); set SLA due times on new assignments."""

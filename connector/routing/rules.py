@@ -9,7 +9,7 @@ A rule without ``when`` matches every lead.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from connector.core.config import FieldValues, Rule
 
@@ -40,10 +40,15 @@ class CompiledRule:
     index: int
     name: str
     conditions: tuple[tuple[str, frozenset[str]], ...]
+    # the match this rule gives: one immutable object, shared by every lead it matches
+    result: Match = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "result", Match(self.team, self.index, self.name))
 
     def matches(self, fields: Mapping[str, object]) -> bool:
-        for field, allowed in self.conditions:
-            value = fields.get(field)
+        for name, allowed in self.conditions:
+            value = fields.get(name)
             if value is None or _norm(value) not in allowed:
                 return False
         return True
@@ -62,5 +67,5 @@ def match(rules: Sequence[CompiledRule], fields: Mapping[str, object]) -> Match 
     """The first rule the lead's fields satisfy, or None when no rule matches."""
     for rule in rules:
         if rule.matches(fields):
-            return Match(rule.team, rule.index, rule.name)
+            return rule.result
     return None
