@@ -7,14 +7,16 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import psycopg
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Connection, Engine, text
+from sqlalchemy.engine import make_url
 
-from connector.core.arrays import ArrayElementError, pack_ints
+from connector.core.arrays import ArrayElementError, pack_ints, send_lists_in_binary
 from connector.shell.store import make_engine
-from tests.pg import DatabaseFactory
+from tests.pg import DatabaseFactory, with_database
 
 INT8 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 # PostgreSQL text holds any character but NUL; surrogates cannot be encoded at all
@@ -113,3 +115,28 @@ def test_pack_ints_reports_nulls() -> None:
     body, hasnull = pack_ints([1, None])
     assert hasnull == 1
     assert body == b"\x00\x00\x00\x08" + (1).to_bytes(8, "big") + b"\xff\xff\xff\xff"
+
+
+def test_a_sql_ascii_database_gets_utf8_text(databases: DatabaseFactory) -> None:
+    # as psycopg's own str dumper does: the client encoding SQL_ASCII maps to Python's
+    # "ascii", which cannot encode "é"
+    name = f"{databases.prefix}_ascii"
+    with databases.admin.connect() as admin:
+        admin.execute(
+            text(
+                f"CREATE DATABASE {name} ENCODING 'SQL_ASCII' TEMPLATE template0 "
+                "LC_COLLATE 'C' LC_CTYPE 'C'"
+            )
+        )
+    url = make_url(with_database(databases.url, name)).set(drivername="postgresql")
+    conn = psycopg.connect(url.render_as_string(hide_password=False))
+    try:
+        send_lists_in_binary(conn, None)  # what every engine's connections get
+        got = conn.execute(
+            "SELECT octet_length(x) FROM unnest(CAST(%s AS text[])) x", (["é", "a"],)
+        ).fetchall()
+        assert got == [(2,), (1,)]
+    finally:
+        conn.close()
+        with databases.admin.connect() as admin:
+            admin.execute(text(f"DROP DATABASE {name}"))

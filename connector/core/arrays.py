@@ -13,7 +13,9 @@ The element type follows the list's first element: a flat list whose first eleme
 (empty, led by None, a bool, a float, a date, a nested list) goes through psycopg's own binary
 dumper, which chooses by scanning. None elements are NULLs. An int out of the bigint range,
 or an element of another type in an int or str list, is refused with ``ArrayElementError``
-before anything is sent.
+before anything is sent: a ``ValueError``, not a database error, since every list the
+connector sends is built by its own code (a bool after an int is sent as 1 or 0, as
+``struct`` takes it).
 
 Every array parameter in db/*.sql is cast to its type (``CAST(:ids AS bigint[])``), since
 the element type sent is the list's, not the column's: a new one must be too. Cast it where
@@ -118,7 +120,9 @@ class _TextList(ListBinaryDumper):
     oid = _TEXT.array_oid
 
     def dump(self, obj: list[Any]) -> bytes:
-        body, hasnull = pack_texts(obj, self._tx.encoding)
+        # as psycopg's own str dumper: a SQL_ASCII database gets UTF-8
+        encoding = self._tx.encoding
+        body, hasnull = pack_texts(obj, encoding if encoding != "ascii" else "utf-8")
         return _HEAD.pack(1, hasnull, _TEXT.oid, len(obj), 1) + body
 
 
