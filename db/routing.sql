@@ -135,7 +135,9 @@ WITH picks AS (
            x.skips[s.start:s.start + s.len - 1]
     FROM picks p LEFT JOIN sets s ON s.n = p.seat_set CROSS JOIN seat_arrays x
     WHERE x.details -> p.detail_of IS NOT NULL
-    ORDER BY p.lead_id
+    -- in pick order, unsorted: a lead has one decision here, readers order a lead's
+    -- decisions by id, and sorting these wide rows (JSON and seat arrays) under the lock
+    -- served no reader (BENCHMARKS.md, runs of 2026-12-04 19:13-19:16 UTC)
     RETURNING lead_id
 )
 INSERT INTO outbox (org, lead_id, assignment_id, crm_object, crm_id, owner_id, parent_id,
