@@ -29,7 +29,10 @@ the decision (``batch``, ``epoch``, ``chosen_id``, ``seats``) in columns of the
 lock is held. The other writers (``route_lead``, a lead left unassigned, a reassignment)
 keep them in ``detail``. Readers of whole decisions read the view ``decision_details``,
 which folds the columns back into ``detail`` under the same keys: one shape whoever wrote
-the row (`connector simulate`'s history reads single keys from the table itself).
+the row (`connector simulate`'s history reads single keys from the table itself). What is
+left of a batch's decisions then mostly repeats from lead to lead (the trace of the same
+rule, the batch's instant, the team): ``take`` hands ``record_assignments`` each distinct
+one once, with each pick's position in them.
 """
 
 from __future__ import annotations
@@ -330,9 +333,10 @@ class DecisionRecorder:
         )
 
     def picked_in_columns(self, lead_id: int, team: str, rule_index: int | None) -> None:
-        """The lead was picked from ``team``'s seats by a statement that writes the batch,
-        epoch, pick and seats in columns of the decision (``record_assignments``, migration
-        0022), so ``detail`` keeps none of them: as ``picked`` otherwise."""
+        """The lead was picked from ``team``'s seats by ``record_assignments``, which writes
+        the batch, epoch, pick and seats in columns of the decision (migration 0022): its
+        ``detail`` gets none of them, only the team, the outcome and the SLA (as ``picked``
+        does)."""
         p = self._entry(lead_id)
         d = p.detail
         d["team"] = team
