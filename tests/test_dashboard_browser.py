@@ -3,11 +3,15 @@ driven by Selenium. Every page loads, its numbers equal `connector status --json
 is retried by clicking its button, refused requests change nothing, every control has an
 accessible name and all text has a contrast of at least 4.5:1.
 
-Without Chromium these tests skip, saying why; with REQUIRE_BROWSER=1 (CI) that is a failure.
-Screenshots go to $DASHBOARD_SCREENSHOTS (default: a new temporary directory)."""
+The browser is the system's Chromium and chromedriver when both are on PATH (Debian's
+packages, as CI installs them); otherwise Selenium Manager (part of Selenium) downloads Chrome
+for Testing and its driver into ~/.cache/selenium, which needs no root, only the internet.
+When neither works these tests skip, saying why; with REQUIRE_BROWSER=1 (CI) that is a
+failure. Screenshots go to $DASHBOARD_SCREENSHOTS (default: a new temporary directory)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -29,8 +33,6 @@ from crm_sandboxes import SalesforceSandbox
 from tests.a11y import RGB, blend, contrast_ratio, parse_color
 from tests.dashboard_world import ORG, World, build_world, dead_row, outbox_states
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-DRIVER = shutil.which("chromedriver")
 TOKEN = "browser-admin-token-0123456789"
 CONTROLS = "a, button, input:not([type=hidden]), select, textarea, [role=button], svg[role=img]"
 
@@ -80,13 +82,32 @@ def shots() -> Path:
     return folder
 
 
+@functools.cache
+def browser_paths() -> tuple[str, str] | str:
+    """(the browser, its driver), or why there is none: Chromium and chromedriver on PATH,
+    else Chrome for Testing from Selenium Manager (downloaded once, no root needed)."""
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver = shutil.which("chromedriver")
+    if chromium and driver:
+        return chromium, driver
+    from selenium.common.exceptions import WebDriverException
+    from selenium.webdriver.common.selenium_manager import SeleniumManager
+
+    try:
+        found = SeleniumManager().binary_paths(["--browser", "chrome", "--avoid-stats"])
+    except WebDriverException as exc:  # offline, or no build for this platform
+        return (
+            "no Chromium and chromedriver on PATH (apt-get install chromium chromium-driver), "
+            f"and Selenium Manager could not fetch Chrome for Testing: {exc.msg}"
+        )
+    return found["browser_path"], found["driver_path"]
+
+
 @pytest.fixture
 def browser(shots: Path, capsys: pytest.CaptureFixture[str]) -> Iterator[Any]:
-    if not (CHROMIUM and DRIVER):
-        reason = (
-            "headless Chromium is not installed (apt-get install chromium chromium-driver); "
-            "CI sets REQUIRE_BROWSER=1 to make this a failure"
-        )
+    paths = browser_paths()
+    if isinstance(paths, str):
+        reason = paths + "; CI sets REQUIRE_BROWSER=1 to make this a failure"
         if os.environ.get("REQUIRE_BROWSER") == "1":
             pytest.fail("REQUIRE_BROWSER=1 but " + reason)
         pytest.skip(reason)
@@ -94,8 +115,9 @@ def browser(shots: Path, capsys: pytest.CaptureFixture[str]) -> Iterator[Any]:
     from selenium.webdriver.chrome.options import Options
     from selenium.webdriver.chrome.service import Service
 
+    binary, driver_path = paths
     opts = Options()
-    opts.binary_location = CHROMIUM
+    opts.binary_location = binary
     opts.set_capability("goog:loggingPrefs", {"performance": "ALL"})  # response statuses
     for arg in (
         "--headless=new",
@@ -107,7 +129,7 @@ def browser(shots: Path, capsys: pytest.CaptureFixture[str]) -> Iterator[Any]:
         "--disable-extensions",
     ):
         opts.add_argument(arg)
-    driver = webdriver.Chrome(options=opts, service=Service(executable_path=DRIVER))
+    driver = webdriver.Chrome(options=opts, service=Service(executable_path=driver_path))
     driver.set_page_load_timeout(60)
     driver.set_script_timeout(60)
     try:
