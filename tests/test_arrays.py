@@ -5,6 +5,7 @@ anything is stored."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import UTC, date, datetime, timedelta, timezone
 from typing import Any
 
 import psycopg
@@ -14,13 +15,25 @@ from hypothesis import strategies as st
 from sqlalchemy import Connection, Engine, text
 from sqlalchemy.engine import make_url
 
-from connector.core.arrays import ArrayElementError, pack_ints, send_lists_in_binary
+from connector.core.arrays import (
+    ArrayElementError,
+    pack_instants,
+    pack_ints,
+    send_lists_in_binary,
+)
 from connector.shell.store import make_engine
 from tests.pg import DatabaseFactory, with_database
 
 INT8 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 # PostgreSQL text holds any character but NUL; surrogates cannot be encoded at all
 TEXT = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"))
+# instants across PostgreSQL's whole shared range with Python, in any whole-minute offset
+ZONE = st.integers(min_value=-14 * 60, max_value=14 * 60).map(
+    lambda m: timezone(timedelta(minutes=m))
+)
+INSTANT = st.datetimes(
+    min_value=datetime(1, 1, 2), max_value=datetime(9999, 12, 30), timezones=ZONE
+)
 
 
 @pytest.fixture(scope="module")
@@ -64,14 +77,60 @@ def test_str_lists_arrive_as_text_arrays(conn: Connection, value: list[str | Non
     assert _back(conn, value) == (value, "text[]")
 
 
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(st.lists(st.one_of(INSTANT, st.none()), min_size=1, max_size=300), st.booleans())
+def test_aware_datetime_lists_arrive_as_timestamptz_arrays(
+    conn: Connection, value: list[datetime | None], repeat: bool
+) -> None:
+    # the same instant again (as a batch's received_at) takes the shortcut for a repeat; it
+    # must give what converting it afresh gives, in any offset
+    if repeat and value[0] is not None:
+        value = [*value, value[0], value[0].astimezone(UTC), None, value[0]]
+    if all(v is None for v in value):
+        return
+    got, kind = _back(conn, value)
+    assert kind == "timestamp with time zone[]"
+    assert got == value  # aware datetimes compare as instants
+
+
+def test_a_list_of_nulls_takes_the_type_of_its_cast(conn: Connection) -> None:
+    assert _back(conn, [None, None]) == ([None, None], "text[]")
+    got = conn.execute(
+        text("SELECT CAST(:i AS integer[]), CAST(:t AS timestamptz[]), CAST(:b AS bigint[])"),
+        {"i": [None], "t": [None, None], "b": [None] * 600},
+    ).one()
+    assert tuple(got) == ([None], [None, None], [None] * 600)
+    conn.rollback()
+
+
 @pytest.mark.parametrize(
     ("value", "expected"),
     [
-        ([None, 5], ([None, 5], "smallint[]")),
+        ([None, 5], ([None, 5], "bigint[]")),  # typed by the first element that is not None
+        ([None, "a"], ([None, "a"], "text[]")),
+    ],
+)
+def test_a_list_led_by_none_takes_its_first_elements_type(
+    conn: Connection, value: list[Any], expected: tuple[Any, str]
+) -> None:
+    assert _back(conn, value) == expected
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
         ([True, False], ([True, False], "boolean[]")),
         ([1.5, 2.0], ([1.5, 2.0], "double precision[]")),
         ([[1, 2], [3, 4]], ([[1, 2], [3, 4]], "smallint[]")),
         ([256, 2**40], ([256, 2**40], "bigint[]")),  # psycopg would have said smallint then int8
+        # a naive datetime names no instant: psycopg sends it as a timestamp
+        (
+            [datetime(2026, 1, 2, 3, 4, 5)],
+            ([datetime(2026, 1, 2, 3, 4, 5)], "timestamp without time zone[]"),
+        ),
+        ([date(2026, 1, 2)], ([date(2026, 1, 2)], "date[]")),
     ],
 )
 def test_other_lists_go_through_psycopg(
@@ -96,6 +155,18 @@ def test_an_empty_list_takes_the_type_of_its_cast(conn: Connection) -> None:
         ([1, [2]], "element 1 of a bigint[] list is a list"),
         (["a", 1], "element 1 of a text[] list is a int"),
         (["a", None, b"b"], "element 2 of a text[] list is a bytes"),
+        (
+            [None, datetime(2026, 1, 2, tzinfo=UTC), datetime(2026, 1, 2)],
+            "element 2 of a timestamptz[] list is a datetime without a time zone",
+        ),
+        (
+            [datetime(2026, 1, 2, tzinfo=UTC), datetime(2026, 1, 2, tzinfo=UTC), "x"],
+            "element 2 of a timestamptz[] list is a str",
+        ),
+        (
+            [datetime(2026, 1, 2, tzinfo=UTC), date(2026, 1, 2)],
+            "element 1 of a timestamptz[] list is a date",
+        ),
     ],
 )
 def test_a_list_that_cannot_be_sent_is_refused_and_nothing_is_stored(
@@ -115,6 +186,17 @@ def test_pack_ints_reports_nulls() -> None:
     body, hasnull = pack_ints([1, None])
     assert hasnull == 1
     assert body == b"\x00\x00\x00\x08" + (1).to_bytes(8, "big") + b"\xff\xff\xff\xff"
+
+
+def test_pack_instants_counts_microseconds_from_2000_utc() -> None:
+    body, hasnull = pack_instants(
+        [datetime(2000, 1, 1, 1, tzinfo=timezone(timedelta(hours=1))), None]
+    )
+    assert hasnull == 1
+    assert body == b"\x00\x00\x00\x08" + (0).to_bytes(8, "big", signed=True) + b"\xff" * 4
+    assert pack_instants([datetime(1999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC)])[0][4:] == (
+        (-1).to_bytes(8, "big", signed=True)
+    )
 
 
 def test_a_sql_ascii_database_gets_utf8_text(databases: DatabaseFactory) -> None:

@@ -8,14 +8,16 @@ element in Python and scans the list first to size its ints. A batch of 500 lead
 a dozen arrays, one of them 5,000 ints: 0.69 ms through psycopg's binary dumper, about
 0.1 ms here.
 
-The element type follows the list's first element: a flat list whose first element is an
-``int`` is sent as ``bigint[]``, one whose first is a ``str`` as ``text[]``; any other list
-(empty, led by None, a bool, a float, a date, a nested list) goes through psycopg's own binary
-dumper, which chooses by scanning. None elements are NULLs. An int out of the bigint range,
-or an element of another type in an int or str list, is refused with ``ArrayElementError``
-before anything is sent: a ``ValueError``, not a database error, since every list the
-connector sends is built by its own code (a bool after an int is sent as 1 or 0, as
-``struct`` takes it).
+The element type follows the list's first element that is not None: a flat list whose first
+such element is an ``int`` is sent as ``bigint[]``, a ``str`` as ``text[]``, a ``datetime``
+with a time zone as ``timestamptz[]``; a list of nothing but None as a ``text[]`` of NULLs
+(the statement's cast gives it its type, as it does for the others); any other list (empty,
+led by a bool, a float, a date, a naive datetime, a nested list) goes through psycopg's own
+binary dumper, which chooses by scanning. None elements are NULLs. An int out of the bigint
+range, a datetime without a time zone in a ``timestamptz[]`` list, or an element of another
+type, is refused with ``ArrayElementError`` before anything is sent: a ``ValueError``, not a
+database error, since every list the connector sends is built by its own code (a bool after
+an int is sent as 1 or 0, as ``struct`` takes it).
 
 Every array parameter in db/*.sql is cast to its type (``CAST(:ids AS bigint[])``), since
 the element type sent is the list's, not the column's: a new one must be too. Cast it where
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 from typing import Any
 
@@ -38,11 +41,14 @@ from psycopg.types.array import BaseListDumper, ListBinaryDumper
 
 _INT8 = pg_types["int8"]
 _TEXT = pg_types["text"]
+_TIMESTAMPTZ = pg_types["timestamptz"]
 _HEAD = struct.Struct("!iiiii")  # dimensions, has NULLs, element type, length, lower bound
 _LEN = struct.Struct("!i").pack
 _INT8_ITEM = struct.Struct("!iq")
 _NULL = _LEN(-1)
 _CHUNK = 256  # ints packed per struct call (a struct for every list length would be large)
+_PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)  # a binary timestamptz counts microseconds from it
+_MICROSECOND = timedelta(microseconds=1)
 
 
 class ArrayElementError(ValueError):
@@ -108,6 +114,27 @@ def pack_texts(values: Sequence[Any], encoding: str) -> tuple[bytes, int]:
     return b"".join(parts), 0
 
 
+def pack_instants(values: Sequence[Any]) -> tuple[bytes, int]:
+    """The elements of a ``timestamptz[]`` in binary (microseconds since 2000-01-01 UTC) and
+    whether any is NULL. A datetime without a time zone names no instant: refused."""
+    micros: list[int | None] = []
+    last: datetime | None = None  # the last instant converted (a batch's are mostly one)
+    last_micros = 0
+    for i, v in enumerate(values):
+        if v is None:
+            micros.append(None)
+        elif type(v) is datetime and last is not None and v == last:
+            micros.append(last_micros)  # the same instant (a naive datetime is never equal)
+        elif type(v) is datetime and v.utcoffset() is not None:
+            last, last_micros = v, (v - _PG_EPOCH) // _MICROSECOND
+            micros.append(last_micros)
+        else:
+            what = "a datetime without a time zone" if type(v) is datetime else None
+            what = what or f"a {type(v).__name__}"
+            raise ArrayElementError(f"element {i} of a timestamptz[] list is {what}")
+    return pack_ints(micros)
+
+
 class _Int8List(ListBinaryDumper):
     oid = _INT8.array_oid
 
@@ -126,18 +153,40 @@ class _TextList(ListBinaryDumper):
         return _HEAD.pack(1, hasnull, _TEXT.oid, len(obj), 1) + body
 
 
+class _InstantList(ListBinaryDumper):
+    oid = _TIMESTAMPTZ.array_oid
+
+    def dump(self, obj: list[Any]) -> bytes:
+        body, hasnull = pack_instants(obj)
+        return _HEAD.pack(1, hasnull, _TIMESTAMPTZ.oid, len(obj), 1) + body
+
+
+class _NullList(ListBinaryDumper):
+    """A list of nothing but None: NULLs of type text, which the statement's cast converts."""
+
+    oid = _TEXT.array_oid
+
+    def dump(self, obj: list[Any]) -> bytes:
+        return _HEAD.pack(1, 1, _TEXT.oid, len(obj), 1) + _NULL * len(obj)
+
+
 def _packer(obj: list[Any]) -> type[ListBinaryDumper] | None:
-    if obj:
-        first = type(obj[0])
-        if first is int:
-            return _Int8List
-        if first is str:
-            return _TextList
-    return None
+    for x in obj:
+        if x is not None:
+            first = type(x)
+            if first is int:
+                return _Int8List
+            if first is str:
+                return _TextList
+            if first is datetime and x.utcoffset() is not None:
+                return _InstantList
+            return None
+    return _NullList if obj else None
 
 
 class ListDumper(ListBinaryDumper):
-    """The dumper of every list parameter: ints and strs packed here, the rest by psycopg."""
+    """The dumper of every list parameter: ints, strs, instants and NULLs packed here, the
+    rest by psycopg."""
 
     def get_key(self, obj: list[Any], format: PyFormat) -> Any:
         packer = _packer(obj)

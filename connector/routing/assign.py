@@ -472,8 +472,11 @@ class Router:
                 "parent_ids": [batch.parents[cid] for cid, _ in unique],
             },
         ).all()
-        new_ids = {r.crm_id: r.id for r in rows}
-        batch.received = {r.crm_id: r.received_at for r in rows}
+        new_ids: dict[str, int] = {}
+        received = batch.received
+        for lead_id, cid, received_at in rows:  # insert_leads' columns, in order
+            new_ids[cid] = lead_id
+            received[cid] = received_at
         old = [cid for cid in first if cid not in new_ids]
         if old:
             for r in batch.conn.execute(
@@ -687,7 +690,8 @@ class Router:
         placed = _Placed([], picks.credited, p)
         left: list[tuple[tuple[int, str, Match], Turn]] = []
         for item, turn in zip(group, picks.turns, strict=True):
-            turn = Turn(turn.member_id, turn.candidates + inactive)
+            if inactive:
+                turn = Turn(turn.member_id, turn.candidates + inactive)
             if turn.member_id is None:
                 left.append((item, turn))
             else:

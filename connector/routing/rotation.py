@@ -51,6 +51,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 
 @dataclass(frozen=True)
@@ -119,10 +120,11 @@ def max_lag(weights: Sequence[int], counts: Sequence[int]) -> float:
     )
 
 
-@dataclass(frozen=True)
-class Turn:
+class Turn(NamedTuple):
     """One lead's pick: the member, or None when nobody could take it; ``candidates`` holds
-    every active seat with the reason it was skipped for this lead (None: it could take it)."""
+    every active seat with the reason it was skipped for this lead (None: it could take it).
+    A named tuple, not a dataclass: a batch makes one a lead, and a frozen dataclass costs
+    about three times as much to build."""
 
     member_id: int | None
     candidates: tuple[tuple[int, str | None], ...]
