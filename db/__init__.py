@@ -21,11 +21,11 @@ def parse_named(text: str) -> dict[str, str]:
     """Split a file into its ``-- name:`` blocks, without their comment lines.
 
     The comments are for the reader of the file; the driver is better off without them:
-    psycopg converts the placeholders of a statement of at most 4,096 characters once and
+    psycopg converts the placeholders of a statement of at most 4,096 bytes once and
     caches the result, and a longer one's again on every execution (record_assignments, sent
     for every batch, is 5,706 characters with its comments and 3,761 without). A line is a
-    comment line when it starts with ``--`` after its indentation; the query files hold no
-    string literal that spans lines, so none can be cut.
+    comment line when it starts with ``--`` after its indentation; in the query files no
+    string literal or dollar-quoted body holds such a line, so none can be cut.
     """
     parts = _NAME.split(text)
     queries: dict[str, str] = {}

@@ -11,6 +11,7 @@
 
 -- name: insert_leads
 -- :fields is ONE JSON array, zipped with the CRM ids by position (one json.dumps a batch).
+-- Router._insert reads the returned columns by position: keep their order.
 INSERT INTO leads (org, crm_object, crm_id, fields, parent_id, source)
 SELECT :org, :crm_object, t.crm_id, t.fields, t.parent_id, :source
 FROM ROWS FROM (unnest(CAST(:crm_ids AS text[])), jsonb_array_elements(CAST(:fields AS jsonb)),

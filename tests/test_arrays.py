@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from datetime import UTC, date, datetime, timedelta, timezone
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import psycopg
 import pytest
@@ -17,6 +18,9 @@ from sqlalchemy.engine import make_url
 
 from connector.core.arrays import (
     ArrayElementError,
+    _InstantList,
+    _NullList,
+    _packer,
     pack_instants,
     pack_ints,
     send_lists_in_binary,
@@ -57,22 +61,18 @@ def _back(conn: Connection, value: list[Any]) -> tuple[Any, str]:
 @settings(
     max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
-@given(
-    st.lists(st.one_of(INT8, st.none()), min_size=1, max_size=700).filter(
-        lambda v: v[0] is not None
-    )
-)
+@given(st.lists(st.one_of(INT8, st.none()), min_size=1, max_size=700))
 def test_int_lists_arrive_as_bigint_arrays(conn: Connection, value: list[int | None]) -> None:
-    # 700 > the 256 ints packed per struct call: whole chunks and a remainder
-    assert _back(conn, value) == (value, "bigint[]")
+    # 700 > the 256 ints packed per struct call: whole chunks and a remainder; a list led by
+    # None is typed by its first int (a list of nothing but None goes as NULLs of text[])
+    kind = "bigint[]" if any(v is not None for v in value) else "text[]"
+    assert _back(conn, value) == (value, kind)
 
 
 @settings(
     max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
-@given(
-    st.lists(st.one_of(TEXT, st.none()), min_size=1, max_size=50).filter(lambda v: v[0] is not None)
-)
+@given(st.lists(st.one_of(TEXT, st.none()), min_size=1, max_size=50))
 def test_str_lists_arrive_as_text_arrays(conn: Connection, value: list[str | None]) -> None:
     assert _back(conn, value) == (value, "text[]")
 
@@ -93,6 +93,35 @@ def test_aware_datetime_lists_arrive_as_timestamptz_arrays(
     got, kind = _back(conn, value)
     assert kind == "timestamp with time zone[]"
     assert got == value  # aware datetimes compare as instants
+
+
+@pytest.mark.parametrize(
+    "wall",
+    [
+        datetime(2026, 11, 1, 1, 30),  # New York's clocks go back at 02:00: 01:30 comes twice
+        datetime(2026, 3, 8, 2, 30),  # and forward at 02:00: 02:30 never comes
+    ],
+)
+def test_two_instants_at_one_wall_clock_time_stay_apart(conn: Connection, wall: datetime) -> None:
+    # Of one tzinfo, datetimes compare by their wall clocks alone: 01:30 EDT == 01:30 EST
+    # although an hour apart. Only ``fold`` tells them apart, and the shortcut for a
+    # repeated instant must not take one for the other.
+    zone = ZoneInfo("America/New_York")
+    first, second = wall.replace(tzinfo=zone), wall.replace(tzinfo=zone, fold=1)
+    assert first == second and first.utcoffset() != second.utcoffset()
+    value = [first, second, first, second]
+    got, kind = _back(conn, value)
+    assert kind == "timestamp with time zone[]"
+    assert [g.astimezone(UTC) for g in got] == [v.astimezone(UTC) for v in value]
+    assert got[0] != got[1]
+
+
+def test_lists_of_aware_datetimes_are_packed_here_and_others_are_not() -> None:
+    aware = datetime(2026, 1, 2, tzinfo=UTC)
+    assert _packer([None, aware]) is _InstantList
+    assert _packer([datetime(2026, 1, 2), aware]) is None  # psycopg's: a naive first
+    assert _packer([None, None]) is _NullList
+    assert _packer([]) is None
 
 
 def test_a_list_of_nulls_takes_the_type_of_its_cast(conn: Connection) -> None:

@@ -36,8 +36,10 @@ def test_a_name_defined_twice_is_refused() -> None:
 @pytest.mark.parametrize("name", ["insert_leads", "record_assignments", "team_candidates"])
 def test_a_batchs_statements_fit_psycopgs_query_cache(name: str) -> None:
     # psycopg converts a statement's placeholders once and caches the result only for
-    # statements of at most 4,096 characters (psycopg/_queries.py); a batch runs these once
-    # each under the team's lock. As the driver receives them: SQLAlchemy's %(name)s form.
-    compiled = str(text(db.queries("routing")[name]).compile(dialect=psycopg.dialect()))
-    assert "%(lead_ids)s" in compiled or name != "record_assignments"
-    assert len(compiled) <= 4096, len(compiled)
+    # statements of at most 4,096 bytes and 50 parameters (psycopg/_queries.py); a batch runs
+    # these under the team's lock. As the driver receives them: SQLAlchemy's %(name)s form.
+    compiled = text(db.queries("routing")[name]).compile(dialect=psycopg.dialect())
+    sql = str(compiled)
+    assert "%(lead_ids)s" in sql or name != "record_assignments"
+    assert len(sql.encode()) <= 4096, len(sql.encode())
+    assert len(compiled.params) <= 50

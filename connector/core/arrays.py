@@ -1,5 +1,5 @@
-"""How list parameters travel to PostgreSQL: as binary arrays, flat lists of ints and of strs
-packed in one pass.
+"""How list parameters travel to PostgreSQL: as binary arrays, flat lists of ints, strs and
+instants (and lists of nothing but NULLs) packed in one pass.
 
 Every connection an engine of ``errors.create_engine`` opens sends a Python list as a binary
 array (``send_lists_in_binary``). psycopg's own default is the text form, which it builds
@@ -123,13 +123,17 @@ def pack_instants(values: Sequence[Any]) -> tuple[bytes, int]:
     for i, v in enumerate(values):
         if v is None:
             micros.append(None)
-        elif type(v) is datetime and last is not None and v == last:
-            micros.append(last_micros)  # the same instant (a naive datetime is never equal)
-        elif type(v) is datetime and v.utcoffset() is not None:
+        elif last is not None and isinstance(v, datetime) and v.fold == last.fold and v == last:
+            # The same instant again. Two datetimes of one tzinfo compare by their wall
+            # clocks alone, so 01:30 before and after a clock goes back are equal: with the
+            # same fold as well they are the same instant. (Of two tzinfos they compare as
+            # instants, and a naive one is never equal to an aware one.)
+            micros.append(last_micros)
+        elif isinstance(v, datetime) and v.utcoffset() is not None:
             last, last_micros = v, (v - _PG_EPOCH) // _MICROSECOND
             micros.append(last_micros)
         else:
-            what = "a datetime without a time zone" if type(v) is datetime else None
+            what = "a datetime without a time zone" if isinstance(v, datetime) else None
             what = what or f"a {type(v).__name__}"
             raise ArrayElementError(f"element {i} of a timestamptz[] list is {what}")
     return pack_ints(micros)
