@@ -237,8 +237,10 @@ def _verified_flush(
     leads = [v.lead for v in verdicts if v.lead is not None]
     skips = [v for v in verdicts if v.reason is not None]
     with router.engine.begin() as conn:
-        outcomes = router.assign_in(conn, leads, "import") if leads else []
+        # the skips first, as the inbox does: the teams' locks that routing takes are held for
+        # the routing and the commit only, and the two paths lock skips, then teams
         record_skips(conn, cfg, "import", skips)
+        outcomes = router.assign_in(conn, leads, "import") if leads else []
     for outcome in outcomes:
         summary.add(outcome)
     summary.duplicate += len({x.crm_id for x in batch} & routed)

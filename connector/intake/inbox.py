@@ -9,7 +9,9 @@ SKIP LOCKED claims under a lease, so a dead worker's claim is rescued) then, per
 2. reads the others from the CRM with the org's own credentials, with no transaction open,
    in the adapter's batches (SOQL ``Id IN`` of 200, HubSpot batch read of 100),
 3. routes the records the CRM says are unrouted, with the fields of that read, records the
-   others as skipped with the reason, and marks the events, all in one transaction.
+   others as skipped with the reason, and marks the events, all in one transaction (the skips
+   and the events first, so the teams' locks that routing takes are held for the routing and
+   the commit only).
 
 A failed read is retried with exponential backoff; after ``max_attempts`` the events are dead
 and ``connector inbox list --dead`` / ``connector inbox retry`` show and requeue them.
@@ -498,7 +500,8 @@ class InboxWorker:
                 notes.append(v.reason)
         try:
             with self.engine.begin() as conn:
-                outcomes = self.routers[cfg.org].assign_in(conn, leads, source) if leads else []
+                # The events' and skips' rows first: routing takes the teams' locks, which
+                # are then held only for the routing and the commit, not for these too.
                 record_skips(conn, cfg, source, skips)
                 conn.execute(
                     SQL["finish"],
@@ -509,6 +512,7 @@ class InboxWorker:
                         "worker": self.worker_id,
                     },
                 )
+                outcomes = self.routers[cfg.org].assign_in(conn, leads, source) if leads else []
         except (DatabaseError, RoutingError) as exc:
             # Rolled back; back off (and dead-letter after max_attempts). If even that fails
             # (database down), the lease expires and another claim rescues the rows.

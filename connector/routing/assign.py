@@ -24,7 +24,10 @@ team) is one call of ``route_lead`` (``connector.routing.single``), or for a pla
 ``route_plain``, one call of two statements (a second call, ``route_lead``, when it hands
 the lead on): ``assign`` sends it in autocommit, one round trip, so the lock is held for the
 rest of that call plus the commit; ``assign_in`` sends it in the caller's transaction, which
-holds the lock until it commits.
+holds the lock until it commits. So a caller writes its own rows in that transaction before
+it calls ``assign_in`` where they are more than a row or two (the inbox's events and skips,
+an import's skips: a claim's events took 3.4 ms to mark at 100 events, 10.5 ms at 200), and
+commits right after it.
 """
 
 from __future__ import annotations
