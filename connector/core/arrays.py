@@ -33,10 +33,11 @@ import struct
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from functools import lru_cache
-from typing import Any
+from typing import Any, ClassVar
 
 from psycopg.adapt import PyFormat
 from psycopg.postgres import types as pg_types
+from psycopg.types import TypeInfo
 from psycopg.types.array import BaseListDumper, ListBinaryDumper
 
 _INT8 = pg_types["int8"]
@@ -139,39 +140,53 @@ def pack_instants(values: Sequence[Any]) -> tuple[bytes, int]:
     return pack_ints(micros)
 
 
-class _Int8List(ListBinaryDumper):
+class _PackedList(ListBinaryDumper):
+    """A one-dimensional binary array of ``element``, whose elements ``pack`` packs."""
+
+    element: ClassVar[TypeInfo]
+
+    def pack(self, obj: list[Any]) -> tuple[bytes, int]:
+        raise NotImplementedError
+
+    def dump(self, obj: list[Any]) -> bytes:
+        body, hasnull = self.pack(obj)
+        return _HEAD.pack(1, hasnull, self.element.oid, len(obj), 1) + body
+
+
+class _Int8List(_PackedList):
     oid = _INT8.array_oid
+    element = _INT8
 
-    def dump(self, obj: list[Any]) -> bytes:
-        body, hasnull = pack_ints(obj)
-        return _HEAD.pack(1, hasnull, _INT8.oid, len(obj), 1) + body
+    def pack(self, obj: list[Any]) -> tuple[bytes, int]:
+        return pack_ints(obj)
 
 
-class _TextList(ListBinaryDumper):
+class _TextList(_PackedList):
     oid = _TEXT.array_oid
+    element = _TEXT
 
-    def dump(self, obj: list[Any]) -> bytes:
+    def pack(self, obj: list[Any]) -> tuple[bytes, int]:
         # as psycopg's own str dumper: a SQL_ASCII database gets UTF-8
         encoding = self._tx.encoding
-        body, hasnull = pack_texts(obj, encoding if encoding != "ascii" else "utf-8")
-        return _HEAD.pack(1, hasnull, _TEXT.oid, len(obj), 1) + body
+        return pack_texts(obj, encoding if encoding != "ascii" else "utf-8")
 
 
-class _InstantList(ListBinaryDumper):
+class _InstantList(_PackedList):
     oid = _TIMESTAMPTZ.array_oid
+    element = _TIMESTAMPTZ
 
-    def dump(self, obj: list[Any]) -> bytes:
-        body, hasnull = pack_instants(obj)
-        return _HEAD.pack(1, hasnull, _TIMESTAMPTZ.oid, len(obj), 1) + body
+    def pack(self, obj: list[Any]) -> tuple[bytes, int]:
+        return pack_instants(obj)
 
 
-class _NullList(ListBinaryDumper):
+class _NullList(_PackedList):
     """A list of nothing but None: NULLs of type text, which the statement's cast converts."""
 
     oid = _TEXT.array_oid
+    element = _TEXT
 
-    def dump(self, obj: list[Any]) -> bytes:
-        return _HEAD.pack(1, 1, _TEXT.oid, len(obj), 1) + _NULL * len(obj)
+    def pack(self, obj: list[Any]) -> tuple[bytes, int]:
+        return _NULL * len(obj), 1
 
 
 def _packer(obj: list[Any]) -> type[ListBinaryDumper] | None:
