@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 
 import pytest
 from hypothesis import given
@@ -75,6 +76,16 @@ def test_a_shared_spacer_spaces_rounds_org_wide() -> None:
     for _ in range(10):
         s.note()
     assert s.reserve() == pytest.approx(0.5)
+    # A dispatcher whose poll timed out books a turn, and the inbox's nudge then starts its
+    # round before that turn: the booking is dropped, however many cycles that happens.
+    clock.now += 5.0
+    for _ in range(40):
+        clock.now += 0.375  # an inbox cycle
+        s.reserve()  # each of two dispatchers times out its poll and books a turn
+        s.reserve()
+        clock.now += 0.01
+        s.note()  # the nudge comes first
+    assert s.reserve() == pytest.approx(0.5)  # one interval after the last nudged round (was 25 s)
 
 
 def test_nudges_wake_every_dispatcher_of_the_org_only() -> None:
@@ -194,5 +205,46 @@ def test_a_nudged_dispatcher_writes_after_the_inbox_round_not_before(
     finally:
         stop.set()
         nudges.wake_all()  # as the service does when it stops
+        t.join(10)
+    assert not t.is_alive()
+
+
+def test_a_dispatcher_nudged_for_a_while_still_polls_within_a_cycle_after(
+    engine: Engine, hs: HubSpotSandbox
+) -> None:
+    """Nudges every 0.1 s for 3 s, each after the dispatcher's poll (0.05 s) timed out and it
+    booked a turn on its spacer (1 s apart). Then a row with no nudge (as from an import or
+    a retry coming due) is written by a poll round within a turn or two: before the fix each
+    of those cycles left its booked turn behind, 30 turns of 1 s."""
+    owners = [hs.add_owner(f"Rep{i}") for i in range(2)]
+    cfg = hubspot_org(hs, owners)
+    apply_teams(engine, cfg)
+    router = Router(engine, cfg)
+    nudges = Nudges()
+    spacer = Spacer(1.0)
+    d = Dispatcher(
+        engine,
+        cfg.org,
+        adapter_for(cfg),
+        intake_owner_ids=cfg.intake_owner_ids,
+        nudge=nudges.listener(cfg.org),
+        spacer=spacer,
+    )
+    stop = threading.Event()
+    t = threading.Thread(target=d.run_forever, kwargs={"stop": stop, "poll_interval": 0.05})
+    t.start()
+    try:
+        for _ in range(30):
+            time.sleep(0.1)  # the scenario: an inbox round every 0.1 s, not synchronisation
+            nudges.nudge(cfg.org)
+        # The next turn is at most two intervals away (the last nudged round's, or one the
+        # dispatcher booked since its poll timed out, and this one); the drift made it ~27 s.
+        assert spacer.reserve() <= 2.0
+        rid = hs.add_record("contacts")
+        router.assign_many([Lead(rid, {})], "import")  # no nudge
+        wait_until(lambda: _outbox_states(engine) == {"sent": 1}, 20, "a poll round sent it")
+    finally:
+        stop.set()
+        nudges.wake_all()
         t.join(10)
     assert not t.is_alive()

@@ -122,10 +122,14 @@ class Spacer:
         self._lock = threading.Lock()
 
     def note(self) -> None:
-        """A round started now without waiting for its turn (a nudged one): the next turn is
-        at least an interval away, and no later turn is booked."""
+        """A round started now without waiting for its turn (a nudged one, or one whose wait
+        for its booked turn a nudge cut short): the next turn is an interval from now. Turns
+        booked before are dropped: the dispatchers waiting for them were woken by the same
+        nudge, and kept, they would push every later turn further out (each cycle of nudges
+        used to book a turn it never took: 10 s ahead after 10 s of traffic, so a round for
+        rows from elsewhere came that much later once the nudges stopped)."""
         with self._lock:
-            self._next = max(self._next, self._clock() + self.interval)
+            self._next = self._clock() + self.interval
 
     def reserve(self) -> float:
         """Take the next start time; the seconds to wait until it (0.0: start now)."""

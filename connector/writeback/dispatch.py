@@ -525,8 +525,8 @@ class Dispatcher:
                         self.spacer.note()
                     else:
                         wait = self.spacer.reserve()
-                        if wait > 0:
-                            self.nudge.wait(wait)
+                        if wait > 0 and self.nudge.wait(wait):
+                            self.spacer.note()  # the nudge came first: its round goes now
                     self.nudge.clear()
                     if stop.is_set():  # (a stopping service wakes every nudge event)
                         break
