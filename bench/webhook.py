@@ -287,6 +287,29 @@ def _run(coro: Any) -> Any:
         return asyncio.run(coro)
 
 
+def wait_listening(db_url: str, timeout: float = 60.0) -> None:
+    """Wait until `connector dispatch` listens for the inbox's announcements. It has no
+    health endpoint, and load sent before its LISTEN loses the inbox's first announcements:
+    those leads' owners waited for the dispatchers' own cycle (lead-to-CRM p99 548-818 ms at
+    200 req/s instead of about 424 ms, a trace of 2026-12-04)."""
+    engine = make_engine(db_url, pool_size=1)
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            with engine.connect() as conn:
+                if conn.execute(
+                    text(
+                        "SELECT 1 FROM pg_stat_activity WHERE datname = current_database() "
+                        "AND application_name = 'lrc-outbox-listener' AND query ILIKE 'LISTEN%'"
+                    )
+                ).first():
+                    return
+            time.sleep(0.05)
+    finally:
+        engine.dispose()
+    raise SystemExit(f"connector dispatch was not listening after {timeout:.0f} s")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
@@ -422,6 +445,7 @@ def main() -> None:
                     cwd=root,
                 )
             )
+            wait_listening(db_url)
         hooks = [f"http://127.0.0.1:{port}/webhooks/hubspot/bench-hs" for port in ports]
         engine = make_engine(db_url)
         ids: list[str] = seeded["records"]
