@@ -159,15 +159,13 @@ def _outbox_states(engine: Engine) -> dict[str, int]:
         return dict(conn.execute(text("SELECT state, count(*) FROM outbox GROUP BY state")).all())
 
 
-def test_a_nudged_dispatcher_writes_after_the_inbox_round_not_before(
-    engine: Engine, hs: HubSpotSandbox
-) -> None:
-    """`connector run`: after a partial round a dispatcher with a nudge waits for it (here the
-    poll is an hour, so only the nudge can wake it), then writes what the round routed."""
+def _nudged_dispatcher(
+    engine: Engine, hs: HubSpotSandbox, spacer: Spacer | None = None
+) -> tuple[str, Router, Nudges, Dispatcher]:
+    """A HubSpot org's team and router, and one dispatcher of it woken by ``Nudges``."""
     owners = [hs.add_owner(f"Rep{i}") for i in range(2)]
     cfg = hubspot_org(hs, owners)
     apply_teams(engine, cfg)
-    router = Router(engine, cfg)
     nudges = Nudges()
     d = Dispatcher(
         engine,
@@ -175,7 +173,17 @@ def test_a_nudged_dispatcher_writes_after_the_inbox_round_not_before(
         adapter_for(cfg),
         intake_owner_ids=cfg.intake_owner_ids,
         nudge=nudges.listener(cfg.org),
+        spacer=spacer,
     )
+    return cfg.org, Router(engine, cfg), nudges, d
+
+
+def test_a_nudged_dispatcher_writes_after_the_inbox_round_not_before(
+    engine: Engine, hs: HubSpotSandbox
+) -> None:
+    """`connector run`: after a partial round a dispatcher with a nudge waits for it (here the
+    poll is an hour, so only the nudge can wake it), then writes what the round routed."""
+    org, router, nudges, d = _nudged_dispatcher(engine, hs)
     stop = threading.Event()
     rounds: list[int] = []
     t = threading.Thread(
@@ -188,7 +196,7 @@ def test_a_nudged_dispatcher_writes_after_the_inbox_round_not_before(
     )
     first = [hs.add_record("contacts") for _ in range(3)]
     router.assign_many([Lead(i, {}) for i in first], "import")
-    nudges.nudge(cfg.org)  # the first round goes at once
+    nudges.nudge(org)  # the first round goes at once
     t.start()
     try:
         # (a round's stats are reported after its rows are finished: wait for both)
@@ -198,7 +206,7 @@ def test_a_nudged_dispatcher_writes_after_the_inbox_round_not_before(
         router.assign_many([Lead(i, {}) for i in later], "import")
         assert _outbox_states(engine) == {"sent": 3, "pending": 2}  # waiting for the nudge
         assert rounds == [3]
-        nudges.nudge(cfg.org)
+        nudges.nudge(org)
         wait_until(lambda: _outbox_states(engine) == {"sent": 5}, 30, "the nudged round sent")
         wait_until(lambda: len(rounds) == 2, 30, "the nudged round reported")
         assert rounds == [3, 2]
@@ -216,27 +224,15 @@ def test_a_dispatcher_nudged_for_a_while_still_polls_within_a_cycle_after(
     booked a turn on its spacer (1 s apart). Then a row with no nudge (as from an import or
     a retry coming due) is written by a poll round within a turn or two: before the fix each
     of those cycles left its booked turn behind, 30 turns of 1 s."""
-    owners = [hs.add_owner(f"Rep{i}") for i in range(2)]
-    cfg = hubspot_org(hs, owners)
-    apply_teams(engine, cfg)
-    router = Router(engine, cfg)
-    nudges = Nudges()
     spacer = Spacer(1.0)
-    d = Dispatcher(
-        engine,
-        cfg.org,
-        adapter_for(cfg),
-        intake_owner_ids=cfg.intake_owner_ids,
-        nudge=nudges.listener(cfg.org),
-        spacer=spacer,
-    )
+    org, router, nudges, d = _nudged_dispatcher(engine, hs, spacer)
     stop = threading.Event()
     t = threading.Thread(target=d.run_forever, kwargs={"stop": stop, "poll_interval": 0.05})
     t.start()
     try:
         for _ in range(30):
             time.sleep(0.1)  # the scenario: an inbox round every 0.1 s, not synchronisation
-            nudges.nudge(cfg.org)
+            nudges.nudge(org)
         # The next turn is at most two intervals away (the last nudged round's, or one the
         # dispatcher booked since its poll timed out, and this one); the drift made it ~27 s.
         assert spacer.reserve() <= 2.0
