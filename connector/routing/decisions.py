@@ -266,11 +266,7 @@ class DecisionRecorder:
             tried, values = self._traces.setdefault(key, trace_rules(self.rules, fields))
         except TypeError:  # an unhashable value (a list or an object): no cache
             tried, values = trace_rules(self.rules, fields)
-        p = self._by_lead.get(lead_id)
-        if p is None:
-            self._by_lead[lead_id] = _Pending({"source": source, "rules": tried, "values": values})
-        else:
-            p.detail.update({"source": source, "rules": tried, "values": values})
+        self._entry(lead_id).detail.update({"source": source, "rules": tried, "values": values})
 
     def judged_at(self, lead_ids: Sequence[int], at: datetime, batch: int) -> None:
         """The instant availability (caps, hours, time off) was judged at for these leads, and
