@@ -4,17 +4,17 @@ is retried by clicking its button, refused requests change nothing, every contro
 accessible name and all text has a contrast of at least 4.5:1.
 
 The browser is the system's Chromium and chromedriver when both are on PATH (Debian's
-packages, as CI installs them); otherwise Selenium Manager (part of Selenium) downloads Chrome
-for Testing and its driver into ~/.cache/selenium, which needs no root, only the internet.
-When neither works these tests skip, saying why; with REQUIRE_BROWSER=1 (CI) that is a
-failure. Screenshots go to $DASHBOARD_SCREENSHOTS (default: a new temporary directory)."""
+packages, as CI installs them); otherwise a headless Chromium and its chromedriver fetched
+from the npm registry and PyPI into the user's cache (tests/browser.py: pinned, verified, no
+root needed), and failing that Chrome for Testing from Selenium Manager. When none works these
+tests skip, saying why; with REQUIRE_BROWSER=1 (CI) that is a failure. Screenshots go to
+$DASHBOARD_SCREENSHOTS (default: a new temporary directory)."""
 
 from __future__ import annotations
 
 import functools
 import json
 import os
-import shutil
 import tempfile
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -31,7 +31,12 @@ from connector.shell.dashboard.figures import start_of_day
 from connector.shell.service import serve_in_thread
 from crm_sandboxes import SalesforceSandbox
 from tests.a11y import RGB, blend, contrast_ratio, parse_color
+from tests.browser import Browser, find_browser
 from tests.dashboard_world import ORG, World, build_world, dead_row, outbox_states
+
+# The first run on a machine without a browser fetches one (about 120 MB from the npm registry
+# and PyPI) inside the first test that needs it: that may take minutes on a slow line.
+pytestmark = pytest.mark.timeout(900)
 
 TOKEN = "browser-admin-token-0123456789"
 CONTROLS = "a, button, input:not([type=hidden]), select, textarea, [role=button], svg[role=img]"
@@ -83,31 +88,17 @@ def shots() -> Path:
 
 
 @functools.cache
-def browser_paths() -> tuple[str, str] | str:
-    """(the browser, its driver), or why there is none: Chromium and chromedriver on PATH,
-    else Chrome for Testing from Selenium Manager (downloaded once, no root needed)."""
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    driver = shutil.which("chromedriver")
-    if chromium and driver:
-        return chromium, driver
-    from selenium.common.exceptions import WebDriverException
-    from selenium.webdriver.common.selenium_manager import SeleniumManager
-
-    try:
-        found = SeleniumManager().binary_paths(["--browser", "chrome", "--avoid-stats"])
-    except WebDriverException as exc:  # offline, or no build for this platform
-        return (
-            "no Chromium and chromedriver on PATH (apt-get install chromium chromium-driver), "
-            f"and Selenium Manager could not fetch Chrome for Testing: {exc.msg}"
-        )
-    return found["browser_path"], found["driver_path"]
+def browser_paths() -> Browser | str:
+    """The browser and its driver, or why there is none (tests/browser.py: on PATH, else the
+    package registries' build, fetched once into the user's cache, else Selenium Manager)."""
+    return find_browser()
 
 
 @pytest.fixture
 def browser(shots: Path, capsys: pytest.CaptureFixture[str]) -> Iterator[Any]:
-    paths = browser_paths()
-    if isinstance(paths, str):
-        reason = paths + "; CI sets REQUIRE_BROWSER=1 to make this a failure"
+    found = browser_paths()
+    if isinstance(found, str):
+        reason = found + "; CI sets REQUIRE_BROWSER=1 to make this a failure"
         if os.environ.get("REQUIRE_BROWSER") == "1":
             pytest.fail("REQUIRE_BROWSER=1 but " + reason)
         pytest.skip(reason)
@@ -115,9 +106,8 @@ def browser(shots: Path, capsys: pytest.CaptureFixture[str]) -> Iterator[Any]:
     from selenium.webdriver.chrome.options import Options
     from selenium.webdriver.chrome.service import Service
 
-    binary, driver_path = paths
     opts = Options()
-    opts.binary_location = binary
+    opts.binary_location = found.binary
     opts.set_capability("goog:loggingPrefs", {"performance": "ALL"})  # response statuses
     for arg in (
         "--headless=new",
@@ -129,7 +119,8 @@ def browser(shots: Path, capsys: pytest.CaptureFixture[str]) -> Iterator[Any]:
         "--disable-extensions",
     ):
         opts.add_argument(arg)
-    driver = webdriver.Chrome(options=opts, service=Service(executable_path=driver_path))
+    service = Service(executable_path=found.driver, env={**os.environ, **found.env})
+    driver = webdriver.Chrome(options=opts, service=service)
     driver.set_page_load_timeout(60)
     driver.set_script_timeout(60)
     try:

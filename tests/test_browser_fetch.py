@@ -1,0 +1,279 @@
+"""tests/browser.py: the browser tests' Chromium, found on PATH or fetched from the package
+registries into the user's cache.
+
+Synthetic archives (laid out as the npm package and the PyPI wheel are, with the pinned digests
+patched to theirs) check what is verified, unpacked, kept and reused; a download that is not
+the pinned file, or does not unpack, leaves nothing behind. The last test fetches the real,
+pinned build and renders a page with it."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import os
+import subprocess
+import tarfile
+import threading
+import zipfile
+from pathlib import Path
+
+import brotli
+import pytest
+
+from tests import browser
+from tests.browser import Browser, DigestMismatch, build_dir, registry_build
+
+CHROMIUM = b"#!/bin/sh\necho chromium\n"
+DRIVER = b"#!/bin/sh\necho chromedriver\n"
+
+
+def _tar(files: dict[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as t:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            t.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def npm_tarball(chromium_br: bytes | None = None, libs_tar: bytes | None = None) -> bytes:
+    """A package laid out as @sparticuz/chromium's: package/bin/*.br."""
+    chromium = brotli.compress(CHROMIUM) if chromium_br is None else chromium_br
+    libs = _tar({"lib/libnss3.so": b"nss"}) if libs_tar is None else libs_tar
+    members = {
+        "package/package.json": b"{}",
+        "package/bin/chromium.br": chromium,
+        "package/bin/al2023.tar.br": brotli.compress(libs),
+        "package/bin/swiftshader.tar.br": brotli.compress(_tar({"libEGL.so": b"egl"})),
+        "package/bin/fonts.tar.br": brotli.compress(
+            _tar({"fonts.conf": b"theirs", "fonts/Open_Sans/OpenSans-Regular.ttf": b"ttf"})
+        ),
+    }
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as t:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            t.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def driver_wheel() -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        z.writestr("chromedriver_py/__init__.py", "")
+        z.writestr(browser.DRIVER_MEMBER, DRIVER)
+    return buf.getvalue()
+
+
+class Registries:
+    """Fake npm and pip fetches serving given bytes, counting the calls."""
+
+    def __init__(self, tarball: bytes, wheel: bytes) -> None:
+        self.tarball, self.wheel = tarball, wheel
+        self.urls: list[str] = []
+        self.requirements: list[str] = []
+
+    def npm(self, url: str, dest: Path) -> None:
+        self.urls.append(url)
+        dest.write_bytes(self.tarball)
+
+    def pip(self, requirement: str, dest_dir: Path) -> None:
+        self.requirements.append(requirement)
+        (dest_dir / browser.DRIVER_WHEEL).write_bytes(self.wheel)
+
+
+def pin(monkeypatch: pytest.MonkeyPatch, tarball: bytes, wheel: bytes) -> None:
+    """Make these archives the pinned ones."""
+    monkeypatch.setattr(
+        browser, "CHROMIUM_SHA512", base64.b64encode(hashlib.sha512(tarball).digest()).decode()
+    )
+    monkeypatch.setattr(browser, "DRIVER_SHA256", hashlib.sha256(wheel).hexdigest())
+
+
+def left_in(root: Path) -> list[str]:
+    return sorted(p.name for p in root.iterdir() if p.name != ".lock")
+
+
+def test_the_build_is_unpacked_once_and_then_reused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tarball, wheel = npm_tarball(), driver_wheel()
+    pin(monkeypatch, tarball, wheel)
+    reg = Registries(tarball, wheel)
+    found = registry_build(tmp_path, reg.npm, reg.pip, registry="https://npm.example/")
+    folder = build_dir(tmp_path)
+    assert found == Browser(
+        str(folder / "chromium"),
+        str(folder / "chromedriver"),
+        {"LD_LIBRARY_PATH": str(folder / "lib"), "FONTCONFIG_FILE": str(folder / "fonts.conf")},
+    )
+    assert reg.urls == ["https://npm.example/@sparticuz/chromium/-/chromium-153.0.0.tgz"]
+    assert reg.requirements == ["chromedriver-py==153.0.8010.52"]
+    assert (folder / "chromium").read_bytes() == CHROMIUM
+    assert (folder / "chromedriver").read_bytes() == DRIVER
+    assert os.access(folder / "chromium", os.X_OK) and os.access(folder / "chromedriver", os.X_OK)
+    # the libraries flat in lib/ (LD_LIBRARY_PATH), the font under fonts/
+    assert sorted(p.name for p in (folder / "lib").iterdir()) == ["libEGL.so", "libnss3.so"]
+    assert (folder / "fonts" / "fonts" / "Open_Sans" / "OpenSans-Regular.ttf").exists()
+    # the font configuration names the final folder, not the one it was unpacked in
+    assert f"<dir>{folder / 'fonts'}</dir>" in (folder / "fonts.conf").read_text()
+    assert left_in(tmp_path) == [folder.name]  # no download or half-unpacked folder kept
+
+    again = registry_build(tmp_path, reg.npm, reg.pip)
+    assert again == found
+    assert len(reg.urls) == 1 and len(reg.requirements) == 1  # nothing fetched again
+
+
+def test_a_tarball_that_is_not_the_pinned_one_is_refused_and_nothing_is_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tarball, wheel = npm_tarball(), driver_wheel()
+    pin(monkeypatch, tarball, wheel)
+    reg = Registries(tarball + b"tampered", wheel)
+    with pytest.raises(DigestMismatch) as caught:
+        registry_build(tmp_path, reg.npm, reg.pip)
+    assert str(caught.value).startswith("@sparticuz/chromium 153.0.0: sha512 ")
+    assert str(caught.value).endswith(f", expected {browser.CHROMIUM_SHA512}")
+    assert reg.requirements == []  # refused before anything else was fetched
+    assert left_in(tmp_path) == []
+
+
+def test_a_wheel_that_is_not_the_pinned_one_is_refused_and_nothing_is_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tarball, wheel = npm_tarball(), driver_wheel()
+    pin(monkeypatch, tarball, wheel)
+    reg = Registries(tarball, driver_wheel() + b"\0")
+    with pytest.raises(DigestMismatch) as caught:
+        registry_build(tmp_path, reg.npm, reg.pip)
+    assert str(caught.value).startswith("chromedriver-py 153.0.8010.52: sha256 ")
+    assert left_in(tmp_path) == []
+
+
+@pytest.mark.parametrize(
+    ("chromium_br", "message"),
+    [
+        (brotli.compress(CHROMIUM * 1000)[:-4], "truncated brotli stream"),
+        (b"not brotli at all" * 4, "corrupt brotli stream: brotli: decoder failed"),
+    ],
+    ids=["truncated", "corrupt"],
+)
+def test_an_archive_that_does_not_unpack_is_refused_and_nothing_is_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chromium_br: bytes, message: str
+) -> None:
+    tarball, wheel = npm_tarball(chromium_br), driver_wheel()
+    pin(monkeypatch, tarball, wheel)  # the pinned file itself is broken
+    with pytest.raises(ValueError, match=f"^{message}$"):
+        registry_build(tmp_path, Registries(tarball, wheel).npm, Registries(tarball, wheel).pip)
+    assert left_in(tmp_path) == []
+
+
+def _link_tar(name: str, target: str) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as t:
+        info = tarfile.TarInfo(name)
+        info.type, info.linkname = tarfile.SYMTYPE, target
+        t.addfile(info)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("libs_tar", "member"),
+    [
+        (_tar({"lib/../../escaped.so": b"x"}), "lib/../../escaped.so"),
+        (_tar({"/etc/escaped.so": b"x"}), "/etc/escaped.so"),
+        (_link_tar("lib/libnss3.so", "/etc/passwd"), "lib/libnss3.so"),
+    ],
+    ids=["dot-dot", "absolute", "symlink"],
+)
+def test_an_archive_member_that_is_not_a_plain_file_inside_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, libs_tar: bytes, member: str
+) -> None:
+    tarball, wheel = npm_tarball(libs_tar=libs_tar), driver_wheel()
+    pin(monkeypatch, tarball, wheel)
+    reg = Registries(tarball, wheel)
+    with pytest.raises(ValueError, match=f"^refused archive member {member!r}$"):
+        registry_build(tmp_path / "cache", reg.npm, reg.pip)
+    assert left_in(tmp_path / "cache") == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache"]  # nothing written outside
+
+
+def test_workers_that_want_the_browser_at_once_fetch_it_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tarball, wheel = npm_tarball(), driver_wheel()
+    pin(monkeypatch, tarball, wheel)
+    reg = Registries(tarball, wheel)
+    both = threading.Barrier(2)
+    got: list[Browser] = []
+
+    def worker() -> None:
+        both.wait()
+        got.append(registry_build(tmp_path, reg.npm, reg.pip))
+
+    threads = [threading.Thread(target=worker) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert len(got) == 2 and got[0] == got[1]
+    assert len(reg.urls) == 1
+
+
+def test_find_browser_says_why_when_nothing_works(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def offline(url: str, dest: Path) -> None:
+        raise OSError("network is unreachable")
+
+    monkeypatch.setattr(browser, "_on_path", lambda: None)
+    monkeypatch.setattr(browser, "registry_supported", lambda: None)
+    monkeypatch.setattr(browser, "npm_fetch", offline)
+    monkeypatch.setattr(
+        browser, "_selenium_manager", lambda: "Selenium Manager could not fetch Chrome for Testing"
+    )
+    assert browser.find_browser(tmp_path) == (
+        "no Chromium and chromedriver on PATH (apt-get install chromium chromium-driver); "
+        "the registries' build could not be fetched: network is unreachable; "
+        "Selenium Manager could not fetch Chrome for Testing"
+    )
+    assert left_in(tmp_path) == []
+
+
+@pytest.mark.timeout(900)  # the first run on a machine downloads about 120 MB
+def test_the_pinned_build_renders_a_page(tmp_path: Path) -> None:
+    """The real archives, from the real registries, into the user's cache (fetched once per
+    machine): their digests still match, the browser starts through its driver and paints
+    text in its own font."""
+    why_not = browser.registry_supported()
+    if why_not is not None:
+        pytest.skip(why_not)
+    try:
+        found = registry_build(browser.cache_root())
+    except (OSError, subprocess.CalledProcessError) as exc:  # no registry reachable
+        if os.environ.get("REQUIRE_BROWSER") == "1":
+            raise
+        pytest.skip(f"the registries could not be reached: {exc}")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+
+    opts = Options()
+    opts.binary_location = found.binary
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"):
+        opts.add_argument(arg)
+    service = Service(executable_path=found.driver, env={**os.environ, **found.env})
+    driver = webdriver.Chrome(options=opts, service=service)
+    try:
+        driver.get("data:text/html,<h1 id=t style='color:rgb(1,2,3)'>Lead routed</h1>")
+        h1 = driver.find_element("id", "t")
+        assert h1.text == "Lead routed"
+        assert h1.value_of_css_property("color") == "rgba(1, 2, 3, 1)"
+        assert h1.size["width"] > 50  # glyphs were laid out: a font was found
+        assert driver.get_screenshot_as_file(str(tmp_path / "page.png"))
+        assert "HeadlessChrome/153." in driver.execute_script("return navigator.userAgent")
+    finally:
+        driver.quit()
