@@ -3,26 +3,28 @@
     .venv/bin/python -m bench.webhook [--quick] [--receivers N] [--run] [--rates 100,500]
         [--seconds S] [--spans] [--connector-root CHECKOUT] [--out FILE]
 
-Four separate processes on this machine: the HubSpot sandbox (`connector sandbox hubspot`,
-its real 100-per-10-s limit), `connector serve` (the receiver), `connector dispatch` (the
-write-back), and this load generator. The generator is open-loop: request i is due at
-t0 + i / rate and its latency is measured from that due time, so a slow server cannot hide
-its queueing (no coordinated omission). It is one asyncio loop on raw sockets with every
-request signed and rendered before the clock starts, so that it takes little of the two
-cores it shares with the system under test. Each request is one signed webhook with one
-contact.creation event, i.e. one new lead. The receiver stores the event and acks; its inbox
-worker reads the contact back from the sandbox (batch read) and routes it; the dispatcher reads
-the current owners again and writes. Lead-to-CRM is measured from the due time to the moment
-the sandbox accepted the owner write (outbox.finished_at). Each `serve` process gets its own
-admin port (/healthz, readiness). Each row also reports the CPU each process used during the
-step (% of one core, from /proc; "postgres" is the server backends of the benchmark's
-database) and the load average. Writes bench/results/webhook.json. With ``--run`` the
-receivers are `connector run` processes (receiver, inbox worker and dispatchers sharing one
-HubSpot rate budget, the production default) and no separate dispatch process runs; that
-writes bench/results/webhook-run.json. ``--spans`` runs the receivers under
-bench/webhook_spans.py (time per handler step, event-loop lag, GC pauses);
-``--connector-root`` runs the connector processes from another checkout (its .venv) with this
-generator, to compare two versions in one sitting.
+Four separate processes on this machine: the HubSpot sandbox (`connector sandbox hubspot`, its
+real 100-per-10-s limit), `connector serve` (the receiver), `connector dispatch` (the
+write-back), and this load generator. The generator is open-loop: request i is due at t0 + i /
+rate and its latency is measured from that due time, so a slow server cannot hide its queueing
+(no coordinated omission). It is one asyncio loop on raw sockets with every request signed and
+rendered before the clock starts, so that it takes little of the two cores it shares with the
+system under test. Each request is one signed webhook with one contact.creation event, i.e. one
+new lead. The receiver stores the event and acks; its inbox worker reads the contact back from
+the sandbox (batch read) and routes it; the dispatcher reads the current owners again and
+writes. Lead-to-CRM is measured from the due time to the moment the sandbox accepted the owner
+write (outbox.finished_at). Each `serve` process and the `dispatch` process get an admin port
+of their own; load starts once each /healthz says ok, the dispatch process's once it listens
+for the inbox's announcements (so ``--connector-root`` needs a checkout whose `connector
+dispatch` takes ``--admin-port``). Each row also reports the CPU each process used during the
+step (% of one core, from /proc; "postgres" is the server backends of the benchmark's database)
+and the load average. Writes bench/results/webhook.json. With ``--run`` the receivers are
+`connector run` processes (receiver, inbox worker and dispatchers sharing one HubSpot rate
+budget, the production default) and no separate dispatch process runs; that writes
+bench/results/webhook-run.json. ``--spans`` runs the receivers under bench/webhook_spans.py
+(time per handler step, event-loop lag, GC pauses); ``--connector-root`` runs the connector
+processes from another checkout (its .venv) with this generator, to compare two versions in one
+sitting.
 """
 
 from __future__ import annotations
@@ -287,27 +289,20 @@ def _run(coro: Any) -> Any:
         return asyncio.run(coro)
 
 
-def wait_listening(db_url: str, timeout: float = 60.0) -> None:
-    """Wait until `connector dispatch` listens for the inbox's announcements. It has no
-    health endpoint, and load sent before its LISTEN loses the inbox's first announcements:
-    those leads' owners waited for the dispatchers' own cycle (lead-to-CRM p99 548-818 ms at
+def wait_ready(url: str, timeout: float = 60.0) -> None:
+    """Wait until a /healthz answers 200. `connector dispatch` says ok only once it listens
+    for the inbox's announcements: load sent before that loses the first announcements, and
+    those leads' owners wait for the dispatchers' own cycle (lead-to-CRM p99 548-818 ms at
     200 req/s instead of about 424 ms, a trace of 2026-12-04)."""
-    engine = make_engine(db_url, pool_size=1)
     deadline = time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline:
-            with engine.connect() as conn:
-                if conn.execute(
-                    text(
-                        "SELECT 1 FROM pg_stat_activity WHERE datname = current_database() "
-                        "AND application_name = 'lrc-outbox-listener' AND query ILIKE 'LISTEN%'"
-                    )
-                ).first():
-                    return
-            time.sleep(0.05)
-    finally:
-        engine.dispose()
-    raise SystemExit(f"connector dispatch was not listening after {timeout:.0f} s")
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.05)
+    raise SystemExit(f"{url} was not ready after {timeout:.0f} s")
 
 
 def main() -> None:
@@ -438,14 +433,24 @@ def main() -> None:
         for admin in admin_ports:
             wait_http(f"http://127.0.0.1:{admin}/healthz")
         if not args.run:
+            dispatch_admin = free_port()
             procs.append(
                 subprocess.Popen(
-                    [*cli, "--config", str(tmp), "dispatch", "--concurrency", "2"],
+                    [
+                        *cli,
+                        "--config",
+                        str(tmp),
+                        "dispatch",
+                        "--concurrency",
+                        "2",
+                        "--admin-port",
+                        str(dispatch_admin),
+                    ],
                     env=env,
                     cwd=root,
                 )
             )
-            wait_listening(db_url)
+            wait_ready(f"http://127.0.0.1:{dispatch_admin}/healthz")
         hooks = [f"http://127.0.0.1:{port}/webhooks/hubspot/bench-hs" for port in ports]
         engine = make_engine(db_url)
         ids: list[str] = seeded["records"]

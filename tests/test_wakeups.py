@@ -150,13 +150,22 @@ def test_serve_announces_and_a_dispatch_process_writes_the_owners(
 ) -> None:
     """The two processes end to end: signed webhooks to `connector serve`, which announces
     the routed round (heard here too), owners written by `connector dispatch`, whose
-    listener is connected while it runs; both stop cleanly."""
+    listener is connected while it runs; both stop cleanly. The dispatch process's /healthz
+    says ok only once its listener has run its LISTEN, and its /metrics counts its CRM
+    writes."""
     hs = two_orgs.hs
     ids = [hs.add_record("contacts", properties={"country": "Canada"}) for _ in range(3)]
     env = connector_env(db_url)
+    admin = free_port()
     dispatch = Proc(
-        "dispatch", ["--config", str(two_orgs.config_dir), "dispatch"], env, tmp_path
+        "dispatch",
+        ["--config", str(two_orgs.config_dir), "dispatch", "--admin-port", str(admin)],
+        env,
+        tmp_path,
+        admin_port=admin,
     ).start()
+    dispatch.wait_healthy()
+    assert _listening_now(engine) == 1  # ready means listening: no announcement is lost
     serve = service("serve", "serve", two_orgs.config_dir, env, tmp_path).start()
     heard: psycopg.Connection[tuple[object, ...]] | None = None
     try:
@@ -175,6 +184,9 @@ def test_serve_announces_and_a_dispatch_process_writes_the_owners(
             DEADLINE,
             "the owners written back",
         )
+        scrape = httpx.get(f"{dispatch.admin_url}/metrics", timeout=10).text
+        assert 'connector_crm_calls_total{operation="write_owners",org="demo-hs"}' in scrape
+        assert 'connector_outbox_depth{org="demo-hs",state="pending"} 0.0' in scrape
     finally:
         if heard is not None:
             heard.close()
@@ -187,6 +199,19 @@ def test_serve_announces_and_a_dispatch_process_writes_the_owners(
 def _owner(hs: RecordingHubSpot, rid: str) -> str | None:
     record = hs.get_record(rid)
     return None if record is None else record["properties"].get("hubspot_owner_id")
+
+
+def _listening_now(engine: Engine) -> int:
+    """Listener connections whose LISTEN has run (their last statement)."""
+    with engine.connect() as conn:
+        return int(
+            conn.execute(
+                text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND application_name = 'lrc-outbox-listener' AND query ILIKE 'LISTEN%'"
+                )
+            ).scalar_one()
+        )
 
 
 def _listeners(engine: Engine) -> int:
@@ -329,3 +354,57 @@ def test_an_unexpected_error_is_logged_and_the_listener_starts_again(
     [failed] = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert failed.getMessage() == "outbox listener failed; it starts again"
     assert failed.exc_info is not None and "a nudge that fails" in str(failed.exc_info[1])
+
+
+@pytest.mark.two_orgs(poll=False)
+def test_the_dispatch_service_is_healthy_only_once_its_listener_listens(
+    engine: Engine, two_orgs: TwoOrgs, stop: threading.Event, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`run_dispatch_service` with its admin listener: /healthz answers 503 not_ready, naming
+    the outbox listener, for as long as the listener has not run its LISTEN (held back here
+    where it marks itself listening), then 200 (checked: with /healthz not asking the
+    listener, the first answer is 200 and this test fails)."""
+    cfg = two_orgs.configs["demo-hs"]
+    gate = threading.Event()
+    real_listener_for = listener_for
+
+    class HeldBack(threading.Event):
+        def set(self) -> None:
+            gate.wait(DEADLINE)
+            super().set()
+
+    def held_back_listener(*args: object) -> OutboxListener:
+        listener = real_listener_for(*args)  # type: ignore[arg-type]
+        listener.listening = HeldBack()
+        return listener
+
+    monkeypatch.setattr(service_module, "listener_for", held_back_listener)
+    admin = free_port()
+    service = threading.Thread(
+        target=run_dispatch_service,
+        args=(engine, {cfg.org: cfg}),
+        kwargs={"stop": stop, "per_org": 1, "admin_port": admin},
+        daemon=True,
+    )
+    service.start()
+    url = f"http://127.0.0.1:{admin}/healthz"
+
+    def answer() -> httpx.Response | None:
+        try:
+            return httpx.get(url, timeout=5)
+        except httpx.TransportError:  # not listening yet
+            return None
+
+    wait_until(lambda: answer() is not None, DEADLINE, "the admin listener")
+    first = answer()
+    assert first is not None
+    assert (first.status_code, first.json()) == (
+        503,
+        {"status": "unavailable", "error": "not_ready", "waiting_for": ["outbox listener"]},
+    )
+    gate.set()
+    wait_until(lambda: (r := answer()) is not None and r.status_code == 200, DEADLINE, "healthy")
+    assert _listening_now(engine) == 1
+    stop.set()
+    service.join(90)
+    assert not service.is_alive()

@@ -792,6 +792,29 @@ def test_admin_healthz_and_metrics(engine: Engine, configs: dict[str, OrgConfig]
     assert counts(engine) == stored(intake_events=6)
 
 
+def test_admin_healthz_waits_for_what_the_process_waits_for(
+    engine: Engine, configs: dict[str, OrgConfig]
+) -> None:
+    """A process that names what it still waits for (`connector dispatch`: its outbox
+    listener, its dispatcher threads) is not healthy until the list is empty."""
+    pending = ["outbox listener", "dispatch-acme-1 (stopped)"]
+    app = create_admin_app(
+        engine, create_app(engine, configs).state.metrics, waiting_for=lambda: list(pending)
+    )
+    with serve_in_thread(app) as base, httpx.Client(base_url=base, timeout=10) as a:
+        waiting = a.get("/healthz")
+        assert waiting.status_code == 503
+        assert waiting.headers["retry-after"] == "5"
+        assert waiting.json() == {
+            "status": "unavailable",
+            "error": "not_ready",
+            "waiting_for": ["outbox listener", "dispatch-acme-1 (stopped)"],
+        }
+        pending.clear()
+        ready = a.get("/healthz")
+        assert (ready.status_code, ready.json()) == (200, {"status": "ok"})
+
+
 def test_admin_token(engine: Engine, configs: dict[str, OrgConfig]) -> None:
     app = create_app(engine, configs)
     token = "admin-token-0123456789"

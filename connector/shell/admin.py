@@ -44,10 +44,14 @@ def create_admin_app(
     *,
     token: str | None = None,
     configs: Mapping[str, OrgConfig] | None = None,
+    waiting_for: Callable[[], list[str]] | None = None,
 ) -> Starlette:
     """The admin ASGI app: GET /healthz and GET /metrics, and with ``configs`` the dashboard.
     With ``token`` every request needs ``Authorization: Bearer <token>`` (the dashboard also
-    takes a session cookie from signing in with it); without, bind it to localhost only."""
+    takes a session cookie from signing in with it); without, bind it to localhost only.
+    ``waiting_for`` names what the process still waits for before it does its work (its
+    outbox listener not yet listening, a dispatcher thread gone): /healthz answers 503
+    ``not_ready`` with that list until it is empty."""
 
     def guarded(endpoint: Callable[[Request], Awaitable[Response]]) -> Any:
         async def run(request: Request) -> Response:
@@ -71,6 +75,13 @@ def create_admin_app(
             log.warning("healthz: database check failed: %s", type(exc).__name__)
             return JSONResponse(
                 {"status": "unavailable", "error": "database_unavailable"},
+                503,
+                headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+            )
+        pending = waiting_for() if waiting_for is not None else []
+        if pending:
+            return JSONResponse(
+                {"status": "unavailable", "error": "not_ready", "waiting_for": pending},
                 503,
                 headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
             )

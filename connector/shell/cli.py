@@ -295,6 +295,9 @@ def cmd_dispatch(args: argparse.Namespace) -> int:
             {cfg.org: cfg for cfg in orgs},
             per_org=args.concurrency,
             lease_seconds=args.lease_seconds,
+            admin_host=args.admin_host,
+            admin_port=args.admin_port,
+            admin_token=os.environ.get("CONNECTOR_ADMIN_TOKEN") or None,
         )
     failed = False
     for cfg in orgs:
@@ -588,6 +591,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="a claim not finished within this is taken over by another dispatcher (a live "
         "claim renews it before a CRM call once a quarter has gone; keep it above 55 s: the "
         "CRM timeout of 30 s plus a rate-limit wait must fit in three quarters of it)",
+    )
+    s.add_argument(
+        "--admin-port",
+        type=int,
+        default=None,
+        help="serve /healthz (ready once the outbox listener listens), /metrics and the "
+        "dashboard here (default: off, so a dispatch process beside `connector run` on one "
+        "host takes no port of its own unless asked)",
+    )
+    s.add_argument(
+        "--admin-host",
+        default=os.environ.get("CONNECTOR_ADMIN_HOST", "127.0.0.1"),
+        help="where --admin-port listens (off loopback needs CONNECTOR_ADMIN_TOKEN)",
     )
     s.set_defaults(func=cmd_dispatch)
     s = sub.add_parser("outbox", help="list dead or superseded owner writes, or requeue dead ones")

@@ -222,24 +222,64 @@ def run_dispatch_service(
     per_org: int = 2,
     lease_seconds: float = 60.0,
     stop: threading.Event | None = None,
+    admin_host: str = "127.0.0.1",
+    admin_port: int | None = None,
+    admin_token: str | None = None,
 ) -> int:
     """``connector dispatch``: the dispatchers of ``configs`` until SIGTERM/SIGINT (or until
     ``stop`` is set, when the caller passes one: then no signal handler is installed), each
     finishing the round it is in (a minute at most for all of them). They go when an inbox
     worker in another process announces a routed round of their org
-    (``connector.writeback.wakeups``), and on their cycle otherwise. A second SIGINT or
-    SIGTERM ends the process at once."""
+    (``connector.writeback.wakeups``), and on their cycle otherwise.
+
+    With ``admin_port`` (off by default: a dispatch process beside a `connector run` on one
+    host would otherwise take the same port) the admin listener serves /metrics (the
+    dispatchers' CRM calls and errors, the outbox) and /healthz, which answers 503
+    ``not_ready`` until the outbox listener listens and while a dispatcher thread is gone:
+    an announcement made before the LISTEN reaches nobody, so load sent before /healthz says
+    ok waits for the dispatchers' own cycle. A second SIGINT or SIGTERM ends the process at
+    once."""
+    from connector.shell.admin import create_admin_app
+
+    if admin_port is not None:
+        check_admin_binding(admin_host, admin_token)
     signalled = _signals_received() if stop is None else []
     stop = stop or threading.Event()
     nudges = Nudges()
+    metrics = Metrics(engine, configs)
     threads: list[threading.Thread] = []
+    listener = listener_for(engine, nudges, configs)
+    dispatchers: list[threading.Thread] = []
+
+    def waiting_for() -> list[str]:
+        pending = [] if listener.listening.is_set() else ["outbox listener"]
+        return pending + [f"{t.name} (stopped)" for t in dispatchers if not t.is_alive()]
+
     try:
-        threads.append(listener_for(engine, nudges, configs).start(stop))
-        threads += start_dispatchers(
-            engine, configs, Adapters(configs), stop, per_org, None, lease_seconds, nudges=nudges
+        threads.append(listener.start(stop))
+        dispatchers += start_dispatchers(
+            engine, configs, Adapters(configs), stop, per_org, metrics, lease_seconds, nudges
         )
-        while not (stop.wait(0.5) or signalled):
-            pass
+        threads += dispatchers
+        admin: AbstractContextManager[str] = (
+            serve_in_thread(
+                create_admin_app(
+                    engine, metrics, token=admin_token, configs=configs, waiting_for=waiting_for
+                ),
+                admin_host,
+                admin_port,
+            )
+            if admin_port is not None
+            else nullcontext("")
+        )
+        with admin as admin_url:
+            log.info(
+                "connector dispatch running: dispatchers=%d admin=%s",
+                len(dispatchers),
+                admin_url or "off",
+            )
+            while not (stop.wait(0.5) or signalled):
+                pass
     finally:
         stop.set()
         nudges.wake_all()  # dispatchers waiting for a nudge see the stop at once
