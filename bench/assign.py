@@ -20,6 +20,12 @@ other work on the machine moves these figures.
 autovacuum would): a database in production holds many assignments, and the planner's
 estimates, so its choice of plans, follow the table's size.
 
+``ceiling_batch+cpu`` is a diagnostic, not a ceiling: the batched ceiling again, its workers
+first spending as much CPU per batch as the project's workers did in the same run (their
+client CPU per lead times 500, busy-looping outside the team lock). At 16 workers on two cores
+that CPU competes with the lock holder, so this row says how much of the project's distance
+to the ceiling its client's CPU explains (``batch_vs_ceiling_batch_plus_client_cpu``).
+
 ``--repeat N`` runs the whole table N times in turn and reports each ratio's median with
 every run's value: on two shared cores one run's ratio at 16 workers moves by 0.1 or more
 from run to run, mostly with the ceiling's own throughput.
@@ -86,7 +92,13 @@ def one(
     leads: int,
     batch: int = 1,
     history: int = 0,
+    burn_ms: float = 0.0,
 ) -> dict[str, Any]:
+    """One configuration in a fresh database. ``ceiling_batch+cpu`` is ``ceiling_batch`` whose
+    workers first spend ``burn_ms`` of CPU per batch (see the module's docstring)."""
+    label = mode
+    if mode == "ceiling_batch+cpu":
+        mode = "ceiling_batch"
     url = factory.new()
     yaml_text = team_yaml(10)
     engine = make_engine(url, pool_size=1)
@@ -94,13 +106,13 @@ def one(
     if history:
         seed_history(engine, history)
     ids = [f"00Q{mode[:2]}{i:010d}" for i in range(leads)]
-    result: RunResult = run(mode, url, yaml_text, ids, workers, batch=batch)
+    result: RunResult = run(mode, url, yaml_text, ids, workers, batch=batch, burn_ms=burn_ms)
     report = fairness(engine, "bench")
     engine.dispose()
     if result.errors:
         raise SystemExit(f"{mode} x{workers}: worker failed: {result.errors[0]}")
     row = {
-        "mode": mode,
+        "mode": label,
         "workers": workers,
         "leads": leads,
         "batch": batch,
@@ -112,6 +124,7 @@ def one(
         "double_owners": report["double_owners"],
         "assigned": report["assigned"] - history,  # this run's leads only
         "history": history,
+        "burn_ms_per_batch": burn_ms,
         # CPU per lead in the timed part: the workers' processes, and their server processes'
         # (None when the server's processes cannot be read from this machine)
         "client_cpu_us": round(result.client_cpu / leads * 1e6, 1),
@@ -123,7 +136,7 @@ def one(
     if row["server_cpu_us"] is not None:
         cpu += f"  server {row['server_cpu_us']:>6.0f} us"
     print(
-        f"{mode:<14} workers={workers:<3} batch={batch:<4} leads={leads:<6} "
+        f"{label:<17} workers={workers:<3} batch={batch:<4} leads={leads:<6} "
         f"{row['leads_per_s']:>9,.0f}/s  p50 {row['p50_ms']:>7.2f} ms  "
         f"p99 {row['p99_ms']:>7.2f} ms  spread {row['spread']:>4}  "
         f"double owners {row['double_owners']}  {cpu}",
@@ -150,6 +163,11 @@ def ratios_of(rows: list[dict[str, Any]]) -> dict[str, float]:
             / find("ceiling_batch", workers)["leads_per_s"],
             3,
         )
+        ratios[f"batch_vs_ceiling_batch_plus_client_cpu_x{workers}"] = round(
+            find("project_batch", workers)["leads_per_s"]
+            / find("ceiling_batch+cpu", workers)["leads_per_s"],
+            3,
+        )
     return ratios
 
 
@@ -161,7 +179,8 @@ def adhoc(specs: list[str], history: int = 0) -> None:
             mode, workers, *rest = spec.split(":")
             leads = int(rest[0]) if rest else 600
             batch = int(rest[1]) if len(rest) > 1 else 1
-            one(factory, mode, int(workers), leads, batch=batch, history=history)
+            burn = float(rest[2]) if len(rest) > 2 else 0.0
+            one(factory, mode, int(workers), leads, batch=batch, history=history, burn_ms=burn)
     finally:
         factory.drop_all()
 
@@ -172,7 +191,7 @@ def main() -> None:
     ap.add_argument(
         "--only",
         nargs="+",
-        metavar="MODE:WORKERS[:LEADS[:BATCH]]",
+        metavar="MODE:WORKERS[:LEADS[:BATCH[:BURN_MS]]]",
         help="run just these configurations, print them, write nothing",
     )
     ap.add_argument(
@@ -216,6 +235,19 @@ def main() -> None:
                     run_rows.append(
                         one(factory, mode, workers, batched, batch=500, history=args.history)
                     )
+                # the ceiling again, its workers spending the project's client CPU per batch
+                burn = run_rows[-1]["client_cpu_us"] * 500 / 1000
+                run_rows.append(
+                    one(
+                        factory,
+                        "ceiling_batch+cpu",
+                        workers,
+                        batched,
+                        batch=500,
+                        history=args.history,
+                        burn_ms=burn,
+                    )
+                )
             each.append(ratios_of(run_rows))
             print(
                 f"ratios of run {run_no + 1} (project / the faster ceiling in each row):",

@@ -106,6 +106,9 @@ class Job:
     batch: int = 1
     # the instant the workers judge caps, working hours and time off at (None: the clock)
     at: datetime.datetime | None = None
+    # ceiling_batch only: CPU burnt in the worker before each batch, in milliseconds (the
+    # client work a caller of the project does per batch, outside the team lock)
+    burn_ms: float = 0.0
 
 
 def _libpq_url(sqlalchemy_url: str) -> str:
@@ -283,6 +286,13 @@ class CpuMeter:
             self.server = end - self._server0
 
 
+def _burn(seconds: float) -> None:
+    """Spend ``seconds`` of this process's CPU."""
+    until = time.process_time() + seconds
+    while time.process_time() < until:
+        pass
+
+
 def worker(job: Job, barrier: Any, out: Any) -> None:
     """Run one worker's share; report (latencies in seconds, error text or None, client CPU
     seconds, server CPU seconds or None)."""
@@ -325,6 +335,8 @@ def worker(job: Job, barrier: Any, out: Any) -> None:
                     elif step == 1:
                         ceiling.assign(job.ids[i])
                     else:
+                        if job.burn_ms:
+                            _burn(job.burn_ms / 1000)
                         ceiling.assign_batch(job.ids[i : i + step])
                     latencies.append(time.perf_counter() - t0)
                 meter.stop()
@@ -384,6 +396,7 @@ def run(
     workers: int,
     batch: int = 1,
     at: datetime.datetime | None = None,
+    burn_ms: float = 0.0,
 ) -> RunResult:
     """Split ``ids`` over ``workers`` processes and run them at once."""
     if mode == "naive":
@@ -395,7 +408,9 @@ def run(
     out = ctx.Queue()
     shares = [ids[i::workers] for i in range(workers)]
     procs = [
-        ctx.Process(target=worker, args=(Job(mode, db_url, yaml_text, s, batch, at), barrier, out))
+        ctx.Process(
+            target=worker, args=(Job(mode, db_url, yaml_text, s, batch, at, burn_ms), barrier, out)
+        )
         for s in shares
     ]
     for p in procs:
