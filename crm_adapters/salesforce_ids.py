@@ -18,16 +18,21 @@ SUFFIX_ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZ012345"
 _ID_RE = re.compile(r"[A-Za-z0-9]{15}(?:[A-Za-z0-9]{3})?")
 
 
+# Each character as one bit of its chunk: "1" for an upper-case letter, "0" for the rest.
+_CASE_BITS = str.maketrans(
+    {c: "1" if "A" <= c <= "Z" else "0" for c in map(chr, range(128)) if c.isalnum()}
+)
+
+
 def _suffix(id15: str) -> str:
-    """The 3-character case suffix of a case-sensitive 15-character id."""
-    out = []
-    for start in range(0, 15, 5):
-        bits = 0
-        for offset, char in enumerate(id15[start : start + 5]):
-            if "A" <= char <= "Z":
-                bits |= 1 << offset
-        out.append(SUFFIX_ALPHABET[bits])
-    return "".join(out)
+    """The 3-character case suffix of a case-sensitive 15-character id (every character
+    alphanumeric ASCII): chunk i's bits, character 0 the lowest, name one suffix character."""
+    bits = id15.translate(_CASE_BITS)
+    return (
+        SUFFIX_ALPHABET[int(bits[4::-1], 2)]
+        + SUFFIX_ALPHABET[int(bits[9:4:-1], 2)]
+        + SUFFIX_ALPHABET[int(bits[14:9:-1], 2)]
+    )
 
 
 def canonical_15(value: str) -> str | None:
@@ -41,6 +46,8 @@ def canonical_15(value: str) -> str | None:
         return None
     if len(value) == 15:
         return value
+    if _suffix(value[:15]) == value[15:]:  # already in its canonical case (the usual one)
+        return value[:15]
     chars = list(value[:15])
     for block, suffix_char in enumerate(value[15:].upper()):
         bits = SUFFIX_ALPHABET.find(suffix_char)
@@ -77,5 +84,7 @@ def same_id(a: str, b: str) -> bool:
 
 def id_key(value: str) -> str:
     """``to_18(value)`` for a well-formed id, the input unchanged otherwise (for comparing)."""
+    if len(value) == 18 and _ID_RE.fullmatch(value) and _suffix(value[:15]) == value[15:]:
+        return value  # already canonical: what the APIs send
     canonical = canonical_15(value)
     return value if canonical is None else canonical + _suffix(canonical)

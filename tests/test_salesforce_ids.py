@@ -53,6 +53,31 @@ def test_case_folded_18_maps_back(id15: str, fold: Callable[[str], str]) -> None
     assert same_id(folded, id15) and same_id(id15, folded)
 
 
+@given(st.text(alphabet=ALNUM, min_size=18, max_size=18) | st.text(max_size=20))
+def test_id_key_of_any_string_matches_the_reference(value: str) -> None:
+    """Any 18 characters (a canonical id, a case-folded one, a suffix that cannot be one) and
+    any other string: the canonical form of a well-formed id (its case taken from its
+    suffix), the input itself otherwise."""
+    expected = value
+    if len(value) == 18 and all(c in ALNUM for c in value):
+        # the first 15 characters in the case the suffix says, if the suffix can say it
+        table = "ABCDEFGHIJKLMNOPQRSTUVWXYZ012345"
+        chars, ok = list(value[:15]), True
+        for block, s in enumerate(value[15:].upper()):
+            bits = table.find(s)
+            for i in range(5):
+                c, upper = chars[block * 5 + i], bits >= 0 and bool(bits >> i & 1)
+                if bits < 0 or (upper and not c.isalpha()):
+                    ok = False
+                elif c.isalpha():
+                    chars[block * 5 + i] = c.upper() if upper else c.lower()
+        if ok:
+            expected = "".join(chars) + reference_suffix("".join(chars))
+    elif len(value) == 15 and all(c in ALNUM for c in value):
+        expected = value + reference_suffix(value)
+    assert id_key(value) == expected
+
+
 @given(ids_15, ids_15)
 def test_distinct_15_char_ids_stay_distinct(a: str, b: str) -> None:
     # 15-character ids are case-sensitive: they differ exactly when their 18 forms differ
