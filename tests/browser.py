@@ -12,7 +12,9 @@ Where the browser comes from, first that works:
    with pip, so pip's own index settings apply) and unpacked into the user's cache
    (``$XDG_CACHE_HOME`` or ``~/.cache``, then ``lead-routing-connector/browser``). This needs
    neither root nor any site but the two registries, so a new machine with only Python runs
-   the browser tests too. NPM_CONFIG_REGISTRY (as npm reads it) names another npm registry.
+   the browser tests too. ``npm_config_registry`` (npm's own setting, any case) names another
+   npm registry. Under the fetch's lock, what an interrupted fetch left and the builds of
+   other pinned versions are removed.
 3. Chrome for Testing from Selenium Manager (part of Selenium), which needs the internet.
 
 When none works, ``find_browser`` says why each failed. A download whose digest differs from
@@ -38,6 +40,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from xml.sax.saxutils import escape
 
 # The npm registry's package: Chromium 153.0.8010.0 (bin/chromium.br), the libraries it needs
 # beside the C library (bin/al2023.tar.br: NSS, NSPR, expat), SwiftShader and a font.
@@ -119,6 +122,9 @@ def browser_in(folder: Path) -> Browser:
 def npm_fetch(url: str, dest: Path) -> None:
     with urllib.request.urlopen(url, timeout=FETCH_TIMEOUT) as r, dest.open("wb") as f:
         shutil.copyfileobj(r, f, CHUNK)
+        expected = r.headers.get("Content-Length")
+        if expected is not None and f.tell() != int(expected):
+            raise OSError(f"{url}: the download stopped at {f.tell()} of {expected} bytes")
 
 
 def pip_fetch(requirement: str, dest_dir: Path) -> None:
@@ -222,8 +228,8 @@ def unpack(tgz: Path, wheel: Path, folder: Path, final: Path) -> None:
         (folder / exe).chmod(0o755)
     (folder / "fonts.conf").write_text(
         '<?xml version="1.0"?>\n<!DOCTYPE fontconfig SYSTEM "fonts.dtd">\n<fontconfig>\n'
-        f"  <dir>{final / 'fonts'}</dir>\n"
-        f"  <cachedir>{final / 'fonts-cache'}</cachedir>\n</fontconfig>\n"
+        f"  <dir>{escape(str(final / 'fonts'))}</dir>\n"
+        f"  <cachedir>{escape(str(final / 'fonts-cache'))}</cachedir>\n</fontconfig>\n"
     )
 
 
@@ -235,16 +241,19 @@ def registry_build(
     npm = npm or npm_fetch
     pip = pip or pip_fetch
     folder = build_dir(root)
-    if folder.is_dir():
+    if _complete(folder):
         return browser_in(folder)
     root.mkdir(parents=True, exist_ok=True)
     with _locked(root):
-        if folder.is_dir():  # another worker fetched it while this one waited
+        if _complete(folder):  # another worker fetched it while this one waited
             return browser_in(folder)
+        _drop_stale(root, keep=folder)
+        if folder.exists():  # not complete: never read a damaged build
+            shutil.rmtree(folder)
         with tempfile.TemporaryDirectory(dir=root, prefix=".fetch-") as tmp:
             work = Path(tmp)
             tgz = work / "chromium.tgz"
-            base = (registry or os.environ.get("NPM_CONFIG_REGISTRY") or NPM_REGISTRY).rstrip("/")
+            base = (registry or _npm_registry_setting() or NPM_REGISTRY).rstrip("/")
             name = CHROMIUM_PACKAGE.split("/")[-1]
             npm(f"{base}/{CHROMIUM_PACKAGE}/-/{name}-{CHROMIUM_VERSION}.tgz", tgz)
             verify_digest(tgz, "sha512", CHROMIUM_SHA512, f"{CHROMIUM_PACKAGE} {CHROMIUM_VERSION}")
@@ -255,6 +264,31 @@ def registry_build(
             unpack(tgz, wheel, unpacked, folder)
             unpacked.rename(folder)  # complete, or not there at all
     return browser_in(folder)
+
+
+def _npm_registry_setting() -> str | None:
+    """npm's own setting, as npm reads it from the environment (any case of the name)."""
+    for name, value in os.environ.items():
+        if name.lower() == "npm_config_registry" and value:
+            return value
+    return None
+
+
+def _complete(folder: Path) -> bool:
+    return (folder / "chromium").is_file() and (folder / "chromedriver").is_file()
+
+
+def _drop_stale(root: Path, keep: Path) -> None:
+    """Under the lock: what an interrupted fetch left (``.fetch-*``) and the builds of other
+    versions or layouts (a checkout of another version sharing the cache fetches its own
+    again)."""
+    for p in root.iterdir():
+        if (
+            p != keep
+            and p.is_dir()
+            and (p.name.startswith(".fetch-") or p.name.startswith("chromium-"))
+        ):
+            shutil.rmtree(p, ignore_errors=True)
 
 
 def _on_path() -> Browser | None:
@@ -286,8 +320,10 @@ def find_browser(root: Path | None = None) -> Browser | str:
             return registry_build(root or cache_root())
         except subprocess.CalledProcessError as exc:
             reasons.append(f"pip could not fetch {DRIVER_PACKAGE}: {exc.stderr.strip()[-300:]}")
-        except (OSError, ValueError, DigestMismatch, subprocess.SubprocessError) as exc:
-            reasons.append(f"the registries' build could not be fetched: {exc}")
+        except Exception as exc:  # a failed fetch is a reason to fall back, never a crash
+            reasons.append(
+                f"the registries' build could not be fetched: {type(exc).__name__}: {exc}"
+            )
     else:
         reasons.append(unsupported)
     manager = _selenium_manager()

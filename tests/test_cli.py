@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -628,3 +629,35 @@ def test_help_says_global_options_go_before_or_after(capsys: pytest.CaptureFixtu
         assert (
             "May come before or after the command; given in both places, the one after wins." in out
         )
+
+
+def test_dispatch_admin_port_in_use_is_a_one_line_usage_error(
+    cli_env: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`connector dispatch --admin-port P` with P taken: exit 2 with what to do, before any
+    dispatcher or signal handler is set up (no traceback)."""
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code, out, err = run(capsys, "dispatch", "--admin-port", str(port))
+    assert (code, out) == (2, "")
+    assert err.endswith(
+        f"connector: the admin listener could not listen on 127.0.0.1:{port} (is the port in "
+        "use? --admin-port chooses another)\n"
+    )
+    assert "Traceback" not in err
+    assert {sig: signal.getsignal(sig) for sig in handlers} == handlers
+
+
+def test_dispatch_admin_listener_off_loopback_needs_a_token(
+    cli_env: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("CONNECTOR_ADMIN_TOKEN", raising=False)
+    code, out, err = run(capsys, "dispatch", "--admin-port", "9", "--admin-host", "0.0.0.0")
+    assert (code, out) == (2, "")
+    assert err == (
+        "connector: the admin listener on 0.0.0.0 is reachable from other machines: set "
+        "CONNECTOR_ADMIN_TOKEN, or bind it to 127.0.0.1 (--admin-host)\n"
+    )

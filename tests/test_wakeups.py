@@ -184,8 +184,16 @@ def test_serve_announces_and_a_dispatch_process_writes_the_owners(
             DEADLINE,
             "the owners written back",
         )
+        # the dispatcher counts its calls once its round has committed, after the CRM write
+        wait_until(
+            lambda: (
+                'connector_crm_calls_total{operation="write_owners",org="demo-hs"}'
+                in httpx.get(f"{dispatch.admin_url}/metrics", timeout=10).text
+            ),
+            DEADLINE,
+            "the dispatch process's metrics to count its writes",
+        )
         scrape = httpx.get(f"{dispatch.admin_url}/metrics", timeout=10).text
-        assert 'connector_crm_calls_total{operation="write_owners",org="demo-hs"}' in scrape
         assert 'connector_outbox_depth{org="demo-hs",state="pending"} 0.0' in scrape
     finally:
         if heard is not None:

@@ -19,7 +19,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 from functools import partial
 from typing import Any
 
@@ -55,7 +55,13 @@ def serve_in_thread(app: Any, host: str = "127.0.0.1", port: int = 0) -> Iterato
         access_log=False,
     )
     server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
+
+    def run() -> None:
+        # uvicorn exits its thread when its startup fails (it logged why): reported below
+        with suppress(SystemExit):
+            server.run()
+
+    thread = threading.Thread(target=run, name="uvicorn", daemon=True)
     thread.start()
     deadline = time.monotonic() + 20
     while not server.started:
@@ -243,7 +249,7 @@ def run_dispatch_service(
 
     if admin_port is not None:
         check_admin_binding(admin_host, admin_token)
-    signalled = _signals_received() if stop is None else []
+    own_signals = stop is None
     stop = stop or threading.Event()
     nudges = Nudges()
     metrics = Metrics(engine, configs)
@@ -255,24 +261,27 @@ def run_dispatch_service(
         pending = [] if listener.listening.is_set() else ["outbox listener"]
         return pending + [f"{t.name} (stopped)" for t in dispatchers if not t.is_alive()]
 
-    try:
-        threads.append(listener.start(stop))
-        dispatchers += start_dispatchers(
-            engine, configs, Adapters(configs), stop, per_org, metrics, lease_seconds, nudges
+    # The admin listener first: a port it cannot take stops the command before anything
+    # else has started (its /healthz says not_ready until the listener listens).
+    admin: AbstractContextManager[str] = (
+        admin_listener(
+            create_admin_app(
+                engine, metrics, token=admin_token, configs=configs, waiting_for=waiting_for
+            ),
+            admin_host,
+            admin_port,
         )
-        threads += dispatchers
-        admin: AbstractContextManager[str] = (
-            serve_in_thread(
-                create_admin_app(
-                    engine, metrics, token=admin_token, configs=configs, waiting_for=waiting_for
-                ),
-                admin_host,
-                admin_port,
+        if admin_port is not None
+        else nullcontext("")
+    )
+    with admin as admin_url:
+        signalled = _signals_received() if own_signals else []
+        try:
+            threads.append(listener.start(stop))
+            dispatchers += start_dispatchers(
+                engine, configs, Adapters(configs), stop, per_org, metrics, lease_seconds, nudges
             )
-            if admin_port is not None
-            else nullcontext("")
-        )
-        with admin as admin_url:
+            threads += dispatchers
             log.info(
                 "connector dispatch running: dispatchers=%d admin=%s",
                 len(dispatchers),
@@ -280,11 +289,31 @@ def run_dispatch_service(
             )
             while not (stop.wait(0.5) or signalled):
                 pass
-    finally:
-        stop.set()
-        nudges.wake_all()  # dispatchers waiting for a nudge see the stop at once
-        _join_all(threads, 60.0)
+        finally:
+            stop.set()
+            nudges.wake_all()  # dispatchers waiting for a nudge see the stop at once
+            _join_all(threads, 60.0)
     return 0
+
+
+@contextmanager
+def admin_listener(app: Any, host: str, port: int) -> Iterator[str]:
+    """``serve_in_thread`` for the admin app; a port it cannot listen on is the operator's
+    to fix, so it is a ConfigError (the command's one-line error, exit 2), not a traceback."""
+    try:
+        server = serve_in_thread(app, host, port)
+        url = server.__enter__()
+    except (RuntimeError, OSError) as exc:
+        from connector.core.config import ConfigError
+
+        raise ConfigError(
+            f"the admin listener could not listen on {host}:{port} (is the port in use? "
+            "--admin-port chooses another)"
+        ) from exc
+    try:
+        yield url
+    finally:
+        server.__exit__(None, None, None)
 
 
 def _signals_received() -> list[int]:
@@ -415,7 +444,7 @@ def run_service(
         else []
     )
     admin: AbstractContextManager[str] = (
-        serve_in_thread(
+        admin_listener(
             create_admin_app(engine, metrics, token=admin_token, configs=configs),
             admin_host,
             admin_port,
