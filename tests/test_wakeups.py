@@ -211,24 +211,16 @@ def _owner(hs: RecordingHubSpot, rid: str) -> str | None:
 
 def _listening_now(engine: Engine) -> int:
     """Listener connections whose LISTEN has run (their last statement)."""
+    return _listeners(engine, "AND query ILIKE 'LISTEN%'")
+
+
+def _listeners(engine: Engine, and_also: str = "") -> int:
     with engine.connect() as conn:
         return int(
             conn.execute(
                 text(
                     "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                    "AND application_name = 'lrc-outbox-listener' AND query ILIKE 'LISTEN%'"
-                )
-            ).scalar_one()
-        )
-
-
-def _listeners(engine: Engine) -> int:
-    with engine.connect() as conn:
-        return int(
-            conn.execute(
-                text(
-                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                    "AND application_name = 'lrc-outbox-listener'"
+                    "AND application_name = 'lrc-outbox-listener' " + and_also
                 )
             ).scalar_one()
         )
