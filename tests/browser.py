@@ -17,7 +17,9 @@ Where the browser comes from, first that works:
    other pinned versions are removed.
 3. Chrome for Testing from Selenium Manager (part of Selenium), which needs the internet.
 
-When none works, ``find_browser`` says why each failed. A download whose digest differs from
+A build that does not start here (``--version``: a minimal container may lack the GLib, XCB and
+D-Bus libraries chromedriver needs) counts as none. When none works, ``find_browser`` says why
+each failed. A download whose digest differs from
 the pinned one is refused and nothing of it is kept.
 """
 
@@ -308,6 +310,27 @@ def _selenium_manager() -> Browser | str:
     return Browser(found["browser_path"], found["driver_path"])
 
 
+def does_not_start(found: Browser) -> str | None:
+    """None when the browser and its driver both start here (``--version``), else why not:
+    the registries' build carries the browser's libraries, but its chromedriver needs the
+    machine's GLib, XCB and D-Bus, which a minimal container may lack."""
+    for exe in (found.driver, found.binary):
+        try:
+            ran = subprocess.run(
+                [exe, "--version"],
+                env={**os.environ, **found.env},
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+        except (OSError, subprocess.SubprocessError) as exc:
+            return f"{Path(exe).name} does not start here: {type(exc).__name__}: {exc}"
+        if ran.returncode != 0:
+            said = (ran.stderr.strip() or ran.stdout.strip()).splitlines()
+            return f"{Path(exe).name} does not start here: {said[-1] if said else ran.returncode}"
+    return None
+
+
 def find_browser(root: Path | None = None) -> Browser | str:
     """The browser and its driver, or why there is none (see the module's docstring)."""
     found = _on_path()
@@ -317,7 +340,11 @@ def find_browser(root: Path | None = None) -> Browser | str:
     unsupported = registry_supported()
     if unsupported is None:
         try:
-            return registry_build(root or cache_root())
+            built = registry_build(root or cache_root())
+            why_not = does_not_start(built)
+            if why_not is None:
+                return built
+            reasons.append(why_not)
         except subprocess.CalledProcessError as exc:
             reasons.append(f"pip could not fetch {DRIVER_PACKAGE}: {exc.stderr.strip()[-300:]}")
         except Exception as exc:  # a failed fetch is a reason to fall back, never a crash

@@ -17,6 +17,7 @@ import tarfile
 import threading
 import zipfile
 from pathlib import Path
+from typing import Literal
 
 import brotli
 import pytest
@@ -28,7 +29,7 @@ CHROMIUM = b"#!/bin/sh\necho chromium\n"
 DRIVER = b"#!/bin/sh\necho chromedriver\n"
 
 
-def _tar(files: dict[str, bytes], mode: str = "w") -> bytes:
+def _tar(files: dict[str, bytes], mode: Literal["w", "w:gz"] = "w") -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode=mode) as t:
         for name, data in files.items():
@@ -54,11 +55,11 @@ def npm_tarball(chromium_br: bytes | None = None, libs_tar: bytes | None = None)
     return _tar(members, "w:gz")
 
 
-def driver_wheel() -> bytes:
+def driver_wheel(driver: str | None = None) -> bytes:
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w") as z:
         z.writestr("chromedriver_py/__init__.py", "")
-        z.writestr(browser.DRIVER_MEMBER, DRIVER)
+        z.writestr(browser.DRIVER_MEMBER, DRIVER if driver is None else driver.encode())
     return buf.getvalue()
 
 
@@ -77,6 +78,10 @@ class Registries:
     def pip(self, requirement: str, dest_dir: Path) -> None:
         self.requirements.append(requirement)
         (dest_dir / browser.DRIVER_WHEEL).write_bytes(self.wheel)
+
+    @property
+    def fetches(self) -> tuple[browser.Fetch, browser.Fetch]:
+        return self.npm, self.pip
 
 
 def pin(
@@ -287,6 +292,31 @@ def test_a_download_cut_short_is_reported_as_such(tmp_path: Path) -> None:
         server.server_close()
     # not a digest mismatch, which would read as tampering
     assert str(caught.value) == f"{url}: the download stopped at 10 of 1000 bytes"
+
+
+def test_a_build_whose_driver_does_not_start_here_is_no_browser(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A driver that cannot load its libraries (as on a container without GLib) makes the
+    browser tests skip with the loader's words, not fail in Selenium."""
+    missing = (
+        "chromedriver: error while loading shared libraries: libglib-2.0.so.0: cannot open "
+        "shared object file: No such file or directory"
+    )
+    reg = pin(monkeypatch, wheel=driver_wheel(f"#!/bin/sh\necho '{missing}' >&2\nexit 127\n"))
+    monkeypatch.setattr(browser, "_on_path", lambda: None)
+    monkeypatch.setattr(browser, "registry_supported", lambda: None)
+    monkeypatch.setattr(browser, "npm_fetch", reg.npm)
+    monkeypatch.setattr(browser, "pip_fetch", reg.pip)
+    monkeypatch.setattr(browser, "_selenium_manager", lambda: "no Selenium Manager")
+    assert browser.find_browser(tmp_path) == (
+        "no Chromium and chromedriver on PATH (apt-get install chromium chromium-driver); "
+        f"chromedriver does not start here: {missing}; no Selenium Manager"
+    )
+    # the synthetic browser and driver of the other tests do start
+    assert (
+        browser.does_not_start(registry_build(tmp_path / "ok", *pin(monkeypatch).fetches)) is None
+    )
 
 
 @pytest.mark.timeout(900)  # the first run on a machine downloads about 120 MB
