@@ -84,7 +84,12 @@ def same_id(a: str, b: str) -> bool:
 
 def id_key(value: str) -> str:
     """``to_18(value)`` for a well-formed id, the input unchanged otherwise (for comparing)."""
-    if len(value) == 18 and _ID_RE.fullmatch(value) and _suffix(value[:15]) == value[15:]:
+    if (
+        isinstance(value, str)
+        and len(value) == 18
+        and _ID_RE.fullmatch(value)
+        and _suffix(value[:15]) == value[15:]
+    ):
         return value  # already canonical: what the APIs send
     canonical = canonical_15(value)
     return value if canonical is None else canonical + _suffix(canonical)
