@@ -34,6 +34,7 @@ import asyncio
 import json
 import os
 import platform
+import shutil
 import socket
 import subprocess
 import sys
@@ -558,6 +559,7 @@ def main() -> None:
             except subprocess.TimeoutExpired:
                 p.kill()
         factory.drop_all()
+        shutil.rmtree(tmp, ignore_errors=True)  # the run's config folder
     out = {
         "benchmark": "webhook",
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
