@@ -35,19 +35,20 @@ def _suffix(id15: str) -> str:
     )
 
 
-def canonical_15(value: str) -> str | None:
-    """The case-sensitive 15-character form of a 15- or 18-character id; None if malformed.
-
-    The case of an 18-character id's first 15 characters is ignored: its suffix decides it
-    (so an id case-folded on the way still names its record). A suffix that cannot belong to
-    those characters (it marks a digit upper case, or is no suffix character) gives None.
-    """
+def _canonical_18(value: object) -> str | None:
+    """The canonical 18-character form of a 15- or 18-character id, None if malformed; an
+    18-character id already in it (what the APIs send) is returned as it is."""
     if not isinstance(value, str) or not _ID_RE.fullmatch(value):
         return None
-    if len(value) == 15:
+    if len(value) == 18 and _suffix(value[:15]) == value[15:]:
         return value
-    if _suffix(value[:15]) == value[15:]:  # already in its canonical case (the usual one)
-        return value[:15]
+    id15 = value if len(value) == 15 else _case_from_suffix(value)
+    return None if id15 is None else id15 + _suffix(id15)
+
+
+def _case_from_suffix(value: str) -> str | None:
+    """An 18-character id's first 15 characters in the case its suffix says; None when the
+    suffix cannot belong to them."""
     chars = list(value[:15])
     for block, suffix_char in enumerate(value[15:].upper()):
         bits = SUFFIX_ALPHABET.find(suffix_char)
@@ -63,6 +64,17 @@ def canonical_15(value: str) -> str | None:
     return "".join(chars)
 
 
+def canonical_15(value: str) -> str | None:
+    """The case-sensitive 15-character form of a 15- or 18-character id; None if malformed.
+
+    The case of an 18-character id's first 15 characters is ignored: its suffix decides it
+    (so an id case-folded on the way still names its record). A suffix that cannot belong to
+    those characters (it marks a digit upper case, or is no suffix character) gives None.
+    """
+    id18 = _canonical_18(value)
+    return None if id18 is None else id18[:15]
+
+
 def is_id(value: str) -> bool:
     """True for a well-formed 15- or 18-character id (an 18-character one in any case)."""
     return canonical_15(value) is not None
@@ -70,10 +82,10 @@ def is_id(value: str) -> bool:
 
 def to_18(value: str) -> str:
     """The canonical 18-character form of a 15- or 18-character id; ValueError if malformed."""
-    canonical = canonical_15(value)
-    if canonical is None:
+    id18 = _canonical_18(value)
+    if id18 is None:
         raise ValueError("not a Salesforce id")
-    return canonical + _suffix(canonical)
+    return id18
 
 
 def same_id(a: str, b: str) -> bool:
@@ -84,12 +96,5 @@ def same_id(a: str, b: str) -> bool:
 
 def id_key(value: str) -> str:
     """``to_18(value)`` for a well-formed id, the input unchanged otherwise (for comparing)."""
-    if (
-        isinstance(value, str)
-        and len(value) == 18
-        and _ID_RE.fullmatch(value)
-        and _suffix(value[:15]) == value[15:]
-    ):
-        return value  # already canonical: what the APIs send
-    canonical = canonical_15(value)
-    return value if canonical is None else canonical + _suffix(canonical)
+    id18 = _canonical_18(value)
+    return value if id18 is None else id18

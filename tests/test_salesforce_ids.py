@@ -78,6 +78,12 @@ def test_id_key_of_any_string_matches_the_reference(value: str) -> None:
     assert id_key(value) == expected
 
 
+@pytest.mark.parametrize("value", [None, 12345, b"001A0000006Vm9rIAC"])
+def test_id_key_of_what_is_not_a_str_is_the_value_itself(value: object) -> None:
+    assert id_key(value) is value  # type: ignore[arg-type]
+    assert canonical_15(value) is None  # type: ignore[arg-type]
+
+
 @given(ids_15, ids_15)
 def test_distinct_15_char_ids_stay_distinct(a: str, b: str) -> None:
     # 15-character ids are case-sensitive: they differ exactly when their 18 forms differ
