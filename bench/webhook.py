@@ -66,17 +66,6 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_http(url: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            httpx.get(url, timeout=2)
-            return
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    raise SystemExit(f"{url} did not come up")
-
-
 def pct(xs: list[float], p: float) -> float:
     if not xs:
         return float("nan")
@@ -291,10 +280,11 @@ def _run(coro: Any) -> Any:
 
 
 def wait_ready(url: str, timeout: float = 60.0) -> None:
-    """Wait until a /healthz answers 200. `connector dispatch` says ok only once it listens
-    for the inbox's announcements: load sent before that loses the first announcements, and
-    those leads' owners wait for the dispatchers' own cycle (lead-to-CRM p99 548-818 ms at
-    200 req/s instead of about 424 ms, a trace of 2026-12-04)."""
+    """Wait until ``url`` answers 200 (the sandbox, each /healthz). `connector dispatch`'s
+    /healthz says ok only once it listens for the inbox's announcements: load sent before
+    that loses the first announcements, and those leads' owners wait for the dispatchers' own
+    cycle (lead-to-CRM p99 548-818 ms at 200 req/s instead of about 424 ms, a trace of
+    2026-12-04)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
@@ -390,7 +380,7 @@ def main() -> None:
             )
         )
         sandbox = f"http://127.0.0.1:{sb_port}"
-        wait_http(f"{sandbox}/_sandbox/counters")
+        wait_ready(f"{sandbox}/_sandbox/counters")
         total = sum(int(r * seconds) for r in rates)
         seeded = httpx.post(
             f"{sandbox}/_sandbox/seed",
@@ -432,7 +422,7 @@ def main() -> None:
                 )
             )
         for admin in admin_ports:
-            wait_http(f"http://127.0.0.1:{admin}/healthz")
+            wait_ready(f"http://127.0.0.1:{admin}/healthz")
         if not args.run:
             dispatch_admin = free_port()
             procs.append(

@@ -645,7 +645,7 @@ def test_dispatch_admin_port_in_use_is_a_one_line_usage_error(
     assert (code, out) == (2, "")
     assert err.endswith(
         f"connector: the admin listener could not listen on 127.0.0.1:{port} (is the port in "
-        "use? --admin-port chooses another)\n"
+        "use?)\n"
     )
     assert "Traceback" not in err
     assert {sig: signal.getsignal(sig) for sig in handlers} == handlers
@@ -660,4 +660,14 @@ def test_dispatch_admin_listener_off_loopback_needs_a_token(
     assert err == (
         "connector: the admin listener on 0.0.0.0 is reachable from other machines: set "
         "CONNECTOR_ADMIN_TOKEN, or bind it to 127.0.0.1 (--admin-host)\n"
+    )
+
+
+def test_dispatch_once_takes_no_admin_port(
+    cfg_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run(capsys, "dispatch", "--once", "--admin-port", "9")
+    assert (code, out) == (2, "")
+    assert err == (
+        "connector: dispatch: --admin-port serves a running dispatcher; --once drains and exits\n"
     )

@@ -145,6 +145,10 @@ class _PackedList(ListBinaryDumper):
 
     element: ClassVar[TypeInfo]
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.oid = cls.element.array_oid
+
     def pack(self, obj: list[Any]) -> tuple[bytes, int]:
         raise NotImplementedError
 
@@ -154,7 +158,6 @@ class _PackedList(ListBinaryDumper):
 
 
 class _Int8List(_PackedList):
-    oid = _INT8.array_oid
     element = _INT8
 
     def pack(self, obj: list[Any]) -> tuple[bytes, int]:
@@ -162,7 +165,6 @@ class _Int8List(_PackedList):
 
 
 class _TextList(_PackedList):
-    oid = _TEXT.array_oid
     element = _TEXT
 
     def pack(self, obj: list[Any]) -> tuple[bytes, int]:
@@ -172,7 +174,6 @@ class _TextList(_PackedList):
 
 
 class _InstantList(_PackedList):
-    oid = _TIMESTAMPTZ.array_oid
     element = _TIMESTAMPTZ
 
     def pack(self, obj: list[Any]) -> tuple[bytes, int]:
@@ -182,7 +183,6 @@ class _InstantList(_PackedList):
 class _NullList(_PackedList):
     """A list of nothing but None: NULLs of type text, which the statement's cast converts."""
 
-    oid = _TEXT.array_oid
     element = _TEXT
 
     def pack(self, obj: list[Any]) -> tuple[bytes, int]:

@@ -285,6 +285,10 @@ def cmd_dispatch(args: argparse.Namespace) -> int:
     from connector.shell.service import run_dispatch_service
     from connector.writeback.dispatch import Dispatcher
 
+    if args.once and args.admin_port is not None:
+        raise UsageError(
+            "dispatch: --admin-port serves a running dispatcher; --once drains and exits"
+        )
     configs = _configs(args)
     orgs = [pick_org(configs, args.org)] if args.org else list(all_orgs(configs))
     engine = open_database(orgs)
@@ -509,6 +513,16 @@ def _global_options(
     )
 
 
+def _admin_args(s: argparse.ArgumentParser, port: int | None, port_help: str | None) -> None:
+    """--admin-host and --admin-port: where /healthz, /metrics and the dashboard listen."""
+    s.add_argument(
+        "--admin-host",
+        default=os.environ.get("CONNECTOR_ADMIN_HOST", "127.0.0.1"),
+        help="where /healthz and /metrics listen (off loopback needs CONNECTOR_ADMIN_TOKEN)",
+    )
+    s.add_argument("--admin-port", type=int, default=port, help=port_help)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="connector", description=__doc__)
     p.add_argument("--version", action="version", version=f"connector {__version__}")
@@ -592,18 +606,12 @@ def build_parser() -> argparse.ArgumentParser:
         "claim renews it before a CRM call once a quarter has gone; keep it above 55 s: the "
         "CRM timeout of 30 s plus a rate-limit wait must fit in three quarters of it)",
     )
-    s.add_argument(
-        "--admin-port",
-        type=int,
-        default=None,
-        help="serve /healthz (ready once the outbox listener listens), /metrics and the "
-        "dashboard here (default: off, so a dispatch process beside `connector run` on one "
-        "host takes no port of its own unless asked)",
-    )
-    s.add_argument(
-        "--admin-host",
-        default=os.environ.get("CONNECTOR_ADMIN_HOST", "127.0.0.1"),
-        help="where --admin-port listens (off loopback needs CONNECTOR_ADMIN_TOKEN)",
+    _admin_args(
+        s,
+        None,
+        "serve /healthz (ready once the outbox listener listens), /metrics and the dashboard "
+        "here (default: off, so a dispatch process beside `connector run` on one host takes "
+        "no port of its own unless asked)",
     )
     s.set_defaults(func=cmd_dispatch)
     s = sub.add_parser("outbox", help="list dead or superseded owner writes, or requeue dead ones")
@@ -678,14 +686,7 @@ def build_parser() -> argparse.ArgumentParser:
         s.add_argument("--host", default=os.environ.get("CONNECTOR_HOST", "127.0.0.1"))
         s.add_argument("--port", type=int, default=int(os.environ.get("CONNECTOR_PORT", "8080")))
         s.add_argument("--dispatchers", type=int, default=2, help="dispatcher threads per org")
-        s.add_argument(
-            "--admin-host",
-            default=os.environ.get("CONNECTOR_ADMIN_HOST", "127.0.0.1"),
-            help="where /healthz and /metrics listen (off loopback needs CONNECTOR_ADMIN_TOKEN)",
-        )
-        s.add_argument(
-            "--admin-port", type=int, default=int(os.environ.get("CONNECTOR_ADMIN_PORT", "9100"))
-        )
+        _admin_args(s, int(os.environ.get("CONNECTOR_ADMIN_PORT", "9100")), None)
         s.add_argument("--no-admin", action="store_true", help="no admin listener")
         s.add_argument(
             "--lease-seconds",

@@ -28,7 +28,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from sqlalchemy import Engine
 from starlette.applications import Starlette
 
-from connector.core.config import OrgConfig
+from connector.core.config import ConfigError, OrgConfig
 from connector.core.metrics import Metrics
 from connector.core.pacing import Nudges, Spacer, org_pacing
 from connector.intake.http_server import build_server
@@ -42,9 +42,17 @@ from crm_adapters.base import CrmAdapter
 log = logging.getLogger(__name__)
 
 
+class ListenFailed(ConfigError):
+    """A web server of this process could not take its address (the port is in use, say):
+    the operator's to fix, so the command's one-line error (exit 2), not a traceback."""
+
+
 @contextmanager
-def serve_in_thread(app: Any, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
-    """Run an ASGI app under uvicorn in a background thread; yields its base URL."""
+def serve_in_thread(
+    app: Any, host: str = "127.0.0.1", port: int = 0, what: str = "the web server"
+) -> Iterator[str]:
+    """Run an ASGI app under uvicorn in a background thread; yields its base URL. A startup
+    that fails (uvicorn logged why, e.g. the address in use) is ``ListenFailed``."""
     config = uvicorn.Config(
         app,
         host=host,
@@ -57,16 +65,17 @@ def serve_in_thread(app: Any, host: str = "127.0.0.1", port: int = 0) -> Iterato
     server = uvicorn.Server(config)
 
     def run() -> None:
-        # uvicorn exits its thread when its startup fails (it logged why): reported below
-        with suppress(SystemExit):
+        with suppress(SystemExit):  # how uvicorn ends a startup that failed
             server.run()
 
     thread = threading.Thread(target=run, name="uvicorn", daemon=True)
     thread.start()
     deadline = time.monotonic() + 20
     while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("the web server did not start")
+        if not thread.is_alive():
+            raise ListenFailed(f"{what} could not listen on {host}:{port} (is the port in use?)")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} did not start within 20 s")
         time.sleep(0.01)
     bound = server.servers[0].sockets[0].getsockname()[1]
     try:
@@ -245,8 +254,6 @@ def run_dispatch_service(
     an announcement made before the LISTEN reaches nobody, so load sent before /healthz says
     ok waits for the dispatchers' own cycle. A second SIGINT or SIGTERM ends the process at
     once."""
-    from connector.shell.admin import create_admin_app
-
     if admin_port is not None:
         check_admin_binding(admin_host, admin_token)
     own_signals = stop is None
@@ -263,13 +270,16 @@ def run_dispatch_service(
 
     # The admin listener first: a port it cannot take stops the command before anything
     # else has started (its /healthz says not_ready until the listener listens).
+    if admin_port is not None:
+        from connector.shell.admin import create_admin_app  # Starlette, only when asked for
     admin: AbstractContextManager[str] = (
-        admin_listener(
+        serve_in_thread(
             create_admin_app(
                 engine, metrics, token=admin_token, configs=configs, waiting_for=waiting_for
             ),
             admin_host,
             admin_port,
+            "the admin listener",
         )
         if admin_port is not None
         else nullcontext("")
@@ -294,26 +304,6 @@ def run_dispatch_service(
             nudges.wake_all()  # dispatchers waiting for a nudge see the stop at once
             _join_all(threads, 60.0)
     return 0
-
-
-@contextmanager
-def admin_listener(app: Any, host: str, port: int) -> Iterator[str]:
-    """``serve_in_thread`` for the admin app; a port it cannot listen on is the operator's
-    to fix, so it is a ConfigError (the command's one-line error, exit 2), not a traceback."""
-    try:
-        server = serve_in_thread(app, host, port)
-        url = server.__enter__()
-    except (RuntimeError, OSError) as exc:
-        from connector.core.config import ConfigError
-
-        raise ConfigError(
-            f"the admin listener could not listen on {host}:{port} (is the port in use? "
-            "--admin-port chooses another)"
-        ) from exc
-    try:
-        yield url
-    finally:
-        server.__exit__(None, None, None)
 
 
 def _signals_received() -> list[int]:
@@ -355,8 +345,6 @@ def _loopback(host: str) -> bool:
 def check_admin_binding(host: str, token: str | None) -> None:
     """Health and metrics name the orgs and their queues: off loopback they need a token."""
     if not _loopback(host) and not token:
-        from connector.core.config import ConfigError
-
         raise ConfigError(
             f"the admin listener on {host} is reachable from other machines: set "
             "CONNECTOR_ADMIN_TOKEN, or bind it to 127.0.0.1 (--admin-host)"
@@ -444,10 +432,11 @@ def run_service(
         else []
     )
     admin: AbstractContextManager[str] = (
-        admin_listener(
+        serve_in_thread(
             create_admin_app(engine, metrics, token=admin_token, configs=configs),
             admin_host,
             admin_port,
+            "the admin listener",
         )
         if admin_port is not None
         else nullcontext("")

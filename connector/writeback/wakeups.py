@@ -86,7 +86,7 @@ class OutboxListener:
         self.receive_timeout = receive_timeout
         self.ping_after = ping_after
         self.clock = clock
-        self.listening = threading.Event()  # set while a connection listens (tests wait on it)
+        self.listening = threading.Event()  # set while a connection listens (/healthz reads it)
         self.connects = 0  # successful (re)connects
 
     def start(self, stop: threading.Event) -> threading.Thread:
