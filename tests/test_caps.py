@@ -433,13 +433,17 @@ def test_take_shares_only_decisions_with_nothing_of_their_own() -> None:
     rec = DecisionRecorder(cfg, compile_rules(cfg.rules))
     for lead_id, country in ((1, "US"), (2, "US"), (3, "DE"), (4, "US"), (5, "US"), (6, "US")):
         rec.started(lead_id, "api", {"Country": country})
-        rec.picked_in_columns(lead_id, "a", 1)
+    rec.judged_at([1, 2, 3, 4, 5, 6], MONDAY, 1)
     rec.detail(4)["sla_minutes"] = 5  # another SLA
     rec.away_by_command(5, ["005A"])  # its own part
-    rec.detail(6)["note"] = "x"  # a key take() does not know
-    details, positions, slas = rec.take([1, 2, 3, 4, 5, 6])
+    rec.detail(6)["note"] = "x"  # a key take_picked() does not know
+    details, positions, slas = rec.take_picked("a", [(i, 1) for i in (1, 2, 3, 4, 5, 6)])
     parts = json.loads(details)
     assert positions == [0, 0, 1, 2, 3, 4]
     assert parts[2]["sla_minutes"] == 5 and parts[3]["away_by_command"] == ["005A"]
     assert parts[4]["note"] == "x" and "note" not in parts[0]
     assert slas == [None] * 6
+    # the pick's part goes in columns: no batch in the JSON, the team and outcome are there
+    assert all("batch" not in d and (d["team"], d["outcome"]) == ("a", "assigned") for d in parts)
+    assert parts[0]["at"] == MONDAY.isoformat()
+    assert rec.take_picked("a", []) == ("[]", [], [])

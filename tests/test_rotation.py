@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from connector.routing.rotation import Seat, max_lag, next_owners
+from connector.routing.rotation import Seat, _pfair, max_lag, next_owners
 
 
 def seats(weights: list[int], assigned: list[int] | None = None) -> list[Seat]:
@@ -132,3 +132,27 @@ def test_the_heap_rotation_equals_the_reference_rule(
     base = seats(weights)
     s = advance(base, next_owners(base, 0, start)) if start else base
     assert next_owners(s, start, count) == _reference(s, start, count)
+
+
+@given(
+    n=st.integers(1, 12),
+    weight=st.integers(1, 9),
+    counts=st.data(),
+    count=st.integers(1, 150),
+)
+@settings(max_examples=300, deadline=None)
+def test_equal_weights_take_the_round_robin_without_heaps_from_any_state(
+    n: int, weight: int, counts: st.DataObject, count: int
+) -> None:
+    """Equal weights go through ``_round_robin``: pick for pick what the heaps and the slow
+    reference rule give, from any counts (unbalanced ones included, as a rep that joins a
+    team mid-epoch starts), with positions out of id order."""
+    done = counts.draw(st.lists(st.integers(0, 40), min_size=n, max_size=n))
+    positions = counts.draw(st.permutations(list(range(n))))
+    team = [
+        Seat(100 + i, weight, d, p) for i, (d, p) in enumerate(zip(done, positions, strict=True))
+    ]
+    got = next_owners(team, sum(done), count)
+    order = sorted(team, key=lambda s: (s.position, s.member_id))
+    assert got == _pfair(order, [s.assigned for s in order], n * weight, sum(done), count)
+    assert got == _reference(team, sum(done), count)

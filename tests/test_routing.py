@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import threading
 from collections import Counter
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -18,6 +19,7 @@ from connector.routing.assign import (
     LeadError,
     Outcome,
     Router,
+    _assigned,
     validate_lead,
 )
 from connector.routing.rotation import max_lag
@@ -494,3 +496,15 @@ def test_salesforce_ids_in_one_batch_and_parent_ids(engine: Engine) -> None:
         ("003000000000001AAA", account18),
         ("003X1", "001ACC"),
     ]
+
+
+def test_a_batch_builds_its_outcomes_as_outcome_does() -> None:
+    """The batch path builds its assigned outcomes without Outcome's __init__ (the team's
+    lock is held): every field set, equal to the one __init__ builds, a new field too."""
+    seat = SimpleNamespace(crm_user_id="005A", name="Ann")
+    cands = ((1, None), (2, "away"))
+    fast = _assigned("00Q1", "t", seat, cands)
+    slow = Outcome("00Q1", "assigned", "t", "005A", "Ann", candidates=cands)
+    assert fast == slow
+    assert vars(fast) == vars(slow)
+    assert fast.candidates == cands

@@ -23,7 +23,7 @@ built and sent about 1 KB of JSON per lead in the full form, most of the batch's
 
 **Where a decision is read** (since migration 0022): a plain team's single lead
 (``route_plain``) and a batch's picks (``record_assignments``, to which
-``picked_in_columns`` leaves them, sent by ``assign._SeatColumns``) store the pick's part of
+``take_picked`` leaves them, sent by ``assign._SeatColumns``) store the pick's part of
 the decision (``batch``, ``epoch``, ``chosen_id``, ``seats``) in columns of the
 ``routing_decisions`` row, so that none of it is built or parsed as JSON while the team's
 lock is held. The other writers (``route_lead``, a lead left unassigned, a reassignment)
@@ -31,7 +31,7 @@ keep them in ``detail``. Readers of whole decisions read the view ``decision_det
 which folds the columns back into ``detail`` under the same keys: one shape whoever wrote
 the row (`connector simulate`'s history reads single keys from the table itself). What is
 left of a batch's decisions then mostly repeats from lead to lead (the trace of the same
-rule, the batch's instant, the team): ``take`` hands ``record_assignments`` each distinct
+rule, the batch's instant, the team): ``take_picked`` hands ``record_assignments`` each distinct
 one once, with each pick's position in them.
 """
 
@@ -271,9 +271,10 @@ class DecisionRecorder:
     def judged_at(self, lead_ids: Sequence[int], at: datetime, batch: int) -> None:
         """The instant availability (caps, hours, time off) was judged at for these leads, and
         their batch (its first lead id): `connector simulate` replays each batch at its instant."""
-        stamp = at.isoformat()
+        stamp = {"at": at.isoformat(), "batch": batch}
+        entry = self._entry
         for lead_id in lead_ids:
-            self._entry(lead_id).detail.update({"at": stamp, "batch": batch})
+            entry(lead_id).detail.update(stamp)
 
     def away_by_command(self, lead_id: int, crm_user_ids: Sequence[str]) -> None:
         """Reps away by `connector rep away` when this lead was judged (the table keeps only
@@ -327,19 +328,6 @@ class DecisionRecorder:
                 "seats": {"ids": ids, "weights": weights, "counts": counts, "skips": skips},
             }
         )
-
-    def picked_in_columns(self, lead_id: int, team: str, rule_index: int | None) -> None:
-        """The lead was picked from ``team``'s seats by ``record_assignments``, which writes
-        the batch, epoch, pick and seats in columns of the decision (migration 0022): its
-        ``detail`` gets none of them, only the team, the outcome and the SLA (as ``picked``
-        does)."""
-        p = self._entry(lead_id)
-        d = p.detail
-        d["team"] = team
-        d["outcome"] = "assigned"
-        d.pop("batch", None)
-        if rule_index is not None:
-            self._sla(p, team, rule_index)
 
     def picked(self, lead_id: int, team: str, member_id: int, rule_index: int | None) -> None:
         """The lead went to ``member_id``; with its rule, the SLA is looked up too."""
@@ -400,19 +388,30 @@ class DecisionRecorder:
             }
         )
 
-    def take(self, lead_ids: Sequence[int]) -> tuple[str, list[int], list[int | None]]:
-        """Hand these leads' decisions to a statement that writes them with their assignments
-        (``record_assignments``): one JSON array of the distinct decisions, each lead's
-        position in it and its SLA minutes, in the order given; they are no longer flushed
-        here. A batch's decisions mostly differ only in their pick, which goes in columns:
-        those that hold nothing of their own (``_shared_key``) are sent once."""
+    def take_picked(
+        self, team: str, picks: Sequence[tuple[int, int]]
+    ) -> tuple[str, list[int], list[int | None]]:
+        """These leads, given by (lead id, rule index), were picked from ``team``'s seats by
+        ``record_assignments``, which writes the batch, epoch, pick and seats in columns of
+        the decision (migration 0022): their ``detail`` gets none of them, only the team, the
+        outcome and the SLA (as ``picked`` does). Hand their decisions to that statement: one
+        JSON array of the distinct decisions, each lead's position in it and its SLA minutes,
+        in the order given; they are no longer flushed here. A batch's decisions mostly
+        differ only in their pick, which goes in columns: those that hold nothing of their
+        own (``_shared_key``) are sent once. One pass, with the team's lock held."""
         parts: list[dict[str, Any]] = []
         positions: list[int] = []
         slas: list[int | None] = []
         seen: dict[tuple[object, ...], int] = {}
-        for lead_id in lead_ids:
-            p = self._by_lead.pop(lead_id)
+        pending = self._by_lead
+        sla = self._sla
+        for lead_id, rule_index in picks:
+            p = pending.pop(lead_id, None) or _Pending({})
             d = p.detail
+            d["team"] = team
+            d["outcome"] = "assigned"
+            d.pop("batch", None)
+            sla(p, team, rule_index)
             key = _shared_key(d)
             n = seen.get(key) if key is not None else None
             if n is None:

@@ -85,11 +85,41 @@ def next_owners(seats: Sequence[Seat], team_assigned: int, count: int) -> list[i
     if sum(counts.values()) != team_assigned:
         raise ValueError("team_assigned does not match the members' counts")
     order = sorted(seats, key=lambda s: (-s.weight, s.position, s.member_id))
+    done = [counts[s.member_id] for s in order]
+    if all(s.weight == order[0].weight for s in order):
+        return _round_robin([s.member_id for s in order], done, count)
+    return _pfair(order, done, total, team_assigned, count)
+
+
+def _round_robin(ids: Sequence[int], done: Sequence[int], count: int) -> list[int]:
+    """``next_owners`` when every weight is equal, without its heaps (a batch's picks are
+    made with the team's lock held). With ``n`` seats of weight ``w`` a seat that has had
+    ``d`` turns is released at slot ``d * n`` and its deadline is ``(d + 1) * n``, so the
+    schedule gives each slot to the seat with the fewest turns, then the first in rank; that
+    seat is always released, as the turns add up to the slot and the fewest is at most
+    ``slot / n``. The picks are therefore every seat's next turns ordered by (turns before,
+    rank): level by level, each seat that has reached the level in rank order
+    (``test_rotation`` checks it against the heaps pick for pick)."""
+    picks: list[int] = []
+    level = min(done)
+    top = max(done)
+    while len(picks) < count and level < top:
+        picks.extend([mid for mid, d in zip(ids, done, strict=True) if d <= level])
+        level += 1
+    if len(picks) < count:  # every seat has reached the level: whole rounds from here
+        rounds = -(-(count - len(picks)) // len(ids))
+        picks.extend(list(ids) * rounds)
+    return picks[:count]
+
+
+def _pfair(
+    order: Sequence[Seat], done: list[int], total: int, team_assigned: int, count: int
+) -> list[int]:
+    """The schedule for ``order`` (seats by rank) whose turns so far are ``done``."""
     # Two heaps, O(log k) a pick: seats waiting for their release slot, and released seats by
     # (deadline, rank). Rank (heavier first, then config position) breaks deadline ties.
     waiting: list[tuple[int, int]] = []
     ready: list[tuple[int, int]] = []
-    done = [counts[s.member_id] for s in order]
     for rank, seat in enumerate(order):
         heapq.heappush(waiting, ((done[rank] * total) // seat.weight, rank))
     picks: list[int] = []
