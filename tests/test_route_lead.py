@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import threading
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
@@ -28,10 +29,11 @@ import db
 from connector.core.config import OrgConfig, parse_config
 from connector.routing import assign as assign_module
 from connector.routing.assign import Lead, Outcome, Router, RoutingError
-from connector.routing.decisions import expand
+from connector.routing.decisions import expand, trace_rules
 from connector.routing.reassign import deactivate_rep, reassign_lead
 from connector.routing.rotation import Seat, pick_available
-from connector.routing.single import team_inputs
+from connector.routing.rules import compile_rules
+from connector.routing.single import TraceCache, config_blocked, team_inputs
 from connector.routing.teams import apply_teams
 from connector.shell.reps import resolve_rep, set_away
 from connector.shell.store import make_engine
@@ -971,6 +973,85 @@ rules:
         ENV,
     )
     assert team_inputs(cfg.teams[0]).plain is plain
+
+
+@pytest.mark.parametrize(
+    ("member", "unscheduled"),
+    [
+        ('{crm_user_id: "005A", name: Ada}', True),
+        ('{crm_user_id: "005A", name: Ada, hours: {timezone: UTC, mon-fri: "09:00-17:00"}}', False),
+        (
+            '{crm_user_id: "005A", name: Ada, time_off: [{from: 2026-12-07, until: 2026-12-09}]}',
+            False,
+        ),
+    ],
+    ids=["neither", "hours", "time off"],
+)
+def test_only_a_team_without_hours_or_time_off_skips_judging_them(
+    member: str, unscheduled: bool
+) -> None:
+    """A team whose members have no working hours and no time off in the config is never
+    blocked by it (config_blocked answers without looking); any other is judged at ``now``."""
+    cfg = parse_config(
+        HEADER
+        + f"""teams:
+  - name: t
+    members:
+      - {member}
+      - {{crm_user_id: "005B", name: Bo}}
+rules:
+  - {{name: all, team: t}}
+""",
+        "t.yaml",
+        ENV,
+    )
+    inputs = team_inputs(cfg.teams[0])
+    assert inputs.unscheduled is unscheduled
+    evening = MONDAY.replace(hour=20)  # after 17:00, inside the time off
+    ada = None if unscheduled else "off_shift" if "hours" in member else "away"
+    assert config_blocked(inputs, evening) == [ada, None]
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {},
+        {"Country": "US"},
+        {"Country": "DE", "Other": "x"},
+        {"Country": ["US"]},  # not hashable: built each time
+        {"Country": True},
+        {"Country": 1},
+        {"Country": 'Zürich \u2028 "q"'},
+    ],
+    ids=["none", "US", "DE", "list", "true", "one", "escapes"],
+)
+def test_a_single_leads_decision_starts_as_json_dumps_would_write_it(
+    fields: dict[str, Any],
+) -> None:
+    """TraceCache keeps the start of the decision's JSON text by source and the values the
+    rules look at, and adds the instant: the text is json.dumps' own, byte for byte, for
+    every lead (1 and True are equal dict keys, not equal traces)."""
+    cfg = parse_config(
+        HEADER
+        + """teams:
+  - name: t
+    members:
+      - {crm_user_id: "005A", name: Ada}
+rules:
+  - {name: us, team: t, when: {Country: [US, "1"]}}
+  - {name: all, team: t}
+""",
+        "t.yaml",
+        ENV,
+    )
+    rules = compile_rules(cfg.rules)
+    cache = TraceCache(rules, size=3)
+    for f in ({"Country": 1}, {"Country": True}, fields, {"Country": "US"}, fields):
+        for source in ("api", "poll"):
+            tried, values = trace_rules(rules, f)
+            want = {"source": source, "rules": tried, "values": values, "at": MONDAY.isoformat()}
+            assert cache.detail(source, f, MONDAY) == json.dumps(want)
+    assert len(cache._text) <= 3  # bounded
 
 
 OVERFLOW = """

@@ -5,7 +5,6 @@ from __future__ import annotations
 import multiprocessing as mp
 import threading
 from collections import Counter
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -499,11 +498,10 @@ def test_salesforce_ids_in_one_batch_and_parent_ids(engine: Engine) -> None:
 
 
 def test_a_batch_builds_its_outcomes_as_outcome_does() -> None:
-    """The batch path builds its assigned outcomes without Outcome's __init__ (the team's
-    lock is held): every field set, equal to the one __init__ builds, a new field too."""
-    seat = SimpleNamespace(crm_user_id="005A", name="Ann")
+    """Assigned outcomes are built without Outcome's __init__ (a batch builds 500): every
+    field set, equal to the one __init__ builds; a field added to Outcome fails this."""
     cands = ((1, None), (2, "away"))
-    fast = _assigned("00Q1", "t", seat, cands)
+    fast = _assigned("00Q1", "t", "005A", "Ann", cands)
     slow = Outcome("00Q1", "assigned", "t", "005A", "Ann", candidates=cands)
     assert fast == slow
     assert vars(fast) == vars(slow)

@@ -59,7 +59,7 @@ from connector.routing.availability import (
 from connector.routing.decisions import DecisionRecorder
 from connector.routing.rotation import Seat, Turn, pick_available
 from connector.routing.rules import Match, compile_rules, match
-from connector.routing.single import call_params, plain_call, single_teams
+from connector.routing.single import TraceCache, call_params, plain_call, single_teams
 from crm_adapters.salesforce_ids import id_key
 
 log = logging.getLogger(__name__)
@@ -311,19 +311,23 @@ _new = object.__new__
 
 
 def _assigned(
-    crm_id: str, team: str, seat: Any, candidates: tuple[tuple[int, str | None], ...]
+    crm_id: str,
+    team: str,
+    owner_id: str,
+    owner_name: str,
+    candidates: tuple[tuple[int, str | None], ...],
 ) -> Outcome:
-    """``Outcome(crm_id, "assigned", team, seat.crm_user_id, seat.name,
-    candidates=candidates)``, built without the frozen dataclass's ``__init__`` (one
-    ``object.__setattr__`` a field: about 1 µs, and a batch builds one a lead with the team's
-    lock held); ``test_assign_batch`` checks it equals the one ``__init__`` builds."""
+    """``Outcome(crm_id, "assigned", team, owner_id, owner_name, candidates=candidates)``,
+    built without the frozen dataclass's ``__init__`` (one ``object.__setattr__`` a field:
+    about 1 µs, and a batch builds one a lead); ``test_routing`` checks it equals the one
+    ``__init__`` builds, field for field."""
     o = _new(Outcome)
     o.__dict__.update(
         crm_id=crm_id,
         status="assigned",
         team=team,
-        owner_id=seat.crm_user_id,
-        owner_name=seat.name,
+        owner_id=owner_id,
+        owner_name=owner_name,
         reason=None,
         account_id=None,
         candidates=candidates,
@@ -342,7 +346,7 @@ def _in_input_order(keys: Sequence[str], batch: _Batch) -> list[Outcome]:
         o = results.get(key)
         if o is None:
             team, seat, candidates = picked[key]
-            o = _assigned(key, team, seat, candidates)
+            o = _assigned(key, team, seat.crm_user_id, seat.name, candidates)
         if key in seen:
             o = Outcome(o.crm_id, "duplicate", o.team, o.owner_id, o.owner_name, o.reason)
         seen.add(key)
@@ -366,6 +370,7 @@ class Router:
         self.salesforce_ids = cfg.crm.kind == "salesforce"
         # Teams whose single leads are assigned in one call (connector.routing.single).
         self.single = single_teams(cfg)
+        self.traces = TraceCache(self.rules)
 
     def stored_crm_id(self, value: str) -> str:
         """The stored form of a CRM id: 18-character for well-formed Salesforce ids."""
@@ -412,7 +417,7 @@ class Router:
         if inputs is None:
             return None
         key = (self.stored_crm_id(lead.crm_id), lead.fields, self._parent(lead))
-        return call_params(self.cfg, self.rules, inputs, key, m, source, self.clock())
+        return call_params(self.cfg, self.traces, inputs, key, m, source, self.clock())
 
     def _route_single(self, conn: Connection, params: Mapping[str, Any]) -> Outcome:
         """The single-lead call in the caller's transaction: ``route_plain`` for a plain call
@@ -440,7 +445,7 @@ class Router:
         candidates = tuple(zip(cand_ids, cand_skips, strict=True))
         if status == "unassigned":
             return Outcome(cid, "unassigned", team, reason=reason, candidates=candidates)
-        return Outcome(cid, "assigned", team, owner_id, owner_name, candidates=candidates)
+        return _assigned(cid, team, owner_id, owner_name, candidates)
 
     def assign_many(self, leads: Sequence[Lead], source: str) -> list[Outcome]:
         """Store and assign a batch in one transaction, with the same guarantees.

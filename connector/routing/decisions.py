@@ -105,6 +105,15 @@ def trace_rules(
     return tried, values
 
 
+def trace_key(names: Sequence[str], fields: Mapping[str, object]) -> tuple[object, ...]:
+    """What a lead's trace (``trace_rules``) depends on: the values of the fields ``names``
+    the rules look at, each with its type (1, 1.0 and True are one key of a dict, but not one
+    trace). A value that cannot be hashed makes the key unusable as one (TypeError)."""
+    key = tuple([(type(v), v) for v in [fields.get(f) for f in names]])
+    hash(key)
+    return key
+
+
 def candidate_entry(seat: SeatRow, count: int, reason: str | None) -> dict[str, Any]:
     return {
         "member_id": seat.id,
@@ -259,13 +268,15 @@ class DecisionRecorder:
         """The lead is new and its rules are about to be matched: trace them (a trace depends
         only on the values of the fields the rules look at, so a batch traces each distinct
         combination once)."""
-        key = tuple([fields.get(f) for f in self._fields])
         try:
-            tried, values = self._traces[key]
-        except KeyError:
-            tried, values = self._traces.setdefault(key, trace_rules(self.rules, fields))
+            key = trace_key(self._fields, fields)
         except TypeError:  # an unhashable value (a list or an object): no cache
             tried, values = trace_rules(self.rules, fields)
+        else:
+            try:
+                tried, values = self._traces[key]
+            except KeyError:
+                tried, values = self._traces.setdefault(key, trace_rules(self.rules, fields))
         self._entry(lead_id).detail.update({"source": source, "rules": tried, "values": values})
 
     def judged_at(self, lead_ids: Sequence[int], at: datetime, batch: int) -> None:

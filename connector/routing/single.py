@@ -38,7 +38,7 @@ from typing import Any
 from connector.core.config import OrgConfig, Team
 from connector.core.hours import WeeklyHours
 from connector.routing.availability import Window, config_windows, periods
-from connector.routing.decisions import trace_rules
+from connector.routing.decisions import trace_key, trace_rules
 from connector.routing.rules import CompiledRule, Match
 
 
@@ -59,6 +59,8 @@ class TeamInputs:
     # no caps and no catch-up: a lead that finds nobody blocked by the config at its ``now``
     # takes the plain path (``route_plain``)
     plain: bool
+    # no member has working hours or time off in the config: nobody is ever blocked by it
+    unscheduled: bool = False
 
 
 def team_inputs(team: Team) -> TeamInputs:
@@ -80,6 +82,7 @@ def team_inputs(team: Team) -> TeamInputs:
             and team.caps.per_week is None
             and all(c.per_day is None and c.per_week is None for c in caps)
         ),
+        unscheduled=all(not config_windows(team, m) and m.hours is None for m in team.members),
     )
 
 
@@ -93,6 +96,8 @@ def single_teams(cfg: OrgConfig) -> dict[str, TeamInputs]:
 def config_blocked(inputs: TeamInputs, now: datetime) -> list[str | None]:
     """Per configured member: ``away`` (YAML time off), ``off_shift`` (outside its hours) or
     None, at ``now``; time off set from the command line is read under the lock."""
+    if inputs.unscheduled:
+        return [None] * len(inputs.users)
     out: list[str | None] = []
     for windows, hours in zip(inputs.windows, inputs.hours, strict=True):
         if any(w.covers(now) for w in windows):
@@ -110,9 +115,37 @@ def plain_call(inputs: TeamInputs, params: Mapping[str, Any]) -> bool:
     return inputs.plain and all(b is None for b in params["blocked"])
 
 
+class TraceCache:
+    """The start of single leads' decisions as JSON text (the source and the rules tried,
+    with the values they looked at), by source and those values: a lead's trace depends on
+    nothing else, and most leads share one. Bounded: emptied at ``size`` entries."""
+
+    def __init__(self, rules: Sequence[CompiledRule], size: int = 1024) -> None:
+        self.rules = rules
+        self.size = size
+        self._fields = sorted({f for r in rules for f, _ in r.conditions})
+        self._text: dict[tuple[object, ...], str] = {}
+
+    def detail(self, source: str, fields: Mapping[str, Any], now: datetime) -> str:
+        """``json.dumps({"source": ..., "rules": ..., "values": ..., "at": ...})``."""
+        try:
+            key: tuple[object, ...] = (source, trace_key(self._fields, fields))
+            start = self._text.get(key)
+        except TypeError:  # an unhashable value (a list or an object): not kept
+            key, start = (), None
+        if start is None:
+            tried, values = trace_rules(self.rules, fields)
+            start = json.dumps({"source": source, "rules": tried, "values": values})[:-1]
+            if key:
+                if len(self._text) >= self.size:
+                    self._text.clear()
+                self._text[key] = start
+        return f'{start}, "at": {json.dumps(now.isoformat())}}}'
+
+
 def call_params(
     cfg: OrgConfig,
-    rules: Sequence[CompiledRule],
+    traces: TraceCache,
     inputs: TeamInputs,
     lead: tuple[str, Mapping[str, Any], str | None],
     m: Match,
@@ -123,7 +156,6 @@ def call_params(
     stored parent id)."""
     crm_id, fields, parent_id = lead
     p = periods(now, inputs.timezone)
-    tried, values = trace_rules(rules, fields)
     sla = cfg.sla_for(m.rule_index, m.team)
     return {
         "org": cfg.org,
@@ -147,8 +179,6 @@ def call_params(
         "max_in_a_row": inputs.max_in_a_row,
         # the decision so far; route_lead adds the batch (the lead itself), the team, the
         # candidates, the pick and the reps away by `connector rep away`
-        "detail": json.dumps(
-            {"source": source, "rules": tried, "values": values, "at": now.isoformat()}
-        ),
+        "detail": traces.detail(source, fields, now),
         "sla_minutes": sla.minutes if sla else None,
     }
