@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import logging
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,16 +19,19 @@ from connector.core.errors import (
     Conflict,
     DatabaseError,
     DatabaseUnavailable,
+    StatementPool,
     create_engine,
     error_class,
     is_boundary_engine,
     one_statement,
+    statement_pool,
 )
 from connector.routing import assign
 from connector.routing.assign import Lead, Router
 from connector.routing.teams import apply_teams
 from connector.shell.store import make_engine, sqlalchemy_url
 from tests.pg import DatabaseFactory
+from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 EMAIL = "ada.lovelace@example.com"
@@ -357,22 +361,24 @@ def test_assign_single_call_retries_once_on_a_terminated_backend(
     sample_cfg: OrgConfig,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Router.assign sends one statement through the driver (one_statement); a dead pooled
-    connection is translated, dropped from the pool and retried, as assign_many's is."""
+    """Router.assign sends one statement through the driver, on a connection of the engine's
+    statement pool (one_statement); a dead one is translated, dropped and retried, as
+    assign_many's pooled connection is."""
     engine = make_engine(db_url, pool_size=1)
     try:
         apply_teams(engine, sample_cfg)
-        pid = _backend_pid(engine)
+        router = Router(engine, sample_cfg)
+        router.assign(Lead("00Q5g00000First1", {"Country": "US"}), "api")
+        (pid,) = one_statement(engine, "SELECT pg_backend_pid()", {}) or ()
+        assert statement_pool(engine).idle() == 1  # the call's connection, the same one
         _terminate(databases, pid)
         with caplog.at_level(logging.WARNING, logger="connector.routing.assign"):
-            outcome = Router(engine, sample_cfg).assign(
-                Lead("00Q5g00000Retry2", {"Country": "US"}), "api"
-            )
+            outcome = router.assign(Lead("00Q5g00000Retry2", {"Country": "US"}), "api")
         retries = [r.getMessage() for r in caplog.records if "retrying" in r.getMessage()]
         assert retries == ["database connection lost; retrying (attempt 2)"]
         assert (outcome.status, outcome.team) == ("assigned", "na_ae")
-        assert _owners(engine) == [(outcome.crm_id, 1, 1)]
-        assert _backend_pid(engine) != pid
+        assert [o[1:] for o in _owners(engine)] == [(1, 1), (1, 1)]
+        assert one_statement(engine, "SELECT pg_backend_pid()", {}) != (pid,)
     finally:
         engine.dispose()
 
@@ -383,17 +389,28 @@ def test_single_call_after_every_pooled_connection_died_retries_only_once(
     sample_cfg: OrgConfig,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """A server restart kills every idle pooled connection at once. The first dead one the
-    single call meets invalidates the whole pool (as SQLAlchemy does on a disconnect), so the
-    retry gets a fresh connection instead of the next dead one: three idle dead connections
-    and three attempts used to end in DatabaseUnavailable."""
-    engine = make_engine(db_url, pool_size=4)
+    """A server restart kills every idle connection at once. The first dead one the single
+    call meets closes every idle one of the statement pool (as SQLAlchemy invalidates its
+    pool on a disconnect), so the retry opens a fresh connection instead of meeting the next
+    dead one: four idle dead connections and three attempts would otherwise end in
+    DatabaseUnavailable."""
+    engine = make_engine(db_url, pool_size=2)  # a statement pool of 2 + 2 overflow
     try:
         apply_teams(engine, sample_cfg)
-        conns = [engine.connect() for _ in range(4)]
-        pids = [int(c.execute(text("SELECT pg_backend_pid()")).scalar_one()) for c in conns]
-        for c in conns:
-            c.close()  # back to the pool, idle
+        barrier = threading.Barrier(4)
+        pids: list[int] = []
+
+        def one() -> None:
+            barrier.wait()  # four at once: four connections
+            row = one_statement(engine, "SELECT pg_backend_pid() FROM pg_sleep(0.3)", {})
+            pids.append(int(row[0]) if row else 0)
+
+        threads = [threading.Thread(target=one) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(set(pids)) == 4 and statement_pool(engine).idle() == 4
         for pid in pids:
             _terminate(databases, pid)
         with caplog.at_level(logging.WARNING, logger="connector.routing.assign"):
@@ -404,19 +421,83 @@ def test_single_call_after_every_pooled_connection_died_retries_only_once(
         assert retries == ["database connection lost; retrying (attempt 2)"]
         assert (outcome.status, outcome.team) == ("assigned", "na_ae")
         assert _owners(engine) == [(outcome.crm_id, 1, 1)]
+        assert statement_pool(engine).idle() == 1  # the fresh one; the dead ones are closed
     finally:
         engine.dispose()
 
 
-def test_one_statement_translates_errors_and_gives_back_a_transactional_connection(
+def test_the_statement_pool_is_bounded_and_closed_by_dispose(db_url: str) -> None:
+    """The statement pool opens at most the engine pool's size plus overflow: a caller past
+    that waits for a connection to come back (here longer than the timeout:
+    DatabaseUnavailable, nothing run). engine.dispose() closes its idle connections; the
+    next call opens one."""
+    engine = make_engine(db_url, pool_size=2)
+    try:
+        pool = statement_pool(engine)
+        assert (pool.size, pool.timeout) == (4, 30.0)
+        small = StatementPool(1, 0.2, 1800.0)
+        with engine.connect() as blocker:
+            blocker.execute(text("SELECT pg_advisory_lock(4242)"))
+            holder = threading.Thread(
+                target=small.run, args=(engine, "SELECT pg_advisory_lock(4242)", {})
+            )
+            holder.start()  # takes the only slot, then waits for the advisory lock
+            wait_until(
+                lambda: blocker.execute(
+                    text(
+                        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+                    )
+                ).scalar_one(),
+                10,
+                "the holder to wait for the advisory lock",
+            )
+            with pytest.raises(DatabaseUnavailable) as info:
+                small.run(engine, "SELECT 1 / 0", {})
+            assert str(info.value) == (
+                "database unavailable: no pooled connection became free in time"
+            )
+            blocker.execute(text("SELECT pg_advisory_unlock(4242)"))
+            blocker.commit()
+            holder.join()
+        assert small.idle() == 1
+        small.close()
+        assert small.idle() == 0
+        assert one_statement(engine, "SELECT 1", {}) == (1,) and pool.idle() == 1
+        engine.dispose()
+        assert pool.idle() == 0
+        assert one_statement(engine, "SELECT 2", {}) == (2,) and pool.idle() == 1
+    finally:
+        engine.dispose()
+
+
+def test_a_statement_pool_connection_older_than_recycle_is_replaced(db_url: str) -> None:
+    engine = make_engine(db_url, pool_size=1)
+    try:
+        keep = StatementPool(1, 5.0, 1800.0)
+        (first,) = keep.run(engine, "SELECT pg_backend_pid()", {}) or ()
+        assert keep.run(engine, "SELECT pg_backend_pid()", {}) == (first,)  # reused
+        renew = StatementPool(1, 5.0, 0.0)  # every connection is too old when reused
+        (second,) = renew.run(engine, "SELECT pg_backend_pid()", {}) or ()
+        assert renew.run(engine, "SELECT pg_backend_pid()", {}) != (second,)
+        assert renew.idle() == 1
+        keep.close()
+        renew.close()
+    finally:
+        engine.dispose()
+
+
+def test_one_statement_translates_errors_and_leaves_the_engines_pool_alone(
     boundary_engine: Engine,
 ) -> None:
     with pytest.raises(DatabaseError) as info:
         one_statement(boundary_engine, "SELECT 1 / %(zero)s", {"zero": 0})
     assert type(info.value) is DatabaseError and info.value.sqlstate == "22012"
     assert str(info.value) == "database error: DivisionByZero (SQLSTATE 22012)"
+    # the connection stays in the statement pool after a statement error, and is reused
+    assert statement_pool(boundary_engine).idle() == 1
     assert one_statement(boundary_engine, "SELECT %(x)s::int + 1", {"x": 41}) == (42,)
-    # the pool's next user gets its own transaction, not the autocommit the call used
+    assert statement_pool(boundary_engine).idle() == 1
+    # the engine's own pool still hands out transactions, not autocommit
     with boundary_engine.connect() as conn:
         conn.execute(text("SELECT 1"))
         assert conn.connection.driver_connection.autocommit is False  # type: ignore[union-attr]
