@@ -226,7 +226,7 @@ class NaiveCapsRouter(Router):
         super().__init__(*args, **kwargs)
         self.single = {}
 
-    def _route(self, conn: Any, leads: Any, source: str) -> Any:
+    def assign_in_deferred(self, conn: Any, leads: Any, source: str) -> Any:
         with self.engine.connect() as other:
             day = periods(self.clock(), "UTC")
             self._stale = {
@@ -242,7 +242,7 @@ class NaiveCapsRouter(Router):
                     {"day": day.day, "week": day.week},
                 )
             }
-        return super()._route(conn, leads, source)
+        return super().assign_in_deferred(conn, leads, source)
 
     def _loads(self, team_id: int, rows: Any) -> dict[int, tuple[int, int]]:
         return {r.id: self._stale.get(r.id, (0, 0)) for r in rows}

@@ -506,3 +506,31 @@ def test_a_batch_builds_its_outcomes_as_outcome_does() -> None:
     assert fast == slow
     assert vars(fast) == vars(slow)
     assert fast.candidates == cands
+
+
+def test_deferred_outcomes_are_built_after_the_commit_from_what_was_routed(
+    engine: Engine,
+) -> None:
+    """assign_in_deferred routes in the caller's transaction and returns what builds the
+    outcomes: called after the commit (the teams' locks released, the connection gone), it
+    gives what assign_in gives, in input order, a repeat inside the batch as a duplicate."""
+    cfg = cfg_of([("005A", 1, True), ("005B", 1, True), ("005C", 1, True)])
+    apply_teams(engine, cfg)
+    router = Router(engine, cfg)
+    leads = [Lead(f"00QD{i}", {"Country": "US"}) for i in range(5)] + [Lead("00QD1", {})]
+    with engine.begin() as conn:
+        later = router.assign_in_deferred(conn, leads, "import")
+        assert counts(engine) == {"leads": 0, "assignments": 0, "outbox": 0}  # not committed
+    engine.dispose()  # nothing more is read: the outcomes come from what was routed
+    got = later()
+    owners = ["005A", "005B", "005C", "005A", "005B"]
+    assert got == [
+        *(Outcome(f"00QD{i}", "assigned", "t", o, f"Rep {o}") for i, o in enumerate(owners)),
+        Outcome("00QD1", "duplicate", "t", "005B", "Rep 005B"),
+    ]
+    assert [why for _, why in got[0].candidates] == [None, None, None]
+    with engine.begin() as conn:
+        again = router.assign_in(conn, leads[:5], "import")
+    assert [(o.status, o.owner_id) for o in again] == [("duplicate", o) for o in owners]
+    with engine.connect() as conn:
+        assert router.assign_in_deferred(conn, [], "import")() == []

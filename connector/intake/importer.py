@@ -240,7 +240,8 @@ def _verified_flush(
         # the skips first, as the inbox does: the teams' locks that routing takes are held for
         # the routing and the commit only, and the two paths lock skips, then teams
         record_skips(conn, cfg, "import", skips)
-        outcomes = router.assign_in(conn, leads, "import") if leads else []
+        routed_now = router.assign_in_deferred(conn, leads, "import")
+    outcomes = routed_now()  # after the commit, without the teams' locks
     for outcome in outcomes:
         summary.add(outcome)
     summary.duplicate += len({x.crm_id for x in batch} & routed)

@@ -512,13 +512,15 @@ class InboxWorker:
                         "worker": self.worker_id,
                     },
                 )
-                outcomes = self.routers[cfg.org].assign_in(conn, leads, source) if leads else []
+                router = self.routers[cfg.org]
+                routed_now = router.assign_in_deferred(conn, leads, source)
         except (DatabaseError, RoutingError) as exc:
             # Rolled back; back off (and dead-letter after max_attempts). If even that fails
             # (database down), the lease expires and another claim rescues the rows.
             log.warning("inbox: routing for org %s failed: %s", cfg.org, type(exc).__name__)
             self._retry_later(cfg.org, rows, f"routing failed: {type(exc).__name__}")
             return
+        outcomes = routed_now()  # after the commit, without the teams' locks
         count_outcomes(self.metrics, cfg.org, source, outcomes)
         for v in skips:
             self.metrics.records_skipped.labels(cfg.org, v.reason or "").inc()

@@ -139,8 +139,9 @@ class Poller:
                     )
             page_max = max(r.modified_at for r in page)
             with self.engine.begin() as conn:
-                outcomes = self.router.assign_in(conn, leads, "poll") if leads else []
+                routed = self.router.assign_in_deferred(conn, leads, "poll")
                 conn.execute(_SQL["advance"], {"org": org, "watermark": page_max})
+            outcomes = routed()  # after the commit, without the teams' locks
             result.new += sum(1 for o in outcomes if o.status != "duplicate")
             result.duplicate += sum(1 for o in outcomes if o.status == "duplicate")
             result.watermark = max(result.watermark or page_max, page_max)
