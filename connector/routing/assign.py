@@ -1,34 +1,33 @@
 """Assignment: the one code path every input (webhook, poll, import) goes through.
 
 ``Router.assign_in(conn, leads, source)`` runs inside the caller's transaction, so a webhook
-can acknowledge only after its commit. In that transaction it inserts the leads (unique per
-org, object and CRM id: a repeat changes nothing and reports the existing owner), matches the
-rules, locks each team row it routes to and the teams they overflow into (teams in name
-order, so two batches never deadlock), reads every member with its time off and its leads of
-the day and week with a fresh snapshot, judges who can take a lead at the injected clock's
-``now`` (``connector.routing.availability``; every decision records that instant, the batch
-and the reps away by `connector rep away`, which `connector simulate` replays by), picks
-owners with the rotation in ``connector.routing.rotation`` (leads nobody can take go to the
-overflow team, else stay unassigned with the reason), and records the assignments, the
-members' counts and credits, the caps' counters, one outbox row per assignment and the picks'
-decisions in a single statement. A lead whose
-rule says ``route_to: account_owner`` goes to its account's owner when
-``connector.routing.accounts`` finds one (that is not a turn of any rotation: no count
-moves), else on to the rule's team rotation. For Salesforce
-orgs a lead's id (and its parent's) is stored in the 18-character form, so a record sent by
-its 15-character id and later by its 18-character id (in any case) is one lead. The team row
-lock is what serialises a team's rotation across any number of processes; in a batch it is
-held for the read of the members, the pick, one recording statement and the commit, and
+can acknowledge only after its commit (``assign_in_deferred`` does the same work and lets a
+caller build the outcomes after that commit, without the teams' locks). In that transaction it
+inserts the leads (unique per org, object and CRM id: a repeat changes nothing and reports the
+existing owner), matches the rules, locks each team row it routes to and the teams they
+overflow into (teams in name order, so two batches never deadlock), reads every member with its
+time off and its leads of the day and week with a fresh snapshot, judges who can take a lead at
+the injected clock's ``now`` (``connector.routing.availability``; every decision records that
+instant, the batch and the reps away by `connector rep away`, which `connector simulate`
+replays by), picks owners with the rotation in ``connector.routing.rotation`` (leads nobody can
+take go to the overflow team, else stay unassigned with the reason), and records the
+assignments, the members' counts and credits, the caps' counters, one outbox row per assignment
+and the picks' decisions in a single statement. A lead whose rule says ``route_to:
+account_owner`` goes to its account's owner when ``connector.routing.accounts`` finds one (that
+is not a turn of any rotation: no count moves), else on to the rule's team rotation. For
+Salesforce orgs a lead's id (and its parent's) is stored in the 18-character form, so a record
+sent by its 15-character id and later by its 18-character id (in any case) is one lead. The
+team row lock is what serialises a team's rotation across any number of processes; in a batch
+it is held for the read of the members, the pick, one recording statement and the commit, and
 never while a CRM is called. A single new lead of a rotation rule (team without an overflow
 team) is one call of ``route_lead`` (``connector.routing.single``), or for a plain team
-``route_plain``, one call of two statements (a second call, ``route_lead``, when it hands
-the lead on): ``assign`` sends it in autocommit, one round trip, so the lock is held for the
-rest of that call plus the commit; ``assign_in`` sends it in the caller's transaction, which
-holds the lock until it commits. So a caller writes its own rows in that transaction before
-it calls ``assign_in`` where they are more than a row or two (the inbox's events and skips,
-an import's skips: a claim's events took 3.4 ms to mark at 100 events, 10.5 ms at 200), and
-commits right after it.
-"""
+``route_plain``, one call of two statements (a second call, ``route_lead``, when it hands the
+lead on): ``assign`` sends it in autocommit, one round trip, so the lock is held for the rest
+of that call plus the commit; ``assign_in`` sends it in the caller's transaction, which holds
+the lock until it commits. So a caller writes its own rows in that transaction before it calls
+``assign_in`` where they are more than a row or two (the inbox's events and skips, an import's
+skips: a claim's events took 3.4 ms to mark at 100 events, 10.5 ms at 200), and commits right
+after it."""
 
 from __future__ import annotations
 
