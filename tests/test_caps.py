@@ -388,7 +388,7 @@ def test_record_assignments_slices_each_picks_seats_from_its_set(engine: Engine)
 
 
 def test_a_batchs_decisions_are_sent_once_per_distinct_content(engine: Engine) -> None:
-    """record_assignments receives each distinct decision once (DecisionRecorder.take): the
+    """record_assignments receives each distinct decision once (take_picked): the
     US leads of team a share one, the German leads another (their own rule's trace), and the
     leads that overflowed from a keep their own (overflow_from). Read back, every decision
     holds what its lead's decision says."""
