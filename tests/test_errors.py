@@ -383,34 +383,61 @@ def test_assign_single_call_retries_once_on_a_terminated_backend(
         engine.dispose()
 
 
+def _statement_connections(engine: Engine, n: int) -> list[int]:
+    """Make the statement pool of ``engine`` open ``n`` connections (n calls at once, each
+    held on an advisory lock until all n are waiting) and return their backends' pids."""
+    pids: list[int] = []
+    sql = "SELECT pg_backend_pid() FROM (SELECT pg_advisory_xact_lock_shared(4244)) x"
+    with engine.connect() as blocker:  # advisory locks are the database's: this one's
+        blocker.execute(text("SELECT pg_advisory_lock(4244)"))
+        threads = [
+            threading.Thread(
+                target=lambda: pids.append(int((one_statement(engine, sql, {}) or (0,))[0]))
+            )
+            for _ in range(n)
+        ]
+        for t in threads:
+            t.start()
+        wait_until(
+            lambda: (
+                blocker.execute(
+                    text(
+                        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+                        "AND objid = 4244 AND NOT granted"
+                    )
+                ).scalar_one()
+                == n
+            ),
+            10,
+            f"{n} calls to wait on the advisory lock",
+        )
+        blocker.execute(text("SELECT pg_advisory_unlock(4244)"))
+        blocker.commit()
+        for t in threads:
+            t.join()
+    assert len(set(pids)) == n and statement_pool(engine).idle() == n
+    return pids
+
+
 def test_single_call_after_every_pooled_connection_died_retries_only_once(
     databases: DatabaseFactory,
     db_url: str,
     sample_cfg: OrgConfig,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """A server restart kills every idle connection at once. The first dead one the single
-    call meets closes every idle one of the statement pool (as SQLAlchemy invalidates its
-    pool on a disconnect), so the retry opens a fresh connection instead of meeting the next
-    dead one: four idle dead connections and three attempts would otherwise end in
-    DatabaseUnavailable."""
-    engine = make_engine(db_url, pool_size=2)  # a statement pool of 2 + 2 overflow
+    """A server restart kills every idle connection at once: the statement pool's and the
+    engine pool's. The first dead one the single call meets marks every connection opened
+    before then stale, in both pools (as SQLAlchemy invalidates its pool on a disconnect),
+    so the retry opens a fresh connection instead of taking the next dead one: idle dead
+    connections and three attempts would otherwise end in DatabaseUnavailable."""
+    engine = make_engine(db_url, pool_size=4)
     try:
         apply_teams(engine, sample_cfg)
-        barrier = threading.Barrier(4)
-        pids: list[int] = []
-
-        def one() -> None:
-            barrier.wait()  # four at once: four connections
-            row = one_statement(engine, "SELECT pg_backend_pid() FROM pg_sleep(0.3)", {})
-            pids.append(int(row[0]) if row else 0)
-
-        threads = [threading.Thread(target=one) for _ in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        assert len(set(pids)) == 4 and statement_pool(engine).idle() == 4
+        pids = _statement_connections(engine, 2)
+        conns = [engine.connect() for _ in range(4)]  # the engine pool: four idle ones
+        pids += [int(c.execute(text("SELECT pg_backend_pid()")).scalar_one()) for c in conns]
+        for c in conns:
+            c.close()
         for pid in pids:
             _terminate(databases, pid)
         with caplog.at_level(logging.WARNING, logger="connector.routing.assign"):
@@ -422,6 +449,23 @@ def test_single_call_after_every_pooled_connection_died_retries_only_once(
         assert (outcome.status, outcome.team) == ("assigned", "na_ae")
         assert _owners(engine) == [(outcome.crm_id, 1, 1)]
         assert statement_pool(engine).idle() == 1  # the fresh one; the dead ones are closed
+        with engine.connect() as conn:  # and the engine pool hands out a live one
+            assert int(conn.execute(text("SELECT pg_backend_pid()")).scalar_one()) not in pids
+    finally:
+        engine.dispose()
+
+
+def test_a_pinging_engines_statement_pool_pings_before_reuse(
+    databases: DatabaseFactory, db_url: str
+) -> None:
+    """An engine made with pool_pre_ping: its statement pool replaces a connection that
+    died while idle before using it, so the call succeeds without a retry."""
+    url = sqlalchemy_url(db_url)
+    engine = create_engine(url, pool_pre_ping=True, pool_size=1)
+    try:
+        (pid,) = one_statement(engine, "SELECT pg_backend_pid()", {}) or ()
+        _terminate(databases, pid)
+        assert one_statement(engine, "SELECT pg_backend_pid()", {}) not in (None, (pid,))
     finally:
         engine.dispose()
 
@@ -435,12 +479,10 @@ def test_the_statement_pool_is_bounded_and_closed_by_dispose(db_url: str) -> Non
     try:
         pool = statement_pool(engine)
         assert (pool.size, pool.timeout) == (4, 30.0)
-        small = StatementPool(1, 0.2, 1800.0)
+        small = StatementPool(engine, 1, 0.2, 1800.0)
         with engine.connect() as blocker:
             blocker.execute(text("SELECT pg_advisory_lock(4242)"))
-            holder = threading.Thread(
-                target=small.run, args=(engine, "SELECT pg_advisory_lock(4242)", {})
-            )
+            holder = threading.Thread(target=small.run, args=("SELECT pg_advisory_lock(4242)", {}))
             holder.start()  # takes the only slot, then waits for the advisory lock
             wait_until(
                 lambda: blocker.execute(
@@ -452,7 +494,7 @@ def test_the_statement_pool_is_bounded_and_closed_by_dispose(db_url: str) -> Non
                 "the holder to wait for the advisory lock",
             )
             with pytest.raises(DatabaseUnavailable) as info:
-                small.run(engine, "SELECT 1 / 0", {})
+                small.run("SELECT 1 / 0", {})
             assert str(info.value) == (
                 "database unavailable: no pooled connection became free in time"
             )
@@ -473,12 +515,12 @@ def test_the_statement_pool_is_bounded_and_closed_by_dispose(db_url: str) -> Non
 def test_a_statement_pool_connection_older_than_recycle_is_replaced(db_url: str) -> None:
     engine = make_engine(db_url, pool_size=1)
     try:
-        keep = StatementPool(1, 5.0, 1800.0)
-        (first,) = keep.run(engine, "SELECT pg_backend_pid()", {}) or ()
-        assert keep.run(engine, "SELECT pg_backend_pid()", {}) == (first,)  # reused
-        renew = StatementPool(1, 5.0, 0.0)  # every connection is too old when reused
-        (second,) = renew.run(engine, "SELECT pg_backend_pid()", {}) or ()
-        assert renew.run(engine, "SELECT pg_backend_pid()", {}) != (second,)
+        keep = StatementPool(engine, 1, 5.0, 1800.0)
+        (first,) = keep.run("SELECT pg_backend_pid()", {}) or ()
+        assert keep.run("SELECT pg_backend_pid()", {}) == (first,)  # reused
+        renew = StatementPool(engine, 1, 5.0, 0.0)  # every connection is too old when reused
+        (second,) = renew.run("SELECT pg_backend_pid()", {}) or ()
+        assert renew.run("SELECT pg_backend_pid()", {}) != (second,)
         assert renew.idle() == 1
         keep.close()
         renew.close()

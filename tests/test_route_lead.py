@@ -1052,6 +1052,11 @@ rules:
             want = {"source": source, "rules": tried, "values": values, "at": MONDAY.isoformat()}
             assert cache.detail(source, f, MONDAY) == json.dumps(want)
     assert len(cache._text) <= 3  # bounded
+    long = {"Country": "x" * 5000}  # a trace this long is written, not kept
+    cache._text.clear()
+    tried, values = trace_rules(rules, long)
+    want = {"source": "api", "rules": tried, "values": values, "at": MONDAY.isoformat()}
+    assert cache.detail("api", long, MONDAY) == json.dumps(want) and not cache._text
 
 
 OVERFLOW = """

@@ -521,8 +521,14 @@ def test_deferred_outcomes_are_built_after_the_commit_from_what_was_routed(
     with engine.begin() as conn:
         later = router.assign_in_deferred(conn, leads, "import")
         assert counts(engine) == {"leads": 0, "assignments": 0, "outbox": 0}  # not committed
-    engine.dispose()  # nothing more is read: the outcomes come from what was routed
-    got = later()
+
+    def no_database() -> None:
+        raise AssertionError("the outcomes were built from the database")
+
+    with pytest.MonkeyPatch.context() as mp:  # nothing is read: they come from what was routed
+        mp.setattr(engine, "connect", no_database)
+        mp.setattr(engine, "raw_connection", no_database)
+        got = later()
     owners = ["005A", "005B", "005C", "005A", "005B"]
     assert got == [
         *(Outcome(f"00QD{i}", "assigned", "t", o, f"Rep {o}") for i, o in enumerate(owners)),

@@ -23,6 +23,7 @@ driver's exception stays reachable as ``__cause__``.
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 import weakref
@@ -202,39 +203,54 @@ SyncCursor = psycopg.Cursor[tuple[Any, ...]]
 class StatementPool:
     """Connections kept in autocommit for ``one_statement``, beside an engine's own pool: a
     statement that is its own transaction takes one, runs, and puts it back, with no
-    autocommit switch and none of the engine pool's checkout and reset (about 25 µs of client
-    CPU a call, a tenth of a single lead's). Each connection keeps one cursor, reused: a new
-    cursor a call built its adapters again (19 µs of a single lead's 76 µs in psycopg). One
-    per engine (``statement_pool``).
+    autocommit switch and none of the engine pool's checkout and reset, and on a cursor kept
+    with the connection (a new cursor a call looks its adapters up again). Together: a
+    single lead's ``Router.assign`` spent 164 µs of client CPU with a pooled connection and
+    111-123 µs with these. One per engine (``statement_pool``).
 
-    At most ``size`` connections (the engine pool's size plus its overflow: a caller that
-    waits longer than ``timeout`` for one gets ``DatabaseUnavailable``), opened on demand
-    through the engine (so with its connect arguments and listeners, then detached from its
-    pool), reused while younger than ``recycle`` seconds. Not pinged, like the engine's: a
-    connection that died with its server fails its statement (translated with
-    ``connection_invalidated``, so the caller may retry), and every idle one is closed with
-    it, as a server restart broke them all. ``close`` (also run by ``engine.dispose()``)
-    closes the idle ones; a later call opens new ones.
+    At most ``size`` connections (the engine pool's size plus its overflow), on top of the
+    engine pool's own: a caller that waits longer than ``timeout`` for one gets
+    ``DatabaseUnavailable`` (and opening one may wait for the engine pool as well). They are
+    opened on demand through the engine (its connect arguments and listeners), detached from
+    its pool, and reused while younger than ``recycle`` seconds (counted from when this pool
+    took them). Pinged before reuse only when the engine pings (``pool_pre_ping``). A
+    connection found lost (a server restart) is translated with ``connection_invalidated``,
+    so the caller may retry; every connection opened before that moment, here and in the
+    engine's pool, is then stale and closed instead of reused, so the retry opens a fresh
+    one. ``close`` (also run by ``engine.dispose()``) does the same for the idle ones. In a
+    forked child the parent's connections are forgotten, never used or closed.
     """
 
-    def __init__(self, size: int, timeout: float, recycle: float) -> None:
+    def __init__(self, engine: Engine, size: int, timeout: float, recycle: float) -> None:
         if size < 1:
             raise ValueError("size must be at least 1")
+        self._engine = weakref.ref(engine)
         self.size = size
         self.timeout = timeout
         self.recycle = recycle
-        self._slots = threading.BoundedSemaphore(size)
-        self._lock = threading.Lock()
-        self._idle: list[tuple[SyncCursor, float]] = []
+        self.pre_ping = bool(getattr(engine.pool, "_pre_ping", False))
+        self._start()
 
-    def run(self, engine: Engine, sql: str, params: Mapping[str, Any]) -> tuple[Any, ...] | None:
+    def _start(self) -> None:
+        self._pid = os.getpid()
+        self._slots = threading.BoundedSemaphore(self.size)
+        self._lock = threading.Lock()
+        # (cursor, the detached pool wrapper, kept so that it is never garbage collected
+        # while its connection is in use, when it was taken)
+        self._idle: list[tuple[SyncCursor, Any, float]] = []
+        self._stale_before = 0.0
+
+    def run(self, sql: str, params: Mapping[str, Any]) -> tuple[Any, ...] | None:
         """Run ONE statement (``%(name)s`` placeholders), prepared, and return its first row."""
+        if self._pid != os.getpid():  # a forked child: the parent's connections are not ours
+            self._start()
         if not self._slots.acquire(timeout=self.timeout):
             raise DatabaseUnavailable(
                 "database unavailable: no pooled connection became free in time"
             )
         try:
-            cur, born = self._checkout(engine)
+            held = self._checkout()
+            cur = held[0]
             conn = cur.connection
             try:
                 cur.execute(sql, params, prepare=True)
@@ -243,33 +259,55 @@ class StatementPool:
                 lost = conn.closed or conn.broken
                 if lost:
                     conn.close()
-                    self.close()
+                    self._lost(conn, exc)
                 elif conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
-                    self._put_back(cur, born)
+                    self._put_back(held)
                 else:  # interrupted mid-statement: never reused
                     conn.close()
                 raise translate(exc, connection_lost=lost) from exc
             except BaseException:  # KeyboardInterrupt mid-statement: not reusable
                 conn.close()
                 raise
-            self._put_back(cur, born)
+            self._put_back(held)
             return row
         finally:
             self._slots.release()
 
-    def _put_back(self, cur: SyncCursor, born: float) -> None:
-        with self._lock:
-            self._idle.append((cur, born))
+    def _lost(self, conn: SyncConn, exc: BaseException) -> None:
+        """A connection died: so did every one opened before now, most likely (a restart)."""
+        self._stale_before = time.monotonic()
+        engine = self._engine()
+        if engine is not None:
+            # as SQLAlchemy does on a disconnect: its pool replaces every connection it
+            # opened before now at its next checkout (one of them would be ours next)
+            engine.pool._invalidate(conn, exc, _checkin=False)  # type: ignore[arg-type]
+        self._drain()
 
-    def _checkout(self, engine: Engine) -> tuple[SyncCursor, float]:
+    def _put_back(self, held: tuple[SyncCursor, Any, float]) -> None:
+        if held[2] <= self._stale_before:
+            held[0].connection.close()
+            return
+        with self._lock:
+            self._idle.append(held)
+
+    def _checkout(self) -> tuple[SyncCursor, Any, float]:
         while True:
             with self._lock:
                 if not self._idle:
                     break
-                cur, born = self._idle.pop()
-            if not cur.connection.closed and time.monotonic() - born < self.recycle:
-                return cur, born
+                held = self._idle.pop()
+            cur, _, born = held
+            if (
+                not cur.connection.closed
+                and born > self._stale_before
+                and time.monotonic() - born < self.recycle
+                and (not self.pre_ping or self._alive(cur))
+            ):
+                return held
             cur.connection.close()
+        engine = self._engine()
+        if engine is None:
+            raise DatabaseUnavailable("database unavailable: the engine was disposed of")
         try:
             pooled = engine.raw_connection()
         except sa_exc.DBAPIError as exc:
@@ -283,18 +321,34 @@ class StatementPool:
         except psycopg.Error as exc:  # a pooled connection that died while idle
             driver.close()
             raise translate(exc, connection_lost=True) from exc
-        return driver.cursor(), time.monotonic()
+        return driver.cursor(), pooled, time.monotonic()
+
+    @staticmethod
+    def _alive(cur: SyncCursor) -> bool:
+        try:
+            cur.execute("SELECT 1")
+            cur.fetchone()
+        except psycopg.Error:
+            return False
+        return True
 
     def idle(self) -> int:
         with self._lock:
             return len(self._idle)
 
     def close(self) -> None:
-        """Close the idle connections (those in use are closed as they come back broken, or
-        reused)."""
+        """Close the idle connections; those in use are closed when they come back. In a
+        forked child the parent's are only forgotten."""
+        if self._pid != os.getpid():
+            self._start()
+            return
+        self._stale_before = time.monotonic()
+        self._drain()
+
+    def _drain(self) -> None:
         with self._lock:
             idle, self._idle = self._idle, []
-        for cur, _ in idle:
+        for cur, _, _ in idle:
             cur.connection.close()
 
 
@@ -304,7 +358,8 @@ _STATEMENT_POOLS_LOCK = threading.Lock()
 
 def statement_pool(engine: Engine) -> StatementPool:
     """The ``StatementPool`` of ``engine``: made on first use, sized like its pool, closed by
-    its ``dispose()``."""
+    its ``dispose()`` (in a forked child, ``dispose(close=False)`` only forgets the parent's
+    connections)."""
     found = _STATEMENT_POOLS.get(engine)
     if found is not None:
         return found
@@ -315,7 +370,7 @@ def statement_pool(engine: Engine) -> StatementPool:
             size = pool.size() + max(pool._max_overflow, 0) if isinstance(pool, QueuePool) else 8
             timeout = pool.timeout() if isinstance(pool, QueuePool) else 30.0
             recycle = pool._recycle if pool._recycle > 0 else float("inf")
-            found = StatementPool(size, timeout, recycle)
+            found = StatementPool(engine, size, timeout, recycle)
             event.listen(engine, "engine_disposed", lambda _engine: found.close())
             _STATEMENT_POOLS[engine] = found
     return found
@@ -331,7 +386,7 @@ def one_statement(engine: Engine, sql: str, params: Mapping[str, Any]) -> tuple[
     as much as the round trip) or its pool's checkout. Errors are translated as
     ``handle_error`` translates them; a lost connection says so (``connection_invalidated``).
     """
-    return statement_pool(engine).run(engine, sql, params)
+    return statement_pool(engine).run(sql, params)
 
 
 def is_boundary_engine(engine: Engine) -> bool:

@@ -295,7 +295,7 @@ class _Batch:
     received: dict[str, datetime] = field(default_factory=dict)  # new lead -> received_at
     results: dict[str, Outcome] = field(default_factory=dict)
     # a rotation's picks (stored CRM id -> team, member row, candidates): their outcomes are
-    # built once the outcomes are asked for (``Router._route``)
+    # built once the outcomes are asked for (``Router.assign_in_deferred``)
     picked: dict[str, tuple[str, Any, tuple[tuple[int, str | None], ...]]] = field(
         default_factory=dict
     )
@@ -512,6 +512,9 @@ class Router:
             conn.execute(_SQL["mark_unassigned"], {"reason": reason, "lead_ids": ids})
         accounts.note_fallbacks(conn, fallbacks)
         batch.recorder.flush(conn)  # the decisions, in the same transaction
+        missing = [k for k in keys if k not in batch.results and k not in batch.picked]
+        if missing:  # raised here, so the caller's transaction rolls back, not after it
+            raise RoutingError(f"{len(missing)} leads of the batch got no outcome")
         return lambda: _in_input_order(keys, batch)
 
     def _insert(self, batch: _Batch, first: Mapping[str, Lead]) -> dict[str, int]:
@@ -645,10 +648,10 @@ class Router:
         seats = _SeatColumns({r.id: r.turns for r in members}, {r.id: r.weight for r in members})
         views = _StandingViews(members, seats.turns)
         pick = seats.pick
-        results = batch.picked
+        picked = batch.picked
         for (_, cid, _), turn, seat in placed.rows:
             pick(turn.candidates, seat.id)
-            results[cid] = (team_name, seat, turn.candidates)
+            picked[cid] = (team_name, seat, turn.candidates)
         if placed.rows:  # the assignments and their decisions, in one statement
             params = self._record_params(team_name, team, placed, batch) | seats.params(batch.first)
             batch.conn.execute(_SQL["record_assignments"], params)

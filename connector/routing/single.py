@@ -65,11 +65,12 @@ class TeamInputs:
 
 def team_inputs(team: Team) -> TeamInputs:
     caps = [team.caps_of(m) for m in team.members]
+    windows = tuple(config_windows(team, m) for m in team.members)
     return TeamInputs(
         name=team.name,
         timezone=team.timezone,
         users=tuple(m.crm_user_id for m in team.members),
-        windows=tuple(config_windows(team, m) for m in team.members),
+        windows=windows,
         hours=tuple(m.hours for m in team.members),
         per_day=tuple(c.per_day for c in caps),
         per_week=tuple(c.per_week for c in caps),
@@ -82,7 +83,7 @@ def team_inputs(team: Team) -> TeamInputs:
             and team.caps.per_week is None
             and all(c.per_day is None and c.per_week is None for c in caps)
         ),
-        unscheduled=all(not config_windows(team, m) and m.hours is None for m in team.members),
+        unscheduled=not any(windows) and all(m.hours is None for m in team.members),
     )
 
 
@@ -118,7 +119,10 @@ def plain_call(inputs: TeamInputs, params: Mapping[str, Any]) -> bool:
 class TraceCache:
     """The start of single leads' decisions as JSON text (the source and the rules tried,
     with the values they looked at), by source and those values: a lead's trace depends on
-    nothing else, and most leads share one. Bounded: emptied at ``size`` entries."""
+    nothing else, and most leads share one. Bounded: emptied at ``size`` entries, and a trace
+    longer than ``MAX_KEPT`` characters (long field values) is not kept."""
+
+    MAX_KEPT = 4096
 
     def __init__(self, rules: Sequence[CompiledRule], size: int = 1024) -> None:
         self.rules = rules
@@ -136,7 +140,7 @@ class TraceCache:
         if start is None:
             tried, values = trace_rules(self.rules, fields)
             start = json.dumps({"source": source, "rules": tried, "values": values})[:-1]
-            if key:
+            if key and len(start) <= self.MAX_KEPT:
                 if len(self._text) >= self.size:
                     self._text.clear()
                 self._text[key] = start
