@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import queue
 import threading
 import time
 import weakref
@@ -233,7 +234,11 @@ class StatementPool:
 
     def _start(self) -> None:
         self._pid = os.getpid()
-        self._slots = threading.BoundedSemaphore(self.size)
+        # the free slots, one token each: a C queue takes and gives one back in 0.1 µs, a
+        # BoundedSemaphore (Python, on a Condition) in 1 µs
+        self._slots: queue.SimpleQueue[None] = queue.SimpleQueue()
+        for _ in range(self.size):
+            self._slots.put(None)
         self._lock = threading.Lock()
         # (cursor, the detached pool wrapper, kept so that it is never garbage collected
         # while its connection is in use, when it was taken)
@@ -244,10 +249,12 @@ class StatementPool:
         """Run ONE statement (``%(name)s`` placeholders), prepared, and return its first row."""
         if self._pid != os.getpid():  # a forked child: the parent's connections are not ours
             self._start()
-        if not self._slots.acquire(timeout=self.timeout):
+        try:
+            self._slots.get(timeout=self.timeout)
+        except queue.Empty:
             raise DatabaseUnavailable(
                 "database unavailable: no pooled connection became free in time"
-            )
+            ) from None
         try:
             held = self._checkout()
             cur = held[0]
@@ -271,7 +278,7 @@ class StatementPool:
             self._put_back(held)
             return row
         finally:
-            self._slots.release()
+            self._slots.put(None)
 
     def _lost(self, conn: SyncConn, exc: BaseException) -> None:
         """A connection died: so did every one opened before now, most likely (a restart)."""

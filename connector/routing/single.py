@@ -113,7 +113,7 @@ def config_blocked(inputs: TeamInputs, now: datetime) -> list[str | None]:
 def plain_call(inputs: TeamInputs, params: Mapping[str, Any]) -> bool:
     """Whether a call may take ``route_plain`` (two statements, one call): its team has no
     caps and no catch-up, and no member is away or off shift by the config at ``now``."""
-    return inputs.plain and all(b is None for b in params["blocked"])
+    return inputs.plain and (inputs.unscheduled or all(b is None for b in params["blocked"]))
 
 
 class TraceCache:
