@@ -177,7 +177,6 @@ def _naive_assign(conn: psycopg.Connection[Any], org: str, crm_id: str) -> None:
                 "lead_ids": [row[0]],
                 "crm_ids": [crm_id],
                 "parent_ids": [None],
-                "received_ats": [None],
                 "sla_minutes": [None],
                 "member_ids": [member_id],
                 "rule_indexes": [0],

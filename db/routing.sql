@@ -11,7 +11,9 @@
 
 -- name: insert_leads
 -- :fields is ONE JSON array, zipped with the CRM ids by position (one json.dumps a batch).
--- Router._insert reads the returned columns by position: keep their order.
+-- Router._insert reads the returned columns by position: keep their order. Each new lead's
+-- received_at is its default, now(): the transaction's start (record_assignments relies on
+-- it, and does not need it sent back).
 INSERT INTO leads (org, crm_object, crm_id, fields, parent_id, source)
 SELECT :org, :crm_object, t.crm_id, t.fields, t.parent_id, :source
 FROM ROWS FROM (unnest(CAST(:crm_ids AS text[])), jsonb_array_elements(CAST(:fields AS jsonb)),
@@ -19,7 +21,7 @@ FROM ROWS FROM (unnest(CAST(:crm_ids AS text[])), jsonb_array_elements(CAST(:fie
      AS t (crm_id, fields, parent_id)
 ORDER BY t.crm_id
 ON CONFLICT (org, crm_object, crm_id) WHERE merged_into IS NULL DO NOTHING
-RETURNING id, crm_id, received_at
+RETURNING id, crm_id
 
 -- name: existing_leads
 -- A merged lead (merged_into set) is a second copy of a record; its winner answers for it.
@@ -61,25 +63,26 @@ SELECT member_id FROM assignments WHERE team_id = :team_id ORDER BY id DESC LIMI
 -- distinct decisions and :detail_of each pick's position in it, 0-based (a batch's picks
 -- mostly share one; NULL, or a list shorter than the picks: that pick gets none), and
 -- :sla_minutes sets each assignment's SLA check time as it is inserted. The outbox row takes
--- the lead's id, parent and received_at (insert_leads returned it) from the picks, not from
--- a join with leads. A pick's part of its decision (migration 0022) goes in columns, no JSON:
--- the batch (:batch), the epoch, the member picked and the seats it was picked among, as
--- :seat_sets (each pick's set of candidates, 1-based, into :set_starts / :set_lens, which
--- slice :set_ids, :set_weights and :set_skips: a batch's picks mostly share one set) and
--- :count_starts (where its counts start in :seat_counts, one run of the set's length). A
--- pick with no set (NULL) keeps those parts in its JSON detail.
+-- the lead's id and parent from the picks, not from a join with leads, and its received_at
+-- as now(): every lead picked here was inserted by this transaction (insert_leads), whose
+-- now() its received_at defaulted to (test_dashboard_latency compares the two). A pick's
+-- part of its decision (migration 0022) goes in columns, no JSON: the batch (:batch), the
+-- epoch, the member picked and the seats it was picked among, as :seat_sets (each pick's
+-- set of candidates, 1-based, into :set_starts / :set_lens, which slice :set_ids,
+-- :set_weights and :set_skips: a batch's picks mostly share one set) and :count_starts
+-- (where its counts start in :seat_counts, one run of the set's length). A pick with no
+-- set (NULL) keeps those parts in its JSON detail.
 WITH picks AS (
     SELECT *
     FROM ROWS FROM (unnest(CAST(:lead_ids AS bigint[])), unnest(CAST(:member_ids AS bigint[])),
                     unnest(CAST(:rule_indexes AS integer[])), unnest(CAST(:rule_names AS text[])),
                     unnest(CAST(:crm_ids AS text[])), unnest(CAST(:parent_ids AS text[])),
-                    unnest(CAST(:received_ats AS timestamptz[])),
                     unnest(CAST(:sla_minutes AS integer[])),
                     unnest(CAST(:detail_of AS integer[])),
                     unnest(CAST(:seat_sets AS integer[])),
                     unnest(CAST(:count_starts AS integer[])))
          WITH ORDINALITY AS p (lead_id, member_id, rule_index, rule_name, crm_id, parent_id,
-                               received_at, sla_minutes, detail_of, seat_set, count_start, ord)
+                               sla_minutes, detail_of, seat_set, count_start, ord)
     WHERE p.lead_id IS NOT NULL
 ), sets AS (
     SELECT *
@@ -143,7 +146,7 @@ WITH picks AS (
 )
 INSERT INTO outbox (org, lead_id, assignment_id, crm_object, crm_id, owner_id, parent_id,
                     lead_received_at)
-SELECT :org, a.lead_id, a.id, :crm_object, p.crm_id, a.crm_user_id, p.parent_id, p.received_at
+SELECT :org, a.lead_id, a.id, :crm_object, p.crm_id, a.crm_user_id, p.parent_id, now()
 FROM assigned a JOIN picks p ON p.lead_id = a.lead_id
 RETURNING lead_id
 

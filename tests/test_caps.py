@@ -340,7 +340,6 @@ def test_record_assignments_slices_each_picks_seats_from_its_set(engine: Engine)
                 "rule_names": ["rest"] * 3,
                 "crm_ids": ["L1", "L2", "L3"],
                 "parent_ids": [None] * 3,
-                "received_ats": [r.received_at for r in leads],
                 "sla_minutes": [None] * 3,
                 "details": json.dumps([{"team": "a"}, {"team": "a", "x": 1}]),
                 "detail_of": [0, 0, 1],  # L1 and L2 share one

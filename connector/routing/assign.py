@@ -292,7 +292,6 @@ class _Batch:
     source: str
     recorder: DecisionRecorder
     parents: dict[str, str | None] = field(default_factory=dict)  # stored CRM id -> parent
-    received: dict[str, datetime] = field(default_factory=dict)  # new lead -> received_at
     results: dict[str, Outcome] = field(default_factory=dict)
     # a rotation's picks (stored CRM id -> team, member row, candidates): their outcomes are
     # built once the outcomes are asked for (``Router.assign_in_deferred``)
@@ -532,11 +531,7 @@ class Router:
                 "parent_ids": [batch.parents[cid] for cid, _ in unique],
             },
         ).all()
-        new_ids: dict[str, int] = {}
-        received = batch.received
-        for lead_id, cid, received_at in rows:  # insert_leads' columns, in order
-            new_ids[cid] = lead_id
-            received[cid] = received_at
+        new_ids = {cid: lead_id for lead_id, cid in rows}  # insert_leads' columns, in order
         old = [cid for cid in first if cid not in new_ids]
         if old:
             for r in batch.conn.execute(
@@ -775,7 +770,6 @@ class Router:
             "crm_object": self.cfg.crm_object,
             "crm_ids": [item[1] for item, _, _ in placed.rows],
             "parent_ids": [batch.parents.get(item[1]) for item, _, _ in placed.rows],
-            "received_ats": [batch.received[item[1]] for item, _, _ in placed.rows],
             "details": details,
             "detail_of": detail_of,
             "sla_minutes": sla_minutes,
