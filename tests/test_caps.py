@@ -8,6 +8,7 @@ from collections import Counter
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
+import pytest
 from sqlalchemy import Connection, Engine, text
 
 import db
@@ -387,7 +388,7 @@ def test_record_assignments_slices_each_picks_seats_from_its_set(engine: Engine)
 
 
 def test_a_batchs_decisions_are_sent_once_per_distinct_content(engine: Engine) -> None:
-    """record_assignments receives each distinct decision once (take_picked): the
+    """record_assignments receives each distinct decision once (DecisionRecorder.take): the
     US leads of team a share one, the German leads another (their own rule's trace), and the
     leads that overflowed from a keep their own (overflow_from). Read back, every decision
     holds what its lead's decision says."""
@@ -427,16 +428,25 @@ def test_a_batchs_decisions_are_sent_once_per_distinct_content(engine: Engine) -
         assert ("overflow_from" in d) == overflowed
 
 
-def test_take_shares_only_decisions_with_nothing_of_their_own() -> None:
-    cfg = org(TEAMS)
+def _six_leads(cfg: OrgConfig, grouped_first: bool) -> tuple[str, list[int], list[int | None]]:
+    """Six leads picked from team a; grouped before the batch's instant is stamped (as the
+    router does before the team's lock) or after it (as it does under the lock)."""
     rec = DecisionRecorder(cfg, compile_rules(cfg.rules))
     for lead_id, country in ((1, "US"), (2, "US"), (3, "DE"), (4, "US"), (5, "US"), (6, "US")):
         rec.started(lead_id, "api", {"Country": country})
-    rec.judged_at([1, 2, 3, 4, 5, 6], MONDAY, 1)
     rec.detail(4)["sla_minutes"] = 5  # another SLA
     rec.away_by_command(5, ["005A"])  # its own part
-    rec.detail(6)["note"] = "x"  # a key take_picked() does not know
-    details, positions, slas = rec.take_picked("a", [(i, 1) for i in (1, 2, 3, 4, 5, 6)])
+    rec.detail(6)["note"] = "x"  # a key the grouping does not know
+    picks = [(i, 1) for i in (1, 2, 3, 4, 5, 6)]
+    grouped = rec.group_picked("a", picks) if grouped_first else None
+    rec.judged_at([1, 2, 3, 4, 5, 6], MONDAY, 1)
+    return rec.take(grouped or rec.group_picked("a", picks))
+
+
+@pytest.mark.parametrize("grouped_first", [False, True], ids=["under the lock", "before it"])
+def test_take_shares_only_decisions_with_nothing_of_their_own(grouped_first: bool) -> None:
+    cfg = org(TEAMS)
+    details, positions, slas = _six_leads(cfg, grouped_first)
     parts = json.loads(details)
     assert positions == [0, 0, 1, 2, 3, 4]
     assert parts[2]["sla_minutes"] == 5 and parts[3]["away_by_command"] == ["005A"]
@@ -445,4 +455,7 @@ def test_take_shares_only_decisions_with_nothing_of_their_own() -> None:
     # the pick's part goes in columns: no batch in the JSON, the team and outcome are there
     assert all("batch" not in d and (d["team"], d["outcome"]) == ("a", "assigned") for d in parts)
     assert parts[0]["at"] == MONDAY.isoformat()
-    assert rec.take_picked("a", []) == ("[]", [], [])
+    # the same text whichever side of the lock the grouping was made
+    assert (details, positions, slas) == _six_leads(cfg, not grouped_first)
+    rec = DecisionRecorder(cfg, compile_rules(cfg.rules))
+    assert rec.take(rec.group_picked("a", [])) == ("[]", [], [])

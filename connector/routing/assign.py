@@ -55,7 +55,7 @@ from connector.routing.availability import (
     room,
     unplaced_reason,
 )
-from connector.routing.decisions import DecisionRecorder
+from connector.routing.decisions import DecisionRecorder, PickedDecisions
 from connector.routing.rotation import Seat, Turn, pick_available
 from connector.routing.rules import Match, compile_rules, match
 from connector.routing.single import TraceCache, call_params, plain_call, single_teams
@@ -303,6 +303,24 @@ class _Batch:
     by_team: dict[str, list[tuple[int, str, Match]]] = field(
         default_factory=lambda: defaultdict(list)
     )
+    # each team's record parameters that do not depend on its picks, built before its lock
+    ready: dict[str, _Ready] = field(default_factory=dict)
+
+
+@dataclass
+class _Ready:
+    """What ``record_assignments`` takes for a team's leads that does not depend on the picks
+    (the leads, their rules, their grouped decisions), built before the team's lock for the
+    common case: every lead of ``group`` placed, in order, and nothing added to their
+    decisions under the lock but the batch's instant. Otherwise it is built again there."""
+
+    group: list[tuple[int, str, Match]]
+    size: int
+    decisions: PickedDecisions
+    fixed: dict[str, Any]
+
+    def holds_for(self, group: list[tuple[int, str, Match]], placed: int, changed: bool) -> bool:
+        return not changed and group is self.group and len(group) == self.size == placed
 
 
 _new = object.__new__
@@ -499,6 +517,8 @@ class Router:
             if cid not in batch.results:  # not given to its account's owner: the rotation
                 batch.by_team[m.team].append((lead_id, cid, m))
         needed = {t for name in batch.by_team for t in self.cfg.overflow_chain(name)}
+        for team_name, group in batch.by_team.items():  # before the locks
+            batch.ready[team_name] = self._ready(batch, team_name, group)
         locked = self._lock_teams(batch, needed, matched)
         now = self.clock()
         if new_ids:
@@ -638,6 +658,9 @@ class Router:
         away = away_by_command(members, now)
         for lead_id, _, _ in group:
             batch.recorder.away_by_command(lead_id, away)
+        ready = batch.ready.get(team_name)
+        if ready is None or not ready.holds_for(group, len(placed.rows), bool(left or away)):
+            ready = self._ready(batch, team_name, [item for item, _, _ in placed.rows])
         # Each pick's seats (the candidates in the rotation's order, their weights, counts
         # and skip reasons) go in columns of its decision (record_assignments).
         seats = _SeatColumns({r.id: r.turns for r in members}, {r.id: r.weight for r in members})
@@ -648,7 +671,7 @@ class Router:
             pick(turn.candidates, seat.id)
             picked[cid] = (team_name, seat, turn.candidates)
         if placed.rows:  # the assignments and their decisions, in one statement
-            params = self._record_params(team_name, team, placed, batch) | seats.params(batch.first)
+            params = self._record_params(team, placed, batch, ready) | seats.params(batch.first)
             batch.conn.execute(_SQL["record_assignments"], params)
         overflow = self.cfg.team(team_name).overflow_team
         for item, turn in left:
@@ -755,28 +778,34 @@ class Router:
         """Each member's leads in this day and week, as read under the team lock."""
         return {r.id: (r.day_count, r.week_count) for r in rows}
 
-    def _record_params(
-        self, team_name: str, team: Any, placed: _Placed, batch: _Batch
-    ) -> dict[str, Any]:
-        lead_ids = [item[0] for item, _, _ in placed.rows]
-        details, detail_of, sla_minutes = batch.recorder.take_picked(
-            team_name, [(item[0], item[2].rule_index) for item, _, _ in placed.rows]
+    def _ready(self, batch: _Batch, team_name: str, group: list[tuple[int, str, Match]]) -> _Ready:
+        decisions = batch.recorder.group_picked(
+            team_name, [(lead_id, m.rule_index) for lead_id, _, m in group]
         )
-        return {
+        fixed = {
             "org": self.cfg.org,
-            "team_id": team.id,
-            "epoch": team.epoch,
             "source": batch.source,
             "crm_object": self.cfg.crm_object,
-            "crm_ids": [item[1] for item, _, _ in placed.rows],
-            "parent_ids": [batch.parents.get(item[1]) for item, _, _ in placed.rows],
+            "lead_ids": decisions.lead_ids,
+            "crm_ids": [cid for _, cid, _ in group],
+            "parent_ids": [batch.parents.get(cid) for _, cid, _ in group],
+            "sla_minutes": decisions.slas,
+            "detail_of": decisions.positions,
+            "rule_indexes": [m.rule_index for _, _, m in group],
+            "rule_names": [m.rule_name for _, _, m in group],
+        }
+        return _Ready(group, len(group), decisions, fixed)
+
+    def _record_params(
+        self, team: Any, placed: _Placed, batch: _Batch, ready: _Ready
+    ) -> dict[str, Any]:
+        details, _, _ = batch.recorder.take(ready.decisions)
+        return {
+            **ready.fixed,
+            "team_id": team.id,
+            "epoch": team.epoch,
             "details": details,
-            "detail_of": detail_of,
-            "sla_minutes": sla_minutes,
-            "lead_ids": lead_ids,
             "member_ids": [turn.member_id for _, turn, _ in placed.rows],
-            "rule_indexes": [item[2].rule_index for item, _, _ in placed.rows],
-            "rule_names": [item[2].rule_name for item, _, _ in placed.rows],
             "credit_ids": list(placed.credited),
             "credit_ns": list(placed.credited.values()),
             "day": placed.periods.day,

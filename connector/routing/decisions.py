@@ -23,7 +23,7 @@ built and sent about 1 KB of JSON per lead in the full form, most of the batch's
 
 **Where a decision is read** (since migration 0022): a plain team's single lead
 (``route_plain``) and a batch's picks (``record_assignments``, to which
-``take_picked`` leaves them, sent by ``assign._SeatColumns``) store the pick's part of
+``group_picked`` and ``take`` leave them, sent by ``assign._SeatColumns``) store the pick's part of
 the decision (``batch``, ``epoch``, ``chosen_id``, ``seats``) in columns of the
 ``routing_decisions`` row, so that none of it is built or parsed as JSON while the team's
 lock is held. The other writers (``route_lead``, a lead left unassigned, a reassignment)
@@ -31,7 +31,7 @@ keep them in ``detail``. Readers of whole decisions read the view ``decision_det
 which folds the columns back into ``detail`` under the same keys: one shape whoever wrote
 the row (`connector simulate`'s history reads single keys from the table itself). What is
 left of a batch's decisions then mostly repeats from lead to lead (the trace of the same
-rule, the batch's instant, the team): ``take_picked`` hands ``record_assignments`` each distinct
+rule, the batch's instant, the team): ``take`` hands ``record_assignments`` each distinct
 one once, with each pick's position in them.
 """
 
@@ -215,6 +215,20 @@ class _Pending:
     sla_minutes: int | None = None
 
 
+@dataclass
+class PickedDecisions:
+    """A team's picked leads' decisions, grouped (``DecisionRecorder.group_picked``): the
+    first lead's of each distinct decision, the SLA it gets, each lead's position among them
+    and its SLA minutes."""
+
+    team: str
+    lead_ids: list[int]
+    parts: list[_Pending]
+    minutes_of_part: list[int | None]
+    positions: list[int]
+    slas: list[int | None]
+
+
 # The keys of a decision that holds nothing of its own lead: its trace (``started``: the same
 # objects for leads whose rule fields have the same values), the batch's instant, and what
 # its team and rule give it. Anything else (an account, an absence, an overflow, a detail
@@ -348,14 +362,17 @@ class DecisionRecorder:
         if rule_index is not None:
             self._sla(p, team, rule_index)
 
-    def _sla(self, p: _Pending, team: str, rule_index: int) -> None:
+    def _sla_minutes(self, rule_index: int, team: str) -> int | None:
         key = (rule_index, team)
         try:
-            minutes = self._slas[key]
+            return self._slas[key]
         except KeyError:
             sla = self.cfg.sla_for(rule_index, team)
             minutes = self._slas[key] = sla.minutes if sla else None
-        p.sla_minutes = minutes
+            return minutes
+
+    def _sla(self, p: _Pending, team: str, rule_index: int) -> None:
+        minutes = p.sla_minutes = self._sla_minutes(rule_index, team)
         if minutes is not None:
             p.detail["sla_minutes"] = minutes
 
@@ -399,40 +416,62 @@ class DecisionRecorder:
             }
         )
 
-    def take_picked(
-        self, team: str, picks: Sequence[tuple[int, int]]
-    ) -> tuple[str, list[int], list[int | None]]:
-        """These leads, given by (lead id, rule index), were picked from ``team``'s seats by
-        ``record_assignments``, which writes the batch, epoch, pick and seats in columns of
-        the decision (migration 0022): their ``detail`` gets none of them, only the team, the
-        outcome and the SLA (as ``picked`` does). Hand their decisions to that statement: one
-        JSON array of the distinct decisions, each lead's position in it and its SLA minutes,
-        in the order given; they are no longer flushed here. A batch's decisions mostly
-        differ only in their pick, which goes in columns: those that hold nothing of their
-        own (``_shared_key``) are sent once. One pass, with the team's lock held."""
-        parts: list[dict[str, Any]] = []
+    def group_picked(self, team: str, picks: Sequence[tuple[int, int]]) -> PickedDecisions:
+        """How ``take`` will hand these leads' decisions to ``record_assignments``: the leads,
+        given by (lead id, rule index), picked from ``team``'s seats, grouped by what their
+        decisions will hold (``_shared_key``, with the SLA ``take`` writes). The grouping
+        holds as long as the decisions gain nothing but the batch's instant before ``take``:
+        the router groups a team's leads before taking its lock, and groups them again under
+        it when anything else was added (a rep away by command, a lead left over)."""
+        parts: list[_Pending] = []
+        minutes_of_part: list[int | None] = []
         positions: list[int] = []
         slas: list[int | None] = []
+        lead_ids: list[int] = []
         seen: dict[tuple[object, ...], int] = {}
         pending = self._by_lead
-        sla = self._sla
         for lead_id, rule_index in picks:
-            p = pending.pop(lead_id, None) or _Pending({})
-            d = p.detail
-            d["team"] = team
-            d["outcome"] = "assigned"
-            d.pop("batch", None)
-            sla(p, team, rule_index)
-            key = _shared_key(d)
+            p = pending.get(lead_id)
+            if p is None:
+                p = pending[lead_id] = _Pending({})
+            minutes = self._sla_minutes(rule_index, team)
+            key = _shared_key(p.detail)
+            if key is not None and minutes is not None:
+                key = (*key[:-1], minutes)  # the SLA take() writes
             n = seen.get(key) if key is not None else None
             if n is None:
                 n = len(parts)
-                parts.append(d)
+                parts.append(p)
+                minutes_of_part.append(minutes)
                 if key is not None:
                     seen[key] = n
             positions.append(n)
-            slas.append(p.sla_minutes)
-        return json.dumps(parts), positions, slas
+            slas.append(minutes)
+            lead_ids.append(lead_id)
+        return PickedDecisions(team, lead_ids, parts, minutes_of_part, positions, slas)
+
+    def take(self, picked: PickedDecisions) -> tuple[str, list[int], list[int | None]]:
+        """The grouped leads were picked by ``record_assignments``, which writes the batch,
+        epoch, pick and seats in columns of the decision (migration 0022): their ``detail``
+        gets none of them, only the team, the outcome and the SLA (as ``picked`` does).
+        Returns what that statement takes: one JSON array of the distinct decisions, each
+        lead's position in it and its SLA minutes, in the order given; they are no longer
+        flushed here. A batch's decisions mostly differ only in their pick, which goes in
+        columns: those that hold nothing of their own are sent once."""
+        pending = self._by_lead
+        for lead_id in picked.lead_ids:
+            pending.pop(lead_id, None)
+        out: list[dict[str, Any]] = []
+        for p, minutes in zip(picked.parts, picked.minutes_of_part, strict=True):
+            d = p.detail
+            d["team"] = picked.team
+            d["outcome"] = "assigned"
+            d.pop("batch", None)
+            p.sla_minutes = minutes
+            if minutes is not None:
+                d["sla_minutes"] = minutes
+            out.append(d)
+        return json.dumps(out), picked.positions, picked.slas
 
     def flush(self, conn: Connection) -> int:
         """Write every decision (one statement); set SLA due times on new assignments."""
