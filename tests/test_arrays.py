@@ -84,8 +84,8 @@ def test_str_lists_arrive_as_text_arrays(conn: Connection, value: list[str | Non
 def test_aware_datetime_lists_arrive_as_timestamptz_arrays(
     conn: Connection, value: list[datetime | None], repeat: bool
 ) -> None:
-    # the same instant again (as a batch's received_at) takes the shortcut for a repeat; it
-    # must give what converting it afresh gives, in any offset
+    # the same instant again (as in a list of modification times) takes the shortcut for a
+    # repeat; it must give what converting it afresh gives, in any offset
     if repeat and value[0] is not None:
         value = [*value, value[0], value[0].astimezone(UTC), None, value[0]]
     if all(v is None for v in value):

@@ -323,7 +323,7 @@ def test_record_assignments_slices_each_picks_seats_from_its_set(engine: Engine)
             text(
                 "INSERT INTO leads (org, crm_object, crm_id, fields, source) "
                 "SELECT 'acme', 'Lead', x, '{}', 'api' FROM unnest(ARRAY['L1', 'L2', 'L3']) x "
-                "ORDER BY x RETURNING id, received_at"
+                "ORDER BY x RETURNING id"
             )
         ).all()
         a, b, d = ids["005A"], ids["005B"], ids["005D"]
@@ -385,6 +385,25 @@ def test_record_assignments_slices_each_picks_seats_from_its_set(engine: Engine)
         "seats": {"ids": [a, b], "weights": [5, 6], "counts": [20, 21], "skips": [None, "capped"]},
     }
     assert got["L3"] == {"team": "a", "x": 1}
+
+
+def test_a_grouping_made_before_the_lock_is_known_stale_after_any_other_change() -> None:
+    """The router reuses a team's grouping made before its lock only while the recorder's
+    change count has not moved: stamping the batch's instant and taking the grouped leads
+    do not move it; anything else added to a decision does (here, away by command)."""
+    cfg = org(TEAMS)
+    rec = DecisionRecorder(cfg, compile_rules(cfg.rules))
+    for lead_id in (1, 2):
+        rec.started(lead_id, "api", {"Country": "US"})
+    before = rec.changes
+    grouped = rec.group_picked("a", [(1, 1), (2, 1)])
+    rec.judged_at([1, 2], MONDAY, 1)
+    rec.away_by_command(2, [])  # nobody away: nothing added
+    assert rec.changes == before
+    rec.away_by_command(2, ["005A"])
+    assert rec.changes > before
+    rec.take(grouped)
+    assert not rec._by_lead  # both taken, none left to flush
 
 
 def test_a_batchs_decisions_are_sent_once_per_distinct_content(engine: Engine) -> None:

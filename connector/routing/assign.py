@@ -318,9 +318,12 @@ class _Ready:
     size: int
     decisions: PickedDecisions
     fixed: dict[str, Any]
+    changes: int  # the recorder's change count when it was built
 
-    def holds_for(self, group: list[tuple[int, str, Match]], placed: int, changed: bool) -> bool:
-        return not changed and group is self.group and len(group) == self.size == placed
+    def holds_for(self, group: list[tuple[int, str, Match]], placed: int, changes: int) -> bool:
+        """Whether it is still right: the same leads, all placed, and no decision changed
+        since but by the batch's instant (``DecisionRecorder.changes``)."""
+        return changes == self.changes and group is self.group and len(group) == self.size == placed
 
 
 _new = object.__new__
@@ -659,7 +662,7 @@ class Router:
         for lead_id, _, _ in group:
             batch.recorder.away_by_command(lead_id, away)
         ready = batch.ready.get(team_name)
-        if ready is None or not ready.holds_for(group, len(placed.rows), bool(left or away)):
+        if ready is None or not ready.holds_for(group, len(placed.rows), batch.recorder.changes):
             ready = self._ready(batch, team_name, [item for item, _, _ in placed.rows])
         # Each pick's seats (the candidates in the rotation's order, their weights, counts
         # and skip reasons) go in columns of its decision (record_assignments).
@@ -794,7 +797,7 @@ class Router:
             "rule_indexes": [m.rule_index for _, _, m in group],
             "rule_names": [m.rule_name for _, _, m in group],
         }
-        return _Ready(group, len(group), decisions, fixed)
+        return _Ready(group, len(group), decisions, fixed, batch.recorder.changes)
 
     def _record_params(
         self, team: Any, placed: _Placed, batch: _Batch, ready: _Ready

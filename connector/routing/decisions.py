@@ -264,6 +264,9 @@ class DecisionRecorder:
         self.rules = rules
         self.kind = kind
         self._by_lead: dict[int, _Pending] = {}
+        # every change to a decision but the batch's instant (judged_at) and take: a
+        # grouping made before (group_picked) still holds while this has not moved
+        self.changes = 0
         self._fields = sorted({f for r in rules for f, _ in r.conditions})
         self._slas: dict[tuple[int, str], int | None] = {}
         self._traces: dict[tuple[object, ...], tuple[list[dict[str, Any]], dict[str, Any]]] = {}
@@ -276,6 +279,7 @@ class DecisionRecorder:
 
     def detail(self, lead_id: int) -> dict[str, Any]:
         """The decision recorded so far for one lead (a live reference)."""
+        self.changes += 1
         return self._entry(lead_id).detail
 
     def started(self, lead_id: int, source: str, fields: Mapping[str, object]) -> None:
@@ -305,11 +309,13 @@ class DecisionRecorder:
         """Reps away by `connector rep away` when this lead was judged (the table keeps only
         each rep's latest absence, so the replay reads past ones here)."""
         if crm_user_ids:
+            self.changes += 1
             d = self._entry(lead_id).detail
             d["away_by_command"] = sorted({*d.get("away_by_command", ()), *crm_user_ids})
 
     def account(self, lead_id: int, entry: Mapping[str, Any]) -> None:
         """An account match decided the lead (or was tried): which account, whose owner."""
+        self.changes += 1
         self._entry(lead_id).detail["account"] = dict(entry)
 
     def team_pick(
@@ -325,6 +331,7 @@ class DecisionRecorder:
         """One team's picks: ``candidates`` = (member id, skip reason or None) for every rep
         considered, in the rotation's order; ``picks`` = the member chosen for each lead (the
         counts advance pick by pick, as the rotation's did)."""
+        self.changes += 1
         by_id = {m.id: m for m in members}
         ids = [mid for mid, _ in candidates]
         weights = [by_id[mid].weight for mid in ids]
@@ -345,6 +352,7 @@ class DecisionRecorder:
     ) -> None:
         """The candidates of one pick, compactly: (member ids, weights, counts, skip reasons),
         parallel lists in the rotation's order."""
+        self.changes += 1
         ids, weights, counts, skips = seats
         self._entry(lead_id).detail.update(
             {
@@ -356,6 +364,7 @@ class DecisionRecorder:
 
     def picked(self, lead_id: int, team: str, member_id: int, rule_index: int | None) -> None:
         """The lead went to ``member_id``; with its rule, the SLA is looked up too."""
+        self.changes += 1
         p = self._entry(lead_id)
         p.detail["chosen_id"] = member_id
         p.detail["outcome"] = "assigned"
@@ -384,6 +393,7 @@ class DecisionRecorder:
         members: Sequence[SeatRow] = (),
         candidates: Sequence[tuple[int, str | None]] = (),
     ) -> None:
+        self.changes += 1
         d = self._entry(lead_id).detail
         d.update({"outcome": "unassigned", "reason": reason})
         if team is not None:
@@ -405,6 +415,7 @@ class DecisionRecorder:
         candidates: Sequence[tuple[int, str | None]],
     ) -> None:
         """No rep of ``team`` could take the lead; it goes on to the team's overflow team."""
+        self.changes += 1
         by_id = {m.id: m for m in members}
         self._entry(lead_id).detail.setdefault("overflow_from", []).append(
             {
@@ -431,9 +442,7 @@ class DecisionRecorder:
         seen: dict[tuple[object, ...], int] = {}
         pending = self._by_lead
         for lead_id, rule_index in picks:
-            p = pending.get(lead_id)
-            if p is None:
-                p = pending[lead_id] = _Pending({})
+            p = pending.get(lead_id) or _Pending({})  # none yet: an empty one, not kept
             minutes = self._sla_minutes(rule_index, team)
             key = _shared_key(p.detail)
             if key is not None and minutes is not None:
