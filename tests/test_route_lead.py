@@ -941,6 +941,24 @@ def test_rep_away_waits_for_the_leads_already_waiting_for_its_team(
     assert answered == ["assigned"] + ["route_lead"] * 4
 
 
+def team_of_two(member: str, team_keys: str = "") -> OrgConfig:
+    """An org whose one team t has ``member`` (YAML) and Bo, with ``team_keys`` added."""
+    return parse_config(
+        HEADER
+        + f"""teams:
+  - name: t
+    {team_keys}
+    members:
+      - {member}
+      - {{crm_user_id: "005B", name: Bo}}
+rules:
+  - {{name: all, team: t}}
+""",
+        "t.yaml",
+        ENV,
+    )
+
+
 @pytest.mark.parametrize(
     ("members", "team_keys", "plain"),
     [
@@ -958,21 +976,7 @@ def test_rep_away_waits_for_the_leads_already_waiting_for_its_team(
     ids=["plain", "member caps", "team caps", "catch-up", "hours"],
 )
 def test_which_teams_are_plain(members: str, team_keys: str, plain: bool) -> None:
-    cfg = parse_config(
-        HEADER
-        + f"""teams:
-  - name: t
-    {team_keys}
-    members:
-      - {members}
-      - {{crm_user_id: "005B", name: Bo}}
-rules:
-  - {{name: all, team: t}}
-""",
-        "t.yaml",
-        ENV,
-    )
-    assert team_inputs(cfg.teams[0]).plain is plain
+    assert team_inputs(team_of_two(members, team_keys).teams[0]).plain is plain
 
 
 @pytest.mark.parametrize(
@@ -992,20 +996,7 @@ def test_only_a_team_without_hours_or_time_off_skips_judging_them(
 ) -> None:
     """A team whose members have no working hours and no time off in the config is never
     blocked by it (config_blocked answers without looking); any other is judged at ``now``."""
-    cfg = parse_config(
-        HEADER
-        + f"""teams:
-  - name: t
-    members:
-      - {member}
-      - {{crm_user_id: "005B", name: Bo}}
-rules:
-  - {{name: all, team: t}}
-""",
-        "t.yaml",
-        ENV,
-    )
-    inputs = team_inputs(cfg.teams[0])
+    inputs = team_inputs(team_of_two(member).teams[0])
     assert inputs.unscheduled is unscheduled
     evening = MONDAY.replace(hour=20)  # after 17:00, inside the time off
     ada = None if unscheduled else "off_shift" if "hours" in member else "away"
