@@ -459,7 +459,8 @@ def _six_leads(cfg: OrgConfig, grouped_first: bool) -> tuple[str, list[int], lis
     picks = [(i, 1) for i in (1, 2, 3, 4, 5, 6)]
     grouped = rec.group_picked("a", picks) if grouped_first else None
     rec.judged_at([1, 2, 3, 4, 5, 6], MONDAY, 1)
-    return rec.take(grouped or rec.group_picked("a", picks))
+    grouped = grouped or rec.group_picked("a", picks)
+    return rec.take(grouped), grouped.positions, grouped.slas
 
 
 @pytest.mark.parametrize("grouped_first", [False, True], ids=["under the lock", "before it"])
@@ -477,4 +478,4 @@ def test_take_shares_only_decisions_with_nothing_of_their_own(grouped_first: boo
     # the same text whichever side of the lock the grouping was made
     assert (details, positions, slas) == _six_leads(cfg, not grouped_first)
     rec = DecisionRecorder(cfg, compile_rules(cfg.rules))
-    assert rec.take(rec.group_picked("a", [])) == ("[]", [], [])
+    assert rec.take(rec.group_picked("a", [])) == "[]"

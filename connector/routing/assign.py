@@ -802,12 +802,11 @@ class Router:
     def _record_params(
         self, team: Any, placed: _Placed, batch: _Batch, ready: _Ready
     ) -> dict[str, Any]:
-        details, _, _ = batch.recorder.take(ready.decisions)
         return {
             **ready.fixed,
             "team_id": team.id,
             "epoch": team.epoch,
-            "details": details,
+            "details": batch.recorder.take(ready.decisions),
             "member_ids": [turn.member_id for _, turn, _ in placed.rows],
             "credit_ids": list(placed.credited),
             "credit_ns": list(placed.credited.values()),

@@ -238,8 +238,9 @@ _SHARED_KEYS = frozenset(
 )
 
 
-def _shared_key(d: Mapping[str, Any]) -> tuple[object, ...] | None:
-    """What a decision with only shared parts is equal by, else None. The trace's lists are
+def _shared_key(d: Mapping[str, Any], sla_minutes: int | None) -> tuple[object, ...] | None:
+    """What a decision with only shared parts is equal by, else None, once given
+    ``sla_minutes`` when that is not None (as ``take`` gives it). The trace's lists are
     compared by identity: ``started`` shares one pair of objects per distinct trace, and
     they stay alive (and unchanged) for the whole batch."""
     if not d.keys() <= _SHARED_KEYS:
@@ -252,8 +253,13 @@ def _shared_key(d: Mapping[str, Any]) -> tuple[object, ...] | None:
         d.get("batch"),
         d.get("team"),
         d.get("outcome"),
-        d.get("sla_minutes"),
+        d.get("sla_minutes") if sla_minutes is None else sla_minutes,
     )
+
+
+def rule_fields(rules: Sequence[CompiledRule]) -> list[str]:
+    """The fields ``rules`` look at, sorted: what a lead's trace depends on (``trace_key``)."""
+    return sorted({f for r in rules for f, _ in r.conditions})
 
 
 class DecisionRecorder:
@@ -267,7 +273,7 @@ class DecisionRecorder:
         # every change to a decision but the batch's instant (judged_at) and take: a
         # grouping made before (group_picked) still holds while this has not moved
         self.changes = 0
-        self._fields = sorted({f for r in rules for f, _ in r.conditions})
+        self._fields = rule_fields(rules)
         self._slas: dict[tuple[int, str], int | None] = {}
         self._traces: dict[tuple[object, ...], tuple[list[dict[str, Any]], dict[str, Any]]] = {}
 
@@ -430,7 +436,7 @@ class DecisionRecorder:
     def group_picked(self, team: str, picks: Sequence[tuple[int, int]]) -> PickedDecisions:
         """How ``take`` will hand these leads' decisions to ``record_assignments``: the leads,
         given by (lead id, rule index), picked from ``team``'s seats, grouped by what their
-        decisions will hold (``_shared_key``, with the SLA ``take`` writes). The grouping
+        decisions will hold (``_shared_key``, with the SLA ``take`` gives). The grouping
         holds as long as the decisions gain nothing but the batch's instant before ``take``:
         the router groups a team's leads before taking its lock, and groups them again under
         it when anything else was added (a rep away by command, a lead left over)."""
@@ -444,9 +450,7 @@ class DecisionRecorder:
         for lead_id, rule_index in picks:
             p = pending.get(lead_id) or _Pending({})  # none yet: an empty one, not kept
             minutes = self._sla_minutes(rule_index, team)
-            key = _shared_key(p.detail)
-            if key is not None and minutes is not None:
-                key = (*key[:-1], minutes)  # the SLA take() writes
+            key = _shared_key(p.detail, minutes)
             n = seen.get(key) if key is not None else None
             if n is None:
                 n = len(parts)
@@ -459,14 +463,14 @@ class DecisionRecorder:
             lead_ids.append(lead_id)
         return PickedDecisions(team, lead_ids, parts, minutes_of_part, positions, slas)
 
-    def take(self, picked: PickedDecisions) -> tuple[str, list[int], list[int | None]]:
+    def take(self, picked: PickedDecisions) -> str:
         """The grouped leads were picked by ``record_assignments``, which writes the batch,
         epoch, pick and seats in columns of the decision (migration 0022): their ``detail``
         gets none of them, only the team, the outcome and the SLA (as ``picked`` does).
-        Returns what that statement takes: one JSON array of the distinct decisions, each
-        lead's position in it and its SLA minutes, in the order given; they are no longer
-        flushed here. A batch's decisions mostly differ only in their pick, which goes in
-        columns: those that hold nothing of their own are sent once."""
+        Returns the JSON array of the distinct decisions that statement takes (each lead's
+        position in it and its SLA minutes are ``picked``'s); they are no longer flushed
+        here. A batch's decisions mostly differ only in their pick, which goes in columns:
+        those that hold nothing of their own are sent once."""
         pending = self._by_lead
         for lead_id in picked.lead_ids:
             pending.pop(lead_id, None)
@@ -480,7 +484,7 @@ class DecisionRecorder:
             if minutes is not None:
                 d["sla_minutes"] = minutes
             out.append(d)
-        return json.dumps(out), picked.positions, picked.slas
+        return json.dumps(out)
 
     def flush(self, conn: Connection) -> int:
         """Write every decision (one statement); set SLA due times on new assignments."""

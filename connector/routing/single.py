@@ -38,7 +38,7 @@ from typing import Any
 from connector.core.config import OrgConfig, Team
 from connector.core.hours import WeeklyHours
 from connector.routing.availability import Window, config_windows, periods
-from connector.routing.decisions import trace_key, trace_rules
+from connector.routing.decisions import rule_fields, trace_key, trace_rules
 from connector.routing.rules import CompiledRule, Match
 
 
@@ -127,7 +127,7 @@ class TraceCache:
     def __init__(self, rules: Sequence[CompiledRule], size: int = 1024) -> None:
         self.rules = rules
         self.size = size
-        self._fields = sorted({f for r in rules for f, _ in r.conditions})
+        self._fields = rule_fields(rules)
         self._text: dict[tuple[object, ...], str] = {}
 
     def detail(self, source: str, fields: Mapping[str, Any], now: datetime) -> str:
