@@ -2,6 +2,7 @@
 --   insert_leads (sorted by CRM id) -> lock_team (teams sorted by name, overflow teams
 --   included) -> team_candidates [-> recent_owners] -> record_assignments (with the picks'
 --   decisions) -> record_decisions (decisions.sql: the other leads' decisions) -> COMMIT.
+--   lock_team_seats is lock_team and team_candidates in one call (migration 0024).
 -- A single lead of a rotation rule takes route_lead instead: all of it in one call.
 -- team_candidates must be its own statement: under READ COMMITTED each statement takes a
 -- fresh snapshot, so reading the seats AFTER lock_team returned sees the counts the previous
@@ -51,6 +52,17 @@ LEFT JOIN member_load d ON d.member_id = m.id AND d.period = 'day' AND d.starts_
 LEFT JOIN member_load w ON w.member_id = m.id AND w.period = 'week' AND w.starts_on = :week
 WHERE m.team_id = :team_id AND m.in_config
 ORDER BY m.position
+
+-- name: lock_team_seats
+-- lock_team and team_candidates in one call (migration 0024), for a batch: the team's id and
+-- epoch on every row; no row when the team is not in the database, one row with the member
+-- columns NULL when it has no configured member. :day and :week are computed before the
+-- lock; the caller reads team_candidates again when its clock, read under the lock, is on
+-- another day or week.
+SELECT team_id, epoch, id, weight, turns, position, crm_user_id, name, active, away_from,
+       away_until, day_count, week_count
+FROM lock_team_seats(CAST(:org AS text), CAST(:name AS text), CAST(:day AS date),
+                     CAST(:week AS date))
 
 -- name: recent_owners
 -- The team's latest owners, newest first (the team lock orders its assignments' ids).

@@ -30,7 +30,8 @@ INSERT INTO schema_migrations (version, name) VALUES
     (20, 'route_plain'),
     (21, 'route_plain_one_pass'),
     (22, 'decision_columns'),
-    (23, 'route_plain_checks_under_lock');
+    (23, 'route_plain_checks_under_lock'),
+    (24, 'lock_team_seats');
 
 -- 0001_routing.sql
 -- Routing state: teams, members, leads, assignments and the write-back outbox.
@@ -1095,3 +1096,46 @@ $$;
 
 -- The check a delete of a lead makes for leads merged into it (see above).
 CREATE INDEX leads_merged_into ON leads (merged_into) WHERE merged_into IS NOT NULL;
+
+-- 0024_lock_team_seats.sql
+-- A batch's team lock and the team's seats (team_candidates' rows) in one call: the second
+-- statement's snapshot is taken under the lock. No row: no such team; one row with the
+-- member columns NULL: no configured member.
+CREATE FUNCTION lock_team_seats(p_org text, p_team text, p_day date, p_week date)
+RETURNS TABLE (
+    team_id bigint, epoch integer, id bigint, weight integer, turns bigint, "position" integer,
+    crm_user_id text, name text, active boolean, away_from timestamptz, away_until timestamptz,
+    day_count integer, week_count integer
+)
+LANGUAGE plpgsql VOLATILE
+AS $$
+#variable_conflict use_column
+DECLARE
+    t record;
+BEGIN
+    SELECT tm.id, tm.epoch FROM teams tm
+    WHERE tm.org = p_org AND tm.name = p_team AND tm.in_config
+    FOR UPDATE
+    INTO t;
+    IF t.id IS NULL THEN  -- no such team in the database: no row
+        RETURN;
+    END IF;
+    -- A new statement: a fresh snapshot, taken with the team's lock held (team_candidates).
+    RETURN QUERY
+    SELECT t.id, t.epoch, m.id, m.weight, m.assigned_in_epoch + m.credited_in_epoch,
+           m.position, m.crm_user_id, m.name, m.active, o.starts_at, o.until,
+           coalesce(d.assigned, 0), coalesce(w.assigned, 0)
+    FROM members m
+    LEFT JOIN rep_time_off o ON o.org = p_org AND o.crm_user_id = m.crm_user_id
+    LEFT JOIN member_load d ON d.member_id = m.id AND d.period = 'day' AND d.starts_on = p_day
+    LEFT JOIN member_load w
+           ON w.member_id = m.id AND w.period = 'week' AND w.starts_on = p_week
+    WHERE m.team_id = t.id AND m.in_config
+    ORDER BY m.position;
+    IF NOT FOUND THEN  -- no configured member: the lock's row alone
+        team_id := t.id;
+        epoch := t.epoch;
+        RETURN NEXT;
+    END IF;
+END
+$$;

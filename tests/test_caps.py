@@ -9,7 +9,7 @@ from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import Connection, Engine, text
+from sqlalchemy import Connection, Engine, event, text
 
 import db
 from connector.core.config import OrgConfig, parse_config
@@ -115,6 +115,41 @@ def test_caps_count_per_local_day_and_week_then_overflow(engine: Engine) -> None
     clock.at = datetime(2026, 12, 7, 23, 0, tzinfo=UTC)
     # Bob has one lead left in his week (4), Ada two in her day
     assert owners(r.assign_many(leads("00Qt", 4), "api")) == ["005A", "005B", "005A", "005D"]
+
+
+def test_a_batch_whose_lock_is_taken_on_the_next_day_counts_that_days_caps(
+    engine: Engine,
+) -> None:
+    """A batch reads its team's seats with the lock (``lock_team_seats``, migration 0024),
+    for the day of its clock before the lock; the time that counts is read under the lock.
+    Here the lock is taken as midnight passes in Berlin: Ada and Bob are capped on Monday,
+    free on Tuesday, and the batch's leads are Tuesday's, so they go to them, not to the
+    overflow team, and count on Tuesday. (Reading the seats for Monday regardless sends
+    both to Dora.)"""
+    clock = WallClock(datetime(2026, 12, 7, 22, 59, 59, tzinfo=UTC))  # 23:59:59 in Berlin
+    r = router(engine, org(TEAMS), clock)
+    assert owners(r.assign_many(leads("00Qy", 5), "api")) == ["005A", "005B"] * 2 + ["005B"]
+
+    def midnight(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if "FROM lock_team_seats(" in statement:  # the lock is held: Tuesday in Berlin
+            clock.at = datetime(2026, 12, 7, 23, 0, 1, tzinfo=UTC)
+
+    event.listen(engine, "after_cursor_execute", midnight)
+    try:
+        got = r.assign_many(leads("00Qz", 2), "api")
+    finally:
+        event.remove(engine, "after_cursor_execute", midnight)
+    assert [(o.team, o.owner_id) for o in got] == [("a", "005A"), ("a", "005B")]
+    assert table(
+        engine,
+        "SELECT m.crm_user_id, l.starts_on, l.assigned FROM member_load l "
+        "JOIN members m ON m.id = l.member_id WHERE l.period = 'day' ORDER BY 1, 2",
+    ) == [
+        ("005A", date(2026, 12, 7), 2),
+        ("005A", date(2026, 12, 8), 1),
+        ("005B", date(2026, 12, 7), 3),
+        ("005B", date(2026, 12, 8), 1),
+    ]
 
 
 def test_all_capped_without_overflow_stays_unassigned_with_the_reason(engine: Engine) -> None:

@@ -305,6 +305,17 @@ class _Batch:
     )
     # each team's record parameters that do not depend on its picks, built before its lock
     ready: dict[str, _Ready] = field(default_factory=dict)
+    # the seats read with a team's lock (``lock_team_seats``): the day and week they were read
+    # for, and the member rows
+    seats: dict[str, tuple[Periods, list[Any]]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _TeamRow:
+    """A locked team row: its id and epoch."""
+
+    id: int
+    epoch: int
 
 
 @dataclass
@@ -639,9 +650,13 @@ class Router:
             if team_name not in needed and self.cfg.team(team_name).max_in_a_row is None:
                 accounts.record_matched(batch.conn, self.cfg, batch.source, matched[team_name])
                 continue
-            team = batch.conn.execute(
-                _SQL["lock_team"], {"org": org, "name": team_name}
-            ).one_or_none()
+            team: Any
+            if team_name in needed and not matched.get(team_name):
+                team = self._lock_with_seats(batch, team_name)
+            else:  # its account owners' leads are recorded before its seats are read
+                team = batch.conn.execute(
+                    _SQL["lock_team"], {"org": org, "name": team_name}
+                ).one_or_none()
             if team is None:
                 raise RoutingError(
                     f"team {team_name!r} of org {org!r} is not in the database: "
@@ -652,12 +667,28 @@ class Router:
             accounts.record_matched(batch.conn, self.cfg, batch.source, matched.get(team_name, []))
         return locked
 
+    def _lock_with_seats(self, batch: _Batch, team_name: str) -> _TeamRow | None:
+        """Lock the team and read its seats in one round trip (``lock_team_seats``), for the
+        day and week of the clock's time before the lock (``_pick`` reads them again if the
+        time read under the lock falls on another day or week); None: no such team."""
+        p = periods(self.clock(), self.cfg.team(team_name).timezone)
+        rows = batch.conn.execute(
+            _SQL["lock_team_seats"],
+            {"org": self.cfg.org, "name": team_name, "day": p.day, "week": p.week},
+        ).all()
+        if not rows:
+            return None
+        batch.seats[team_name] = (p, [r for r in rows if r.id is not None])
+        return _TeamRow(rows[0].team_id, rows[0].epoch)
+
     def _route_team(self, batch: _Batch, team_name: str, team: Any, now: datetime) -> None:
         """Pick owners for the team's leads under its lock and record them; leads nobody can
         take go on to the overflow team (teams are visited in overflow order), else stay
         unassigned with the reason."""
         group = batch.by_team[team_name]
-        placed, left, reason, members = self._pick(batch.conn, team_name, team.id, group, now)
+        placed, left, reason, members = self._pick(
+            batch.conn, team_name, team.id, group, now, batch.seats.pop(team_name, None)
+        )
         away = away_by_command(members, now)
         for lead_id, _, _ in group:
             batch.recorder.away_by_command(lead_id, away)
@@ -734,15 +765,20 @@ class Router:
         team_id: int,
         group: list[tuple[int, str, Match]],
         now: datetime,
+        read: tuple[Periods, list[Any]] | None = None,
     ) -> tuple[_Placed, list[tuple[tuple[int, str, Match], Turn]], str, Sequence[Any]]:
         """Pick owners for ``group`` under the team's lock: (placed, left over, why left, the
-        member rows read under the lock)."""
+        member rows read under the lock). ``read``: the rows read with the lock and the
+        periods they were read for, used when ``now`` falls in the same day and week."""
         team_cfg = self.cfg.team(team_name)
         p = periods(now, team_cfg.timezone)
-        rows = conn.execute(
-            _SQL["team_candidates"],
-            {"org": self.cfg.org, "team_id": team_id, "day": p.day, "week": p.week},
-        ).all()
+        if read is not None and (read[0].day, read[0].week) == (p.day, p.week):
+            rows: Sequence[Any] = read[1]
+        else:
+            rows = conn.execute(
+                _SQL["team_candidates"],
+                {"org": self.cfg.org, "team_id": team_id, "day": p.day, "week": p.week},
+            ).all()
         configured = {m.crm_user_id: m for m in team_cfg.members}
         loads = self._loads(team_id, rows)
         candidates = [
