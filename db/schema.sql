@@ -30,7 +30,7 @@ INSERT INTO schema_migrations (version, name) VALUES
     (20, 'route_plain'),
     (21, 'route_plain_one_pass'),
     (22, 'decision_columns'),
-    (23, 'route_plain_checks_under_lock'),
+    (23, 'route_plain_one_sort'),
     (24, 'lock_team_seats');
 
 -- 0001_routing.sql
@@ -934,15 +934,14 @@ CREATE INDEX outbox_org_state_id ON outbox (org, state, id) WHERE state <> 'clai
 -- snapshots: in the same transaction, or in autocommit as a statement of its own.
 -- Otherwise status 'assigned' and the columns route_lead returns.
 -- 0021_route_plain_one_pass.sql, 0022_decision_columns.sql,
--- 0023_route_plain_checks_under_lock.sql
+-- 0023_route_plain_one_sort.sql
 -- route_plain as it now reads: two statements in the one call, the second with a fresh
 -- snapshot taken under the team's lock (no row lock on the members, no team version to
 -- compare, no exception block); one sorted pass over the seats gives the rotation's totals
--- and the decision's arrays, and the pick is one ordered read of the active seats
--- (rotation_pick_plain's ordering, which route_lead still uses). Whether the team has an
--- active member and nobody of it away by command is asked once, under the lock (0023). A
--- lead it hands on is deleted under the lock, whose check of leads.merged_into reads
--- leads_merged_into. Its decision is the caller's p_detail plus the pick's part in columns
+-- and the decision's arrays (0023), and the pick is one ordered read of the active seats
+-- (rotation_pick_plain's ordering, which route_lead still uses). A lead it hands on is
+-- deleted (under the lock, unless the team was retired while it waited), whose check of
+-- leads.merged_into reads leads_merged_into. Its decision is the caller's p_detail plus the pick's part in columns
 -- of routing_decisions (0022: no JSON built under the team's lock; read them through
 -- decision_details).
 CREATE FUNCTION route_plain(
@@ -970,12 +969,20 @@ DECLARE
 BEGIN
     team := p_team;
     status := 'route_lead';
-    -- The lead is stored and the team's lock taken. Whether the team has an active member
-    -- and nobody of it is away by command is not asked here: the second statement asks
-    -- both under the lock, and a lead it cannot place is taken back (0023).
     WITH snap AS (
         SELECT t.id FROM teams t
         WHERE t.org = p_org AND t.name = p_team AND t.in_config
+          -- an active member (route_lead records a lead of a team without one unassigned)
+          AND EXISTS (SELECT FROM members am
+                      WHERE am.team_id = t.id AND am.active AND am.in_config)
+          -- no rep of the team away by command at p_now (read from the org's time off,
+          -- which is usually empty, not from the team's members)
+          AND NOT EXISTS (
+              SELECT FROM rep_time_off o
+              WHERE o.org = p_org AND o.starts_at <= p_now AND p_now < o.until
+                AND EXISTS (SELECT FROM members mb
+                            WHERE mb.team_id = t.id AND mb.crm_user_id = o.crm_user_id
+                              AND mb.in_config))
     ), lead AS (
         INSERT INTO leads (org, crm_object, crm_id, fields, parent_id, source)
         SELECT p_org, p_crm_object, p_crm_id, p_fields, p_parent_id, p_source FROM snap
@@ -995,7 +1002,7 @@ BEGIN
         RETURN NEXT;
         RETURN;
     END IF;
-    IF l.team_id IS NULL THEN  -- the team was retired while the lead waited
+    IF l.team_id IS NULL THEN  -- the team was retired while the lead waited (not locked)
         DELETE FROM leads WHERE id = l.id;
         RETURN NEXT;
         RETURN;
@@ -1009,10 +1016,11 @@ BEGIN
     ), seats AS (
         -- the rotation's totals over the active seats, and every member as the decision
         -- records it: the active seats in rotation order, then the inactive ones. One sort
-        -- feeds the four arrays: the rows come from a sorted subquery and nothing at this
-        -- level (no join, no grouping) reorders them, so each array_agg reads them in that
-        -- order (PostgreSQL's documented way; four array_agg(... ORDER BY ...) would sort
-        -- four times before PostgreSQL 16)
+        -- feeds the four arrays: they read the rows of a sorted subquery, with nothing at
+        -- this level (no join, no grouping) to reorder them, as PostgreSQL's manual says
+        -- "will usually work" (non-standard SQL; a subquery with ORDER BY is never pulled
+        -- up, and the sort ends on the id, so it is total); four array_agg(... ORDER BY ...)
+        -- would sort four times before PostgreSQL 16. test_route_lead checks the order.
         SELECT CAST(sum(o.weight) FILTER (WHERE o.active) AS bigint) AS w,
                CAST(sum(o.turns) FILTER (WHERE o.active) AS bigint) AS slot,
                array_agg(o.id) AS ids, array_agg(o.skip) AS skips,
@@ -1078,8 +1086,9 @@ BEGIN
     FROM chosen, seats
     INTO r;
     IF r.decided IS DISTINCT FROM 1 THEN
-        -- nothing but the lead was written (a rep of the team is away by command, or it has
-        -- no active member): take the lead back, route_lead decides it
+        -- nothing but the lead was written (a rep of the team went away by command or it
+        -- lost its last active member while the lead waited): take the lead back,
+        -- route_lead decides it
         DELETE FROM leads WHERE id = l.id;
         RETURN NEXT;
         RETURN;

@@ -121,11 +121,11 @@ def test_a_batch_whose_lock_is_taken_on_the_next_day_counts_that_days_caps(
     engine: Engine,
 ) -> None:
     """A batch reads its team's seats with the lock (``lock_team_seats``, migration 0024),
-    for the day of its clock before the lock; the time that counts is read under the lock.
-    Here the lock is taken as midnight passes in Berlin: Ada and Bob are capped on Monday,
-    free on Tuesday, and the batch's leads are Tuesday's, so they go to them, not to the
-    overflow team, and count on Tuesday. (Reading the seats for Monday regardless sends
-    both to Dora.)"""
+    for the day of the router's previous batch; the time that counts is read under the
+    lock. Here the lock is taken as midnight passes in Berlin: Ada and Bob are capped on
+    Monday, free on Tuesday, and the batch's leads are Tuesday's, so they go to them, not
+    to the overflow team, and count on Tuesday. (Reading the seats for Monday regardless
+    sends both to Dora.)"""
     clock = WallClock(datetime(2026, 12, 7, 22, 59, 59, tzinfo=UTC))  # 23:59:59 in Berlin
     r = router(engine, org(TEAMS), clock)
     assert owners(r.assign_many(leads("00Qy", 5), "api")) == ["005A", "005B"] * 2 + ["005B"]

@@ -33,7 +33,9 @@ def test_a_name_defined_twice_is_refused() -> None:
         db.parse_named("-- name: one\nSELECT 1\n-- name: one\nSELECT 2\n")
 
 
-@pytest.mark.parametrize("name", ["insert_leads", "record_assignments", "team_candidates"])
+@pytest.mark.parametrize(
+    "name", ["insert_leads", "record_assignments", "team_candidates", "lock_team_seats"]
+)
 def test_a_batchs_statements_fit_psycopgs_query_cache(name: str) -> None:
     # psycopg converts a statement's placeholders once and caches the result only for
     # statements of at most 4,096 bytes and 50 parameters (psycopg/_queries.py); a batch runs

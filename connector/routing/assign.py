@@ -394,6 +394,9 @@ class Router:
         self.cfg = cfg
         # The time the caps, working hours and time off are judged at (tests inject one).
         self.clock = clock or (lambda: datetime.now(UTC))
+        # the time the last batch read under its locks: a batch reads its teams' seats with
+        # their locks for that day and week (``_lock_teams``), checked against its own time
+        self._last_now: datetime | None = None
         self.rules = compile_rules(cfg.rules)
         self.parent_key = cfg.crm.parent_key
         # One record, one lead: Salesforce ids are stored in their 18-character form.
@@ -535,6 +538,7 @@ class Router:
             batch.ready[team_name] = self._ready(batch, team_name, group)
         locked = self._lock_teams(batch, needed, matched)
         now = self.clock()
+        self._last_now = now
         if new_ids:
             batch.first = min(new_ids.values())
             batch.recorder.judged_at(list(new_ids.values()), now, batch.first)
@@ -646,14 +650,20 @@ class Router:
         `connector simulate` replays."""
         org = self.cfg.org
         locked: dict[str, Any] = {}
+        # the seats read with a lock are read for the day and week of the previous batch's
+        # time (the clock is read once a batch, under the locks; leads come day after day)
+        before = self._last_now
         for team_name in sorted(needed | set(matched)):
             if team_name not in needed and self.cfg.team(team_name).max_in_a_row is None:
                 accounts.record_matched(batch.conn, self.cfg, batch.source, matched[team_name])
                 continue
             team: Any
-            if team_name in needed and not matched.get(team_name):
-                team = self._lock_with_seats(batch, team_name)
-            else:  # its account owners' leads are recorded before its seats are read
+            if before is not None and batch.by_team.get(team_name) and not matched.get(team_name):
+                team = self._lock_with_seats(batch, team_name, before)
+            else:
+                # a router's first batch has no day to read the seats for yet, an overflow
+                # team with no lead of its own may never read its seats, and a team's account
+                # owners' leads are recorded before its seats are read
                 team = batch.conn.execute(
                     _SQL["lock_team"], {"org": org, "name": team_name}
                 ).one_or_none()
@@ -667,11 +677,11 @@ class Router:
             accounts.record_matched(batch.conn, self.cfg, batch.source, matched.get(team_name, []))
         return locked
 
-    def _lock_with_seats(self, batch: _Batch, team_name: str) -> _TeamRow | None:
+    def _lock_with_seats(self, batch: _Batch, team_name: str, before: datetime) -> _TeamRow | None:
         """Lock the team and read its seats in one round trip (``lock_team_seats``), for the
-        day and week of the clock's time before the lock (``_pick`` reads them again if the
-        time read under the lock falls on another day or week); None: no such team."""
-        p = periods(self.clock(), self.cfg.team(team_name).timezone)
+        day and week of ``before``, the previous batch's time (``_pick`` reads them again if
+        the time read under the lock falls on another day or week); None: no such team."""
+        p = periods(before, self.cfg.team(team_name).timezone)
         rows = batch.conn.execute(
             _SQL["lock_team_seats"],
             {"org": self.cfg.org, "name": team_name, "day": p.day, "week": p.week},

@@ -1,18 +1,17 @@
--- 0023_route_plain_checks_under_lock.sql
--- route_plain (0021, 0022), the same decisions and records, with less work per call:
--- * The first statement no longer asks whether the team has an active member or a rep of it
---   is away by command. The second statement asks both again under the team's lock anyway
---   (it must: either can change while the lead waits), and a lead it cannot place is taken
---   back and handed to route_lead, as before; asking before the lock as well only saved that
---   insert and delete for those rare leads, at two subqueries on every call. A team retired
---   while the lead waited (the lock finds no row) now skips the second statement.
+-- 0023_route_plain_one_sort.sql
+-- route_plain (0021, 0022), the same decisions and records, with less work under the team's
+-- lock:
 -- * The four arrays of the decision's seats come from one sort of the seats, not four (each
 --   array_agg(... ORDER BY ...) sorts its own input before PostgreSQL 16).
--- Measured with pgbench (-M prepared, 16 clients, 5 s runs alternating with the others, the
--- server on 127.0.0.1, fsync on), calls a second, median of five: bench/ceiling.sql's
--- two-statement ceiling 1,050, route_plain of 0022 895, this 923; at 1 client with
--- synchronous_commit off (so the call's CPU alone), 0.474 ms a call before, 0.435 ms after,
--- the ceiling 0.385 ms.
+-- * A team retired while the lead waited (the lock finds no row) skips the second statement:
+--   the lead row is deleted at once.
+-- The checks before the lock (an active member, nobody of the team away by command) stay:
+-- without them a lead of a team with a rep away would wait for the lock twice, once here
+-- and once in route_lead, for as long as the time off lasts. Measured with pgbench
+-- (-M prepared, 16 clients, 5 s runs alternating with the others, the server on 127.0.0.1,
+-- fsync on), calls a second, median of five: route_plain of 0022 953, this 973, bench/
+-- ceiling.sql's two-statement ceiling 1,054 (a scratch build also without the checks
+-- before the lock: 923 against 895 and 1,050 in another series).
 CREATE OR REPLACE FUNCTION route_plain(
     p_org text, p_crm_object text, p_source text, p_crm_id text, p_fields jsonb,
     p_parent_id text, p_team text, p_rule_index integer, p_rule_name text,
@@ -38,12 +37,20 @@ DECLARE
 BEGIN
     team := p_team;
     status := 'route_lead';
-    -- The lead is stored and the team's lock taken. Whether the team has an active member
-    -- and nobody of it is away by command is not asked here: the second statement asks
-    -- both under the lock, and a lead it cannot place is taken back (0023).
     WITH snap AS (
         SELECT t.id FROM teams t
         WHERE t.org = p_org AND t.name = p_team AND t.in_config
+          -- an active member (route_lead records a lead of a team without one unassigned)
+          AND EXISTS (SELECT FROM members am
+                      WHERE am.team_id = t.id AND am.active AND am.in_config)
+          -- no rep of the team away by command at p_now (read from the org's time off,
+          -- which is usually empty, not from the team's members)
+          AND NOT EXISTS (
+              SELECT FROM rep_time_off o
+              WHERE o.org = p_org AND o.starts_at <= p_now AND p_now < o.until
+                AND EXISTS (SELECT FROM members mb
+                            WHERE mb.team_id = t.id AND mb.crm_user_id = o.crm_user_id
+                              AND mb.in_config))
     ), lead AS (
         INSERT INTO leads (org, crm_object, crm_id, fields, parent_id, source)
         SELECT p_org, p_crm_object, p_crm_id, p_fields, p_parent_id, p_source FROM snap
@@ -63,7 +70,7 @@ BEGIN
         RETURN NEXT;
         RETURN;
     END IF;
-    IF l.team_id IS NULL THEN  -- the team was retired while the lead waited
+    IF l.team_id IS NULL THEN  -- the team was retired while the lead waited (not locked)
         DELETE FROM leads WHERE id = l.id;
         RETURN NEXT;
         RETURN;
@@ -77,10 +84,11 @@ BEGIN
     ), seats AS (
         -- the rotation's totals over the active seats, and every member as the decision
         -- records it: the active seats in rotation order, then the inactive ones. One sort
-        -- feeds the four arrays: the rows come from a sorted subquery and nothing at this
-        -- level (no join, no grouping) reorders them, so each array_agg reads them in that
-        -- order (PostgreSQL's documented way; four array_agg(... ORDER BY ...) would sort
-        -- four times before PostgreSQL 16)
+        -- feeds the four arrays: they read the rows of a sorted subquery, with nothing at
+        -- this level (no join, no grouping) to reorder them, as PostgreSQL's manual says
+        -- "will usually work" (non-standard SQL; a subquery with ORDER BY is never pulled
+        -- up, and the sort ends on the id, so it is total); four array_agg(... ORDER BY ...)
+        -- would sort four times before PostgreSQL 16. test_route_lead checks the order.
         SELECT CAST(sum(o.weight) FILTER (WHERE o.active) AS bigint) AS w,
                CAST(sum(o.turns) FILTER (WHERE o.active) AS bigint) AS slot,
                array_agg(o.id) AS ids, array_agg(o.skip) AS skips,
@@ -146,8 +154,9 @@ BEGIN
     FROM chosen, seats
     INTO r;
     IF r.decided IS DISTINCT FROM 1 THEN
-        -- nothing but the lead was written (a rep of the team is away by command, or it has
-        -- no active member): take the lead back, route_lead decides it
+        -- nothing but the lead was written (a rep of the team went away by command or it
+        -- lost its last active member while the lead waited): take the lead back,
+        -- route_lead decides it
         DELETE FROM leads WHERE id = l.id;
         RETURN NEXT;
         RETURN;
