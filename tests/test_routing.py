@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import threading
 from collections import Counter
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -25,6 +26,7 @@ from connector.routing.assign import (
 from connector.routing.rotation import max_lag
 from connector.routing.teams import apply_teams
 from connector.shell.store import make_engine
+from tests.clocks import WallClock
 from tests.conftest import SAMPLE_ENV, SAMPLE_YAML
 
 ENV = {"TOKEN": "unused"}
@@ -549,16 +551,23 @@ def test_lock_team_seats_answers_as_lock_team_and_team_candidates(engine: Engine
     database; one row with the member columns NULL for a team with no configured member."""
     cfg = cfg_of([("005A", 2, True), ("005B", 1, False), ("005C", 1, True)])
     apply_teams(engine, cfg)
-    Router(engine, cfg).assign_many([Lead(f"00Qls{i}", {"Country": "US"}) for i in range(3)], "api")
+    monday = datetime(2026, 12, 7, 15, 0, tzinfo=UTC)
+    router = Router(engine, cfg, clock=WallClock(monday))
+    router.assign_many([Lead(f"00Qls{i}", {"Country": "US"}) for i in range(3)], "api")
     sql = assign_module._SQL
-    day = {"org": "acme", "day": "2026-12-07", "week": "2026-12-07"}
+    day = {"org": "acme", "day": "2026-12-07", "week": "2026-12-07"}  # that Monday's loads
     with engine.begin() as c:
         rows = c.execute(sql["lock_team_seats"], {**day, "name": "t"}).all()
         team = c.execute(sql["lock_team"], {"org": "acme", "name": "t"}).one()
         want = c.execute(sql["team_candidates"], {**day, "team_id": team.id}).all()
         assert {(r.team_id, r.epoch) for r in rows} == {(team.id, team.epoch)}
         assert [tuple(r)[2:] for r in rows] == [tuple(r) for r in want]
-        assert [r.turns for r in rows] == [2, 0, 1]  # 005A twice (weight 2), 005C once
+        # 005A twice (weight 2), 005C once, the inactive 005B never
+        assert [(r.turns, r.day_count, r.week_count) for r in rows] == [
+            (2, 2, 2),
+            (0, 0, 0),
+            (1, 1, 1),
+        ]
         assert c.execute(sql["lock_team_seats"], {**day, "name": "nope"}).all() == []
         c.execute(text("UPDATE members SET in_config = false"))
         (empty,) = c.execute(sql["lock_team_seats"], {**day, "name": "t"}).all()

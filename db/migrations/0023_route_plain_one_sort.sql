@@ -9,9 +9,10 @@
 -- without them a lead of a team with a rep away would wait for the lock twice, once here
 -- and once in route_lead, for as long as the time off lasts. Measured with pgbench
 -- (-M prepared, 16 clients, 5 s runs alternating with the others, the server on 127.0.0.1,
--- fsync on), calls a second, median of five: route_plain of 0022 953, this 973, bench/
--- ceiling.sql's two-statement ceiling 1,054 (a scratch build also without the checks
--- before the lock: 923 against 895 and 1,050 in another series).
+-- fsync on), calls a second, median of five, two scratch builds that differed only in the
+-- sort: four sorts 953, one 973, bench/ceiling.sql's two-statement ceiling 1,054. With
+-- bench.assign (--only ceiling_fn:16:3000 project:16:3000, six alternating pairs against
+-- 0022): project / ceiling 0.854 before, 0.873 after.
 CREATE OR REPLACE FUNCTION route_plain(
     p_org text, p_crm_object text, p_source text, p_crm_id text, p_fields jsonb,
     p_parent_id text, p_team text, p_rule_index integer, p_rule_name text,
