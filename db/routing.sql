@@ -41,24 +41,20 @@ SELECT id, epoch FROM teams WHERE org = :org AND name = :name AND in_config FOR 
 -- name: team_candidates
 -- Every configured member (inactive ones too, so a pick can say why each was skipped), its
 -- rotation turns, its time off set from the command line, and its leads in the current day
--- and week (:day and :week are local dates in the team's time zone).
-SELECT m.id, m.weight, m.assigned_in_epoch + m.credited_in_epoch AS turns, m.position,
-       m.crm_user_id, m.name, m.active,
-       o.starts_at AS away_from, o.until AS away_until,
-       coalesce(d.assigned, 0) AS day_count, coalesce(w.assigned, 0) AS week_count
-FROM members m
-LEFT JOIN rep_time_off o ON o.org = :org AND o.crm_user_id = m.crm_user_id
-LEFT JOIN member_load d ON d.member_id = m.id AND d.period = 'day' AND d.starts_on = :day
-LEFT JOIN member_load w ON w.member_id = m.id AND w.period = 'week' AND w.starts_on = :week
-WHERE m.team_id = :team_id AND m.in_config
-ORDER BY m.position
+-- and week (:day and :week are local dates in the team's time zone): team_seats (migration
+-- 0024), which the planner inlines.
+SELECT id, weight, turns, position, crm_user_id, name, active, away_from, away_until,
+       day_count, week_count
+FROM team_seats(CAST(:org AS text), CAST(:team_id AS bigint), CAST(:day AS date),
+                CAST(:week AS date))
+ORDER BY position
 
 -- name: lock_team_seats
--- lock_team and team_candidates in one call (migration 0024), for a batch: the team's id and
--- epoch on every row; no row when the team is not in the database, one row with the member
--- columns NULL when it has no configured member. :day and :week are those of the router's
--- previous batch; the caller reads team_candidates again when its clock, read under the
--- lock, is on another day or week.
+-- lock_team and team_candidates (team_seats) in one call (migration 0024), for a batch: the
+-- team's id and epoch on every row; no row when the team is not in the database, one row with
+-- the member columns NULL when it has no configured member. :day and :week are those of the
+-- router's previous batch; the caller reads team_candidates again when its clock, read under
+-- the lock, is on another day or week.
 SELECT team_id, epoch, id, weight, turns, position, crm_user_id, name, active, away_from,
        away_until, day_count, week_count
 FROM lock_team_seats(CAST(:org AS text), CAST(:name AS text), CAST(:day AS date),
