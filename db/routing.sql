@@ -3,6 +3,8 @@
 --   included) -> team_candidates [-> recent_owners] -> record_assignments (with the picks'
 --   decisions) -> record_decisions (decisions.sql: the other leads' decisions) -> COMMIT.
 --   lock_team_seats is lock_team and team_candidates in one call (migration 0024).
+--   A batch whose leads all go to one plain team takes route_plain_batch instead, after
+--   insert_leads: the lock, the picks and the records in one call (migration 0025).
 -- A single lead of a rotation rule takes route_lead instead: all of it in one call.
 -- team_candidates must be its own statement: under READ COMMITTED each statement takes a
 -- fresh snapshot, so reading the seats AFTER lock_team returned sees the counts the previous
@@ -157,6 +159,21 @@ INSERT INTO outbox (org, lead_id, assignment_id, crm_object, crm_id, owner_id, p
 SELECT :org, a.lead_id, a.id, :crm_object, p.crm_id, a.crm_user_id, p.parent_id, now()
 FROM assigned a JOIN picks p ON p.lead_id = a.lead_id
 RETURNING lead_id
+
+-- name: route_plain_batch
+-- A batch's leads of one plain team (equal weights, no caps, no catch-up, nobody blocked by
+-- the config at :now), already inserted by this transaction, decided and recorded in ONE
+-- call (migration 0025): the team row is locked for this call plus the commit. The same
+-- parameters and records as record_assignments; the picks, epoch and seats come back.
+-- Status 'general': nothing written, the lock held, the general path decides the batch.
+SELECT status, epoch, member_ids, seat_ids, seat_skips, seat_users, seat_names
+FROM route_plain_batch(
+    CAST(:org AS text), CAST(:crm_object AS text), CAST(:source AS text),
+    CAST(:team AS text), CAST(:now AS timestamptz), CAST(:day AS date), CAST(:week AS date),
+    CAST(:batch AS bigint), CAST(:lead_ids AS bigint[]), CAST(:crm_ids AS text[]),
+    CAST(:parent_ids AS text[]), CAST(:rule_indexes AS integer[]),
+    CAST(:rule_names AS text[]), CAST(:sla_minutes AS integer[]),
+    CAST(:detail_of AS integer[]), CAST(:details AS jsonb))
 
 -- name: mark_unassigned
 UPDATE leads SET unassigned_reason = :reason WHERE id = ANY(CAST(:lead_ids AS bigint[]))

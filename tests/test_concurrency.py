@@ -53,6 +53,31 @@ def test_batched_and_weighted_assignment_stays_within_one_lead(engine: Engine, d
     assert report["max_lag"] < 1, report["counts"]
 
 
+def test_batches_of_a_plain_team_are_fair_under_32_processes(engine: Engine, db_url: str) -> None:
+    """Batches of a team of equal reps take route_plain_batch (migration 0025): the lock, the
+    picks and the records in one call. Every rep's count is within one of every other's."""
+    yaml_text = team_yaml(10)
+    _prepare(engine, yaml_text)
+    with engine.connect() as c:  # count the workers' calls (their sessions' setting)
+        name = c.execute(text("SELECT current_database()")).scalar_one()
+        c.execute(text(f"ALTER DATABASE \"{name}\" SET track_functions = 'pl'"))
+        c.commit()
+    result = run("project_batch", db_url, yaml_text, _ids("00Qp"), WORKERS, batch=50)
+    assert result.errors == []
+    report = fairness(engine, "bench")
+    assert report["leads"] == LEADS and report["assigned"] == LEADS
+    assert report["double_owners"] == 0
+    assert report["outbox_rows"] == LEADS == report["outbox_leads"]
+    assert report["spread"] <= 1, report["counts"]
+    with engine.connect() as c:
+        calls = c.execute(
+            text("SELECT calls FROM pg_stat_user_functions WHERE funcname = 'route_plain_batch'")
+        ).scalar_one()
+    # one call a batch: each worker's share of the leads (312 or 313) in 7 batches of 50 or
+    # fewer
+    assert calls == WORKERS * 7
+
+
 def test_checker_catches_the_naive_rotation(engine: Engine, db_url: str) -> None:
     """Same workers, same checker, the seed article's ORDER BY ... LIMIT 1 FOR UPDATE."""
     yaml_text = team_yaml(10)

@@ -34,7 +34,14 @@ def test_a_name_defined_twice_is_refused() -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["insert_leads", "record_assignments", "team_candidates", "lock_team_seats"]
+    "name",
+    [
+        "insert_leads",
+        "record_assignments",
+        "team_candidates",
+        "lock_team_seats",
+        "route_plain_batch",
+    ],
 )
 def test_a_batchs_statements_fit_psycopgs_query_cache(name: str) -> None:
     # psycopg converts a statement's placeholders once and caches the result only for

@@ -27,7 +27,10 @@ of that call plus the commit; ``assign_in`` sends it in the caller's transaction
 the lock until it commits. So a caller writes its own rows in that transaction before it calls
 ``assign_in`` where they are more than a row or two (the inbox's events and skips, an import's
 skips: a claim's events took 3.4 ms to mark at 100 events, 10.5 ms at 200), and commits right
-after it."""
+after it. A batch whose leads all go to one plain team of equal weights is one call of
+``route_plain_batch`` after the leads' insert (``_route_plain_batch``: the lock held for that
+call and the commit), which leaves the batch to the general path, having written nothing,
+when it must not decide it (a rep of the team away by command, say)."""
 
 from __future__ import annotations
 
@@ -37,7 +40,7 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from sqlalchemy import Connection, Engine, TextClause, text
 
@@ -58,7 +61,13 @@ from connector.routing.availability import (
 from connector.routing.decisions import DecisionRecorder, PickedDecisions
 from connector.routing.rotation import Seat, Turn, pick_available
 from connector.routing.rules import Match, compile_rules, match
-from connector.routing.single import TraceCache, call_params, plain_call, single_teams
+from connector.routing.single import (
+    TraceCache,
+    call_params,
+    plain_batch_at,
+    plain_call,
+    single_teams,
+)
 from crm_adapters.salesforce_ids import id_key
 
 log = logging.getLogger(__name__)
@@ -310,6 +319,13 @@ class _Batch:
     seats: dict[str, tuple[Periods, list[Any]]] = field(default_factory=dict)
 
 
+class _Owner(NamedTuple):
+    """A picked member as its outcome names it."""
+
+    crm_user_id: str
+    name: str
+
+
 @dataclass(frozen=True)
 class _TeamRow:
     """A locked team row: its id and epoch."""
@@ -536,15 +552,7 @@ class Router:
         needed = {t for name in batch.by_team for t in self.cfg.overflow_chain(name)}
         for team_name, group in batch.by_team.items():  # before the locks
             batch.ready[team_name] = self._ready(batch, team_name, group)
-        locked = self._lock_teams(batch, needed, matched)
-        now = self.clock()
-        self._last_now = now
-        if new_ids:
-            batch.first = min(new_ids.values())
-            batch.recorder.judged_at(list(new_ids.values()), now, batch.first)
-        for team_name in overflow_order(self.cfg, needed):
-            if batch.by_team.get(team_name):
-                self._route_team(batch, team_name, locked[team_name], now)
+        self._route(batch, needed, matched, new_ids)
         for reason, ids in batch.unassigned.items():
             conn.execute(_SQL["mark_unassigned"], {"reason": reason, "lead_ids": ids})
         accounts.note_fallbacks(conn, fallbacks)
@@ -553,6 +561,95 @@ class Router:
         if missing:  # raised here, so the caller's transaction rolls back, not after it
             raise RoutingError(f"{len(missing)} leads of the batch got no outcome")
         return lambda: _in_input_order(keys, batch)
+
+    def _route(
+        self,
+        batch: _Batch,
+        needed: set[str],
+        matched: Mapping[str, Sequence[accounts.Matched]],
+        new_ids: Mapping[str, int],
+    ) -> None:
+        """Pick owners for the rotation's leads and record them: one plain team's batch in
+        one call when it may (``_route_plain_batch``), else under the locks of every team
+        they may go to, overflow teams included, in overflow order."""
+        plain = self._plain_batch_team(batch, needed, matched)
+        if plain is None:
+            locked = self._lock_teams(batch, needed, matched)
+            now = self._judged(batch, new_ids, self.clock())
+        else:
+            # one plain team: the clock is read before its lock, as for route_plain (one call
+            # for the lock, the picks and the records; module single says what that changes)
+            now = self._judged(batch, new_ids, plain[1])
+            if self._route_plain_batch(batch, plain[0], now):
+                return
+            locked = self._lock_teams(batch, needed, matched)
+        for team_name in overflow_order(self.cfg, needed):
+            if batch.by_team.get(team_name):
+                self._route_team(batch, team_name, locked[team_name], now)
+
+    def _judged(self, batch: _Batch, new_ids: Mapping[str, int], now: datetime) -> datetime:
+        """The batch's instant, read once: its leads were judged at ``now``."""
+        self._last_now = now
+        if new_ids:
+            batch.first = min(new_ids.values())
+            batch.recorder.judged_at(list(new_ids.values()), now, batch.first)
+        return now
+
+    def _plain_batch_team(
+        self,
+        batch: _Batch,
+        needed: set[str],
+        matched: Mapping[str, Sequence[accounts.Matched]],
+    ) -> tuple[str, datetime] | None:
+        """The team and the batch's instant when every lead of the rotation goes to one plain
+        team (every active member of one weight, no caps, no catch-up, no overflow team,
+        nobody blocked by the config at that instant) and none to an account's owner:
+        ``route_plain_batch`` may decide them."""
+        if matched or len(batch.by_team) != 1:
+            return None
+        (team_name,) = batch.by_team
+        inputs = self.single.get(team_name)
+        if inputs is None or not (inputs.plain and inputs.equal_weights) or needed != {team_name}:
+            return None
+        now = self.clock()
+        return (team_name, now) if plain_batch_at(inputs, now) else None
+
+    def _route_plain_batch(self, batch: _Batch, team_name: str, now: datetime) -> bool:
+        """The team's leads in one call (``route_plain_batch``): the lock, the picks and the
+        records; False when it left them to the general path (a rep of the team away by
+        command, weights not all equal, no active member, or no such team), having written
+        nothing: with the team's lock held when that was found only under the lock, else
+        without taking it."""
+        group = batch.by_team[team_name]
+        ready = batch.ready[team_name]
+        if not ready.holds_for(group, len(group), batch.recorder.changes):
+            ready = self._ready(batch, team_name, group)
+        p = periods(now, self.cfg.team(team_name).timezone)
+        row = batch.conn.execute(
+            _SQL["route_plain_batch"],
+            {
+                **ready.fixed,
+                "team": team_name,
+                "now": now,
+                "day": p.day,
+                "week": p.week,
+                "batch": batch.first,
+                "details": batch.recorder.shared(ready.decisions),
+            },
+        ).one()
+        if row.status != "assigned":
+            log.debug("batch %s of team %s: the general path decides", batch.first, team_name)
+            return False
+        batch.recorder.forget(ready.decisions)
+        owners = {
+            mid: _Owner(user, name)
+            for mid, user, name in zip(row.seat_ids, row.seat_users, row.seat_names, strict=True)
+        }
+        candidates = tuple(zip(row.seat_ids, row.seat_skips, strict=True))
+        picked = batch.picked
+        for (_, cid, _), member_id in zip(group, row.member_ids, strict=True):
+            picked[cid] = (team_name, owners[member_id], candidates)
+        return True
 
     def _insert(self, batch: _Batch, first: Mapping[str, Lead]) -> dict[str, int]:
         """Insert the new leads (crm_id -> lead id); a repeat gets its existing outcome."""

@@ -471,20 +471,29 @@ class DecisionRecorder:
         position in it and its SLA minutes are ``picked``'s); they are no longer flushed
         here. A batch's decisions mostly differ only in their pick, which goes in columns:
         those that hold nothing of their own are sent once."""
-        pending = self._by_lead
-        for lead_id in picked.lead_ids:
-            pending.pop(lead_id, None)
+        details = self.shared(picked)
+        self.forget(picked)
+        return details
+
+    def shared(self, picked: PickedDecisions) -> str:
+        """``take``'s JSON array, leaving the decisions as they are and to be flushed: a call
+        that may hand the leads back undecided (``route_plain_batch``) sends it, and then
+        ``forget``s them once it has recorded them."""
         out: list[dict[str, Any]] = []
         for p, minutes in zip(picked.parts, picked.minutes_of_part, strict=True):
-            d = p.detail
+            d = {k: v for k, v in p.detail.items() if k != "batch"}
             d["team"] = picked.team
             d["outcome"] = "assigned"
-            d.pop("batch", None)
-            p.sla_minutes = minutes
             if minutes is not None:
                 d["sla_minutes"] = minutes
             out.append(d)
         return json.dumps(out)
+
+    def forget(self, picked: PickedDecisions) -> None:
+        """The grouped leads' decisions were written with their picks: not flushed here."""
+        pending = self._by_lead
+        for lead_id in picked.lead_ids:
+            pending.pop(lead_id, None)
 
     def flush(self, conn: Connection) -> int:
         """Write every decision (one statement); set SLA due times on new assignments."""

@@ -21,10 +21,16 @@ with no active member. Two round trips then, the same outcome, and the same reco
 through ``decision_details``: route_plain writes the pick's part of its decision in columns
 of its own (migration 0022), so no JSON is built under the lock.
 
+A batch whose leads all go to one such team, when its active members also share one weight
+(``plain_batch_at``), is one call too once the batch's leads are stored: ``route_plain_batch``
+(migration 0025, called by ``assign.Router``) locks the team, reads the seats under the lock,
+picks by round robin in SQL and records what ``record_assignments`` records.
+
 One difference from the general path, by design: ``now`` is read before the call, so before
 the wait for the team lock, while the general path reads it once the locks are held. A lead
-that waits behind a batch across midnight or a shift's end is judged (caps day, hours, time
-off, the decision's ``at``) on the earlier side of that boundary, by the length of the wait.
+(or a plain team's batch) that waits behind a batch across midnight or a shift's end is
+judged (caps day, hours, time off, the decision's ``at``) on the earlier side of that
+boundary, by the length of the wait.
 """
 
 from __future__ import annotations
@@ -61,6 +67,8 @@ class TeamInputs:
     plain: bool
     # no member has working hours or time off in the config: nobody is ever blocked by it
     unscheduled: bool = False
+    # every active member has the same weight: a batch's picks are plain round robin
+    equal_weights: bool = False
 
 
 def team_inputs(team: Team) -> TeamInputs:
@@ -84,6 +92,7 @@ def team_inputs(team: Team) -> TeamInputs:
             and all(c.per_day is None and c.per_week is None for c in caps)
         ),
         unscheduled=not any(windows) and all(m.hours is None for m in team.members),
+        equal_weights=len({m.weight for m in team.members if m.active}) <= 1,
     )
 
 
@@ -108,6 +117,17 @@ def config_blocked(inputs: TeamInputs, now: datetime) -> list[str | None]:
         else:
             out.append(None)
     return out
+
+
+def plain_batch_at(inputs: TeamInputs, now: datetime) -> bool:
+    """Whether a batch of the team's leads may take ``route_plain_batch`` at ``now``: every
+    active member of the same weight, no caps, no catch-up, and nobody away or off shift by
+    the config."""
+    return (
+        inputs.plain
+        and inputs.equal_weights
+        and (inputs.unscheduled or all(b is None for b in config_blocked(inputs, now)))
+    )
 
 
 def plain_call(inputs: TeamInputs, params: Mapping[str, Any]) -> bool:
