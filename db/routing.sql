@@ -165,7 +165,8 @@ RETURNING lead_id
 -- the config at :now), already inserted by this transaction, decided and recorded in ONE
 -- call (migration 0025): the team row is locked for this call plus the commit. The same
 -- parameters and records as record_assignments; the picks, epoch and seats come back.
--- Status 'general': nothing written, the lock held, the general path decides the batch.
+-- Status 'general': nothing written, the general path decides the batch (the team's lock
+-- is held when the checks failed only under it, not when they failed before it).
 SELECT status, epoch, member_ids, seat_ids, seat_skips, seat_users, seat_names
 FROM route_plain_batch(
     CAST(:org AS text), CAST(:crm_object AS text), CAST(:source AS text),

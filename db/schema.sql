@@ -1187,6 +1187,10 @@ DECLARE
     v_n integer := cardinality(p_lead_ids);
 BEGIN
     status := 'general';
+    IF v_n IS NULL OR v_n = 0 THEN  -- no lead: nothing to decide
+        RETURN NEXT;
+        RETURN;
+    END IF;
     -- The checks are made first with the snapshot from before the lock, so that a team this
     -- call will not decide (a rep away by command for days, say) is not locked twice, once
     -- here and once by the general path; they are made again under the lock.
@@ -1200,7 +1204,7 @@ BEGIN
             AND mb.team_id = tm.id AND mb.in_config)
     FOR UPDATE
     INTO t;
-    IF t.id IS NULL OR v_n IS NULL OR v_n = 0 THEN
+    IF t.id IS NULL THEN
         -- not locked: no such team (the general path says so), or one this call does not
         -- decide
         RETURN NEXT;

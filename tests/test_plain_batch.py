@@ -5,8 +5,8 @@
   decision's seat counts against a lead-by-lead reference.
 * A sequence of batches through it and through the general path (the Router without single
   teams) leaves the same outcomes, decisions, counts, caps counters, assignments and outbox
-  rows, including batches it leaves to the general path (a rep away by command, a rep off
-  shift by the config, a second team, weighted reps).
+  rows, including batches it leaves to the general path (a rep away by command, a rep away
+  by the config, a second team, weighted reps).
 * It reads the seats after it waits for the team's lock, with a fresh snapshot; a team
   retired while it waited, or a rep who went away by command meanwhile, is the general
   path's to decide, in the same transaction, with nothing written twice.
@@ -15,7 +15,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -45,6 +45,7 @@ crm:
   kind: salesforce
   instance_url: https://x.my.salesforce.com
   auth: {method: session, access_token: "${TOKEN}"}
+  object: Contact
 teams:
   - name: q
     sla: {minutes: 20, status_field: Status, initial: [New]}
@@ -85,7 +86,34 @@ def _spy(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     return answered
 
 
-def _run(engine: Engine, general: bool) -> tuple[list[tuple[Any, ...]], Any, Any]:
+def _rows(engine: Engine) -> dict[str, list[tuple[Any, ...]]]:
+    """Every assignment and outbox row, in id order, by what they name (ids differ between
+    databases): the lead, the member, the team, the rule; the parent, the assignment's lead,
+    and whether the outbox row's received_at is its lead's."""
+    with engine.connect() as c:
+
+        def rows(sql: str) -> list[tuple[Any, ...]]:
+            return [tuple(r) for r in c.execute(text(sql))]
+
+        return {
+            "assignments": rows(
+                "SELECT l.crm_id, m.crm_user_id, a.crm_user_id, t.name, a.rule_index "
+                "FROM assignments a JOIN leads l ON l.id = a.lead_id "
+                "JOIN members m ON m.id = a.member_id JOIN teams t ON t.id = a.team_id "
+                "ORDER BY a.id"
+            ),
+            "outbox": rows(
+                "SELECT l.crm_id, o.crm_object, o.owner_id, o.parent_id, al.crm_id, "
+                "o.lead_received_at = l.received_at FROM outbox o "
+                "JOIN leads l ON l.id = o.lead_id JOIN assignments a ON a.id = o.assignment_id "
+                "JOIN leads al ON al.id = a.lead_id ORDER BY o.id"
+            ),
+        }
+
+
+def _run(
+    engine: Engine, general: bool
+) -> tuple[list[tuple[Any, ...]], Any, Any, dict[str, list[tuple[Any, ...]]]]:
     apply_teams(engine, org())
     clock = WallClock(MONDAY)
     r = Router(engine, org(), clock=clock)
@@ -109,23 +137,31 @@ def _run(engine: Engine, general: bool) -> tuple[list[tuple[Any, ...]], Any, Any
             r = Router(engine, org('\n      - {crm_user_id: "005Q7", name: Yan}'), clock=clock)
             if general:
                 r.single = {}
-        leads = [Lead(f"00Qq{n + j:04d}", {"Country": "FR"}) for j in range(size)]
+        leads = [
+            Lead(f"003q{n + j:04d}", {"Country": "FR", "AccountId": f"001a{(n + j) % 7}"})
+            for j in range(size)
+        ]
         n += size
         if i % 3 == 1:  # a lead no rule matches, and a repeat of an earlier batch's lead
-            leads += [Lead(f"00Qu{i:04d}", {"Country": "US"}), Lead("00Qq0000", {"Country": "FR"})]
-        if i % 5 == 2:  # a repeat inside the batch, by its other id form
+            leads += [Lead(f"003u{i:04d}", {"Country": "US"}), Lead("003q0000", {"Country": "FR"})]
+        if i % 5 == 2:  # a repeat inside the batch
             leads.append(Lead(leads[0].crm_id.lower(), {"Country": "FR"}))
         if i in (9, 17):  # two teams: the general path
-            leads.append(Lead(f"00Qw{i:04d}", {"Country": "DE"}))
+            leads.append(Lead(f"003w{i:04d}", {"Country": "DE"}))
         outcomes += r.assign_many(leads, "import")
         outcomes += r.assign_many(
-            [Lead(f"00Qd{i:04d}a", {"Country": "DE"}), Lead(f"00Qd{i:04d}b", {"Country": "DE"})],
+            [Lead(f"003d{i:04d}a", {"Country": "DE"}), Lead(f"003d{i:04d}b", {"Country": "DE"})],
             "import",
         )  # weighted reps: the general path
         clock.at += timedelta(minutes=23)
     with engine.connect() as c:
         users = dict(c.execute(text("SELECT id, crm_user_id FROM members")).all())
-    return [_outcome(o, users) for o in outcomes], _decisions(engine), _state(engine)
+    return (
+        [_outcome(o, users) for o in outcomes],
+        _decisions(engine),
+        _state(engine),
+        _rows(engine),
+    )
 
 
 def test_plain_batches_and_the_general_path_record_the_same(
@@ -153,6 +189,8 @@ def test_plain_batches_and_the_general_path_record_the_same(
     assert plain[0] == general[0]
     assert plain[1] == general[1]
     assert plain[2] == general[2]
+    assert plain[3] == general[3]
+    assert {r[3] for r in plain[3]["outbox"]} > {None}  # parents
     statuses = {o[1] for o in plain[0]}
     assert statuses == {"assigned", "unassigned", "duplicate"}, statuses
 
@@ -193,31 +231,45 @@ def six(databases: DatabaseFactory) -> Iterator[tuple[Engine, Router]]:
 )
 @given(
     turns=st.lists(st.integers(0, 9), min_size=6, max_size=6),
+    credited=st.lists(st.integers(0, 3), min_size=6, max_size=6),
     active=st.lists(st.booleans(), min_size=6, max_size=6),
+    positions=st.permutations(list(range(6))),
     count=st.integers(2, 40),
 )
-@example(turns=[3, 0, 5, 0, 2, 9], active=[True, True, False, True, True, False], count=40)
-@example(turns=[0] * 6, active=[False] * 6, count=3)
+@example(
+    turns=[3, 0, 5, 0, 2, 9],
+    credited=[0, 2, 0, 1, 0, 0],
+    active=[True, True, False, True, True, False],
+    positions=[5, 3, 4, 0, 1, 2],
+    count=40,
+)
+@example(turns=[0] * 6, credited=[0] * 6, active=[False] * 6, positions=list(range(6)), count=3)
 def test_route_plain_batch_picks_as_the_rotation_from_any_counts(
-    six: tuple[Engine, Router], turns: list[int], active: list[bool], count: int
+    six: tuple[Engine, Router],
+    turns: list[int],
+    credited: list[int],
+    active: list[bool],
+    positions: list[int],
+    count: int,
 ) -> None:
-    """From any counts and any set of active reps, every pick is the active rep with the
-    fewest turns, then the first in position (plain round robin), and each decision records
-    every rep's turns before its pick: the active reps in position order, then the inactive
-    ones. With no active rep the batch is the general path's: every lead unassigned. Each
-    example runs in a transaction that is rolled back."""
+    """From any counts (leads and credited turns) and any set of active reps in any order
+    of positions (not the order of their ids), every pick is the active rep with the fewest
+    turns, then the first in position (plain round robin), and each decision records every
+    rep's turns before its pick: the active reps in position order, then the inactive ones.
+    With no active rep the batch is the general path's: every lead unassigned. Each example
+    runs in a transaction that is rolled back."""
     engine, router = six
     with pytest.MonkeyPatch.context() as mp, engine.connect() as c:
         answered = _spy(mp)
         c.begin()
-        ids = c.execute(text("SELECT id FROM members ORDER BY position")).scalars().all()
-        for mid, t, a in zip(ids, turns, active, strict=True):
+        by_id = c.execute(text("SELECT id FROM members ORDER BY id")).scalars().all()
+        for mid, t, cr, a, pos in zip(by_id, turns, credited, active, positions, strict=True):
             c.execute(
                 text(
-                    "UPDATE members SET assigned_in_epoch = :t, credited_in_epoch = 0, "
-                    "active = :a WHERE id = :id"
+                    "UPDATE members SET assigned_in_epoch = :t, credited_in_epoch = :c, "
+                    "active = :a, position = :p WHERE id = :id"
                 ),
-                {"t": t, "a": a, "id": mid},
+                {"t": t, "c": cr, "a": a, "p": pos, "id": mid},
             )
         out = router.assign_in(c, [Lead(f"00Qh{i:03d}", {}) for i in range(count)], "import")
         picks = c.execute(text("SELECT member_id FROM assignments ORDER BY id")).scalars().all()
@@ -232,15 +284,17 @@ def test_route_plain_batch_picks_as_the_rotation_from_any_counts(
             .all()
         )
         c.rollback()
-    rank = [mid for mid, a in zip(ids, active, strict=True) if a]
-    order = rank + [mid for mid, a in zip(ids, active, strict=True) if not a]
+    ids = sorted(by_id, key=lambda m: positions[by_id.index(m)])  # in position order
+    on = dict(zip(by_id, active, strict=True))
+    rank = [m for m in ids if on[m]]
+    order = rank + [m for m in ids if not on[m]]
     # it decided the batch exactly when some rep was active
     assert answered[-1] is bool(rank)
     if not rank:
         assert {(o.status, o.reason) for o in out} == {("unassigned", "no_active_member")}
         assert picks == []
         return
-    now = dict(zip(ids, turns, strict=True))
+    now = {m: t + cr for m, t, cr in zip(by_id, turns, credited, strict=True)}
     expected_picks, expected_counts = [], []
     for _ in range(count):
         expected_counts.append([now[m] for m in order])
@@ -251,7 +305,7 @@ def test_route_plain_batch_picks_as_the_rotation_from_any_counts(
     assert [s["counts"] for s in seats] == expected_counts
     assert all(s["ids"] == order for s in seats)
     assert all(s["skips"] == [None] * len(rank) + ["inactive"] * (6 - len(rank)) for s in seats)
-    assert [o.owner_id for o in out] == [f"005R{ids.index(m)}" for m in expected_picks]
+    assert [o.owner_id for o in out] == [f"005R{by_id.index(m)}" for m in expected_picks]
 
 
 FOUR = """
@@ -273,10 +327,13 @@ rules:
 
 
 def _behind_a_batch(
-    engine: Engine, meanwhile: str | None = None
+    engine: Engine,
+    meanwhile: str | None = None,
+    queued_first: Callable[[OrgConfig], object] | None = None,
 ) -> tuple[list[Outcome], list[Outcome] | BaseException, list[bool]]:
     """A batch of three leads is assigned in a transaction left open, so it holds team q's
-    lock, while a batch of three more waits for it in route_plain_batch (in a thread); then
+    lock, while a batch of three more waits for it in route_plain_batch (in a thread), after
+    ``queued_first`` (in a thread of its own, waiting for the lock first, when given); then
     ``meanwhile`` runs on the holder's connection, the holder commits, and both batches'
     outcomes (or what the waiter raised) are returned with what route_plain_batch answered
     each time."""
@@ -288,6 +345,11 @@ def _behind_a_batch(
         answered = _spy(mp)
         holder.begin()
         first = r.assign_in(holder, [Lead(f"00Qh{i}", {}) for i in range(3)], "import")
+        before = None
+        if queued_first is not None:
+            before = threading.Thread(target=queued_first, args=(cfg,))
+            before.start()
+            _wait_until_blocked(engine)
 
         def wait() -> None:
             try:
@@ -302,6 +364,8 @@ def _behind_a_batch(
             holder.execute(text(meanwhile))
         holder.commit()
         waiter.join(timeout=30)
+        if before is not None:
+            before.join(timeout=30)
     return first, got[0], answered
 
 
@@ -361,16 +425,18 @@ def test_a_batch_whose_team_was_retired_while_it_waited_is_refused(engine: Engin
 
 
 def test_a_rep_away_by_command_while_the_batch_waited_is_skipped(engine: Engine) -> None:
-    """Time off stored while the batch waits for its team's lock (by a writer that does not
-    take the team's lock, as `connector rep away` does): the call sees it under the lock,
-    writes nothing and leaves the batch to the general path in the same transaction, with
-    the lock held. Val, who was owed the next lead, is skipped; each lead is stored once,
-    and its decision names Val as away by command."""
-    first, second, answered = _behind_a_batch(
-        engine,
-        "INSERT INTO rep_time_off (org, crm_user_id, starts_at, until) "
-        "VALUES ('acme', '005Q4', '2026-12-07 12:00+00', '2026-12-07 14:00+00')",
-    )
+    """`connector rep away` (``set_away``) for Val queues for team q's lock before the batch
+    does: it writes the team row, then the time off. The batch's first statement took its
+    snapshot before that commit, so its checks before the lock pass and it locks the team;
+    its second statement sees the time off under the lock, writes nothing and leaves the
+    batch to the general path in the same transaction, with the lock held. Val, who was owed
+    the next lead, is skipped; each lead is stored once, and its decision names Val as away
+    by command."""
+
+    def away(cfg: OrgConfig) -> None:
+        set_away(engine, cfg, resolve_rep(cfg, "Val"), MONDAY + timedelta(hours=2), None, MONDAY)
+
+    first, second, answered = _behind_a_batch(engine, queued_first=away)
     assert answered == [True, False]
     assert not isinstance(second, BaseException)
     assert [o.owner_id for o in second] == ["005Q1", "005Q2", "005Q3"]

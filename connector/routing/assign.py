@@ -579,10 +579,11 @@ class Router:
         else:
             # one plain team: the clock is read before its lock, as for route_plain (one call
             # for the lock, the picks and the records; module single says what that changes)
-            now = self._judged(batch, new_ids, plain[1])
-            if self._route_plain_batch(batch, plain[0], now):
+            if self._route_plain_batch(batch, plain[0], self._judged(batch, new_ids, plain[1])):
                 return
+            # left to this path: judged again at the time read under the lock, as any batch
             locked = self._lock_teams(batch, needed, matched)
+            now = self._judged(batch, new_ids, self.clock())
         for team_name in overflow_order(self.cfg, needed):
             if batch.by_team.get(team_name):
                 self._route_team(batch, team_name, locked[team_name], now)

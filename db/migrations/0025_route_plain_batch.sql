@@ -13,11 +13,12 @@
 -- (connector/routing/rotation.py _round_robin, which proves it): every active seat's next
 -- turns, ordered by (turns before, rank), rank being (position, id) among equal weights.
 -- Otherwise it writes nothing and answers 'general': the caller's general path decides the
--- batch in the same transaction (with the team's lock already held when the check failed
--- only under the lock; the checks are made before the lock too, so a team this call does not
--- decide is not locked twice). The records are record_assignments'
--- (db/routing.sql), field for field: test_routing compares the two paths' outcomes,
--- decisions, counts, caps counters, assignments and outbox rows.
+-- batch in the same transaction. The checks are made before the lock too, so a team this
+-- call does not decide is not locked by it (a rep away by command for days costs each batch
+-- one round trip before the lock, not a second wait for it); when they fail only under the
+-- lock, the lock stays held. The records are record_assignments' (db/routing.sql), field
+-- for field: tests/test_plain_batch.py compares the two paths' outcomes, decisions,
+-- counts, caps counters, assignments and outbox rows.
 -- Each decision's seat counts are every candidate's turns before its pick: for the pick at
 -- (level t, rank r) an active seat of rank i with d turns has had greatest(d, t + (i < r))
 -- (its turns at levels d .. t-1, and at level t when it comes first in rank); an inactive
@@ -41,6 +42,10 @@ DECLARE
     v_n integer := cardinality(p_lead_ids);
 BEGIN
     status := 'general';
+    IF v_n IS NULL OR v_n = 0 THEN  -- no lead: nothing to decide
+        RETURN NEXT;
+        RETURN;
+    END IF;
     -- The checks are made first with the snapshot from before the lock, so that a team this
     -- call will not decide (a rep away by command for days, say) is not locked twice, once
     -- here and once by the general path; they are made again under the lock.
@@ -54,7 +59,7 @@ BEGIN
             AND mb.team_id = tm.id AND mb.in_config)
     FOR UPDATE
     INTO t;
-    IF t.id IS NULL OR v_n IS NULL OR v_n = 0 THEN
+    IF t.id IS NULL THEN
         -- not locked: no such team (the general path says so), or one this call does not
         -- decide
         RETURN NEXT;
