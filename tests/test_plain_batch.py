@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -31,21 +31,21 @@ from connector.shell.reps import resolve_rep, set_away
 from connector.shell.store import make_engine
 from tests.clocks import WallClock
 from tests.pg import DatabaseFactory
-from tests.test_route_lead import _decisions, _outcome, _state, _wait_until_blocked
-
-ENV = {"TOKEN": "unused"}
-MONDAY = datetime(2026, 12, 7, 13, 0, tzinfo=UTC)
+from tests.test_route_lead import (
+    ENV,
+    HEADER,
+    MONDAY,
+    _decisions,
+    _outcome,
+    _state,
+    _wait_until_blocked,
+)
 
 
 def org(q_extra: str = "") -> OrgConfig:
     return parse_config(
-        """
-org: acme
-crm:
-  kind: salesforce
-  instance_url: https://x.my.salesforce.com
-  auth: {method: session, access_token: "${TOKEN}"}
-  object: Contact
+        HEADER
+        + """  object: Contact
 teams:
   - name: q
     sla: {minutes: 20, status_field: Status, initial: [New]}
@@ -196,13 +196,8 @@ def test_plain_batches_and_the_general_path_record_the_same(
 
 
 SIX = (
-    """
-org: acme
-crm:
-  kind: salesforce
-  instance_url: https://x.my.salesforce.com
-  auth: {method: session, access_token: "${TOKEN}"}
-teams:
+    HEADER
+    + """teams:
   - name: q
     members:
 """
@@ -308,13 +303,9 @@ def test_route_plain_batch_picks_as_the_rotation_from_any_counts(
     assert [o.owner_id for o in out] == [f"005R{by_id.index(m)}" for m in expected_picks]
 
 
-FOUR = """
-org: acme
-crm:
-  kind: salesforce
-  instance_url: https://x.my.salesforce.com
-  auth: {method: session, access_token: "${TOKEN}"}
-teams:
+FOUR = (
+    HEADER
+    + """teams:
   - name: q
     members:
       - {crm_user_id: "005Q1", name: Quinn}
@@ -324,6 +315,7 @@ teams:
 rules:
   - {name: all, team: q}
 """
+)
 
 
 def _behind_a_batch(
