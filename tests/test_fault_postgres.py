@@ -11,6 +11,7 @@ again within 30 s of each restart, and every delivery refused meanwhile succeede
 from __future__ import annotations
 
 import random
+import shutil
 import tempfile
 import threading
 import time
@@ -89,8 +90,11 @@ class DedicatedPostgres:
 def dedicated_pg() -> Iterator[DedicatedPostgres]:
     root = Path(tempfile.mkdtemp(prefix="lrc-fault-pg-"))
     pg = DedicatedPostgres(root)
-    yield pg
-    pg.close()
+    try:
+        yield pg
+    finally:
+        pg.close()
+        shutil.rmtree(root, ignore_errors=True)  # the server's cleanup leaves its folder
 
 
 def test_postgres_crash_at_one_third_and_one_half(
