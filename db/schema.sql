@@ -1191,9 +1191,9 @@ BEGIN
         RETURN NEXT;
         RETURN;
     END IF;
-    -- The checks are made first with the snapshot from before the lock, so that a team this
-    -- call will not decide (a rep away by command for days, say) is not locked twice, once
-    -- here and once by the general path; they are made again under the lock.
+    -- The checks are made first with the snapshot from before the lock, so that this call
+    -- does not wait for the lock of a team it will not decide (a rep away by command for
+    -- days, say), which the general path then waits for; they are made again under the lock.
     SELECT tm.id, tm.epoch FROM teams tm
     WHERE tm.org = p_org AND tm.name = p_team AND tm.in_config
       AND (SELECT count(*) > 0 AND min(am.weight) = max(am.weight) FROM members am

@@ -86,8 +86,9 @@ def test_batches_of_a_plain_team_are_fair_under_32_processes(engine: Engine, db_
     """Batches of a team of equal reps take route_plain_batch (migration 0025): the lock, the
     picks and the records in one call. Every rep's count is within one of every other's, and
     (where the server lets this test count plpgsql calls: a superuser) every batch was
-    decided by that call: one call a batch, and no batch went on to the general path, whose
-    lock_team_seats call every worker's batches after its first would make."""
+    decided by that call: one call a batch, and no batch went on to the general path, which
+    would call lock_team_seats for it (the batch's time read before the call is the router's
+    last time read)."""
     yaml_text = team_yaml(10)
     _prepare(engine, yaml_text)
     with engine.connect() as c:

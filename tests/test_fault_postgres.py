@@ -89,11 +89,13 @@ class DedicatedPostgres:
 @pytest.fixture
 def dedicated_pg() -> Iterator[DedicatedPostgres]:
     root = Path(tempfile.mkdtemp(prefix="lrc-fault-pg-"))
-    pg = DedicatedPostgres(root)
     try:
-        yield pg
+        pg = DedicatedPostgres(root)
+        try:
+            yield pg
+        finally:
+            pg.close()
     finally:
-        pg.close()
         shutil.rmtree(root, ignore_errors=True)  # the server's cleanup leaves its folder
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -322,16 +322,19 @@ def _behind_a_batch(
     engine: Engine,
     meanwhile: str | None = None,
     queued_first: Callable[[OrgConfig], object] | None = None,
+    queued_like: str = "%",
+    clock: Callable[[], datetime] | None = None,
 ) -> tuple[list[Outcome], list[Outcome] | BaseException, list[bool]]:
     """A batch of three leads is assigned in a transaction left open, so it holds team q's
     lock, while a batch of three more waits for it in route_plain_batch (in a thread), after
-    ``queued_first`` (in a thread of its own, waiting for the lock first, when given); then
+    ``queued_first`` (in a thread of its own, waiting for the lock first, when given: its
+    statement is LIKE ``queued_like``); the router reads ``clock`` (a fixed Monday when None); then
     ``meanwhile`` runs on the holder's connection, the holder commits, and both batches'
     outcomes (or what the waiter raised) are returned with what route_plain_batch answered
     each time."""
     cfg = parse_config(FOUR, "four.yaml", ENV)
     apply_teams(engine, cfg)
-    r = Router(engine, cfg, clock=WallClock(MONDAY))
+    r = Router(engine, cfg, clock=clock or WallClock(MONDAY))
     got: list[list[Outcome] | BaseException] = []
     with pytest.MonkeyPatch.context() as mp, engine.connect() as holder:
         answered = _spy(mp)
@@ -341,7 +344,7 @@ def _behind_a_batch(
         if queued_first is not None:
             before = threading.Thread(target=queued_first, args=(cfg,))
             before.start()
-            _wait_until_blocked(engine)
+            _wait_until_blocked(engine, queued_like)
 
         def wait() -> None:
             try:
@@ -421,14 +424,22 @@ def test_a_rep_away_by_command_while_the_batch_waited_is_skipped(engine: Engine)
     does: it writes the team row, then the time off. The batch's first statement took its
     snapshot before that commit, so its checks before the lock pass and it locks the team;
     its second statement sees the time off under the lock, writes nothing and leaves the
-    batch to the general path in the same transaction, with the lock held. Val, who was owed
-    the next lead, is skipped; each lead is stored once, and its decision names Val as away
-    by command."""
+    batch to the general path in the same transaction, with the lock held, which judges it
+    at the time it reads under the lock (the router's clock moves a minute at each read:
+    the holder's batch read it once, the waiter before its call and again under the lock).
+    Val, who was owed the next lead, is skipped; each lead is stored once, and its decision
+    names Val as away by command and the time read under the lock."""
+    reads = iter(MONDAY + timedelta(minutes=i) for i in range(10))
 
     def away(cfg: OrgConfig) -> None:
         set_away(engine, cfg, resolve_rep(cfg, "Val"), MONDAY + timedelta(hours=2), None, MONDAY)
 
-    first, second, answered = _behind_a_batch(engine, queued_first=away)
+    first, second, answered = _behind_a_batch(
+        engine,
+        queued_first=away,
+        queued_like="%UPDATE teams SET updated_at%",
+        clock=lambda: next(reads),
+    )
     assert answered == [True, False]
     assert not isinstance(second, BaseException)
     assert [o.owner_id for o in second] == ["005Q1", "005Q2", "005Q3"]
@@ -439,9 +450,11 @@ def test_a_rep_away_by_command_while_the_batch_waited_is_skipped(engine: Engine)
             text(
                 "SELECT l.crm_id, count(a.id) AS n, "
                 "(SELECT d.detail -> 'away_by_command' FROM decision_details d "
-                " WHERE d.lead_id = l.id) AS away "
+                " WHERE d.lead_id = l.id) AS away, "
+                "(SELECT d.detail ->> 'at' FROM decision_details d WHERE d.lead_id = l.id) AS at "
                 "FROM leads l LEFT JOIN assignments a ON a.lead_id = l.id "
                 "WHERE l.crm_id LIKE '00Qw%' GROUP BY l.id ORDER BY l.crm_id"
             )
         ).all()
-    assert [(r.n, r.away) for r in rows] == [(1, ["005Q4"])] * 3
+    at = (MONDAY + timedelta(minutes=2)).isoformat()
+    assert [(r.n, r.away, r.at) for r in rows] == [(1, ["005Q4"], at)] * 3

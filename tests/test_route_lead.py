@@ -361,13 +361,14 @@ rules:
 
 
 def _wait_until_blocked(engine: Engine, like: str = "%", sessions: int = 1) -> None:
-    """Until ``sessions`` sessions whose query is LIKE ``like`` wait for a lock."""
+    """Until ``sessions`` sessions of this database whose query is LIKE ``like`` wait for a
+    lock (on a shared server other tests' sessions wait for locks too)."""
     with engine.connect() as watch:
         for _ in range(200):
             waiting = watch.execute(
                 text(
                     "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                    "AND query LIKE :q"
+                    "AND datname = current_database() AND query LIKE :q"
                 ),
                 {"q": like},
             ).scalar_one()

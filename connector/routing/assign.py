@@ -748,8 +748,10 @@ class Router:
         `connector simulate` replays."""
         org = self.cfg.org
         locked: dict[str, Any] = {}
-        # the seats read with a lock are read for the day and week of the previous batch's
-        # time (the clock is read once a batch, under the locks; leads come day after day)
+        # the seats read with a lock are read for the day and week of the router's last time
+        # read (the previous batch's, read under its locks, or this batch's own, read before
+        # a route_plain_batch call that left it to this path); ``_pick`` checks it against the
+        # time read under the locks (leads come day after day)
         before = self._last_now
         for team_name in sorted(needed | set(matched)):
             if team_name not in needed and self.cfg.team(team_name).max_in_a_row is None:
@@ -777,7 +779,7 @@ class Router:
 
     def _lock_with_seats(self, batch: _Batch, team_name: str, before: datetime) -> _TeamRow | None:
         """Lock the team and read its seats in one round trip (``lock_team_seats``), for the
-        day and week of ``before``, the previous batch's time (``_pick`` reads them again if
+        day and week of ``before``, the router's last time read (``_pick`` reads them again if
         the time read under the lock falls on another day or week); None: no such team."""
         p = periods(before, self.cfg.team(team_name).timezone)
         rows = batch.conn.execute(
