@@ -55,8 +55,9 @@ ORDER BY position
 -- lock_team and team_candidates (team_seats) in one call (migration 0024), for a batch: the
 -- team's id and epoch on every row; no row when the team is not in the database, one row with
 -- the member columns NULL when it has no configured member. :day and :week are those of the
--- router's previous batch; the caller reads team_candidates again when its clock, read under
--- the lock, is on another day or week.
+-- router's last time read (its previous batch's, or this batch's own when route_plain_batch
+-- left it to the general path); the caller reads team_candidates again when its clock, read
+-- under the lock, is on another day or week.
 SELECT team_id, epoch, id, weight, turns, position, crm_user_id, name, active, away_from,
        away_until, day_count, week_count
 FROM lock_team_seats(CAST(:org AS text), CAST(:name AS text), CAST(:day AS date),

@@ -410,8 +410,9 @@ class Router:
         self.cfg = cfg
         # The time the caps, working hours and time off are judged at (tests inject one).
         self.clock = clock or (lambda: datetime.now(UTC))
-        # the time the last batch read under its locks: a batch reads its teams' seats with
-        # their locks for that day and week (``_lock_teams``), checked against its own time
+        # the last time a batch read (under its locks, or before a route_plain_batch call): a
+        # batch reads its teams' seats with their locks for that day and week (``_lock_teams``),
+        # checked against its own time
         self._last_now: datetime | None = None
         self.rules = compile_rules(cfg.rules)
         self.parent_key = cfg.crm.parent_key
