@@ -32,7 +32,9 @@ INSERT INTO schema_migrations (version, name) VALUES
     (22, 'decision_columns'),
     (23, 'route_plain_one_sort'),
     (24, 'lock_team_seats'),
-    (25, 'route_plain_batch');
+    (25, 'route_plain_batch'),
+    (26, 'member_keys'),
+    (27, 'validate_member_keys');
 
 -- 0001_routing.sql
 -- Routing state: teams, members, leads, assignments and the write-back outbox.
@@ -82,7 +84,7 @@ CREATE TABLE assignments (
     lead_id     bigint NOT NULL UNIQUE REFERENCES leads (id),
     org         text NOT NULL,
     team_id     bigint NOT NULL REFERENCES teams (id),
-    member_id   bigint NOT NULL REFERENCES members (id),
+    member_id   bigint NOT NULL,  -- REFERENCES member_keys (id): see 0026 below
     crm_user_id text NOT NULL,
     epoch       integer NOT NULL,
     rule_index  integer NOT NULL,
@@ -1338,3 +1340,30 @@ BEGIN
     RETURN NEXT;
 END
 $$;
+
+-- 0026_member_keys.sql
+-- The members' ids in a table that is never updated, for assignments' foreign key to check
+-- against: a members row is updated by every batch that picks its rep, and behind a held
+-- snapshot the key's check per assigned lead walked all of its versions. The migration says
+-- more.
+CREATE TABLE member_keys (
+    id bigint PRIMARY KEY REFERENCES members (id) ON DELETE CASCADE ON UPDATE CASCADE
+);
+
+CREATE FUNCTION members_add_key() RETURNS trigger
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    INSERT INTO member_keys (id) VALUES (NEW.id);
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER members_add_key
+AFTER INSERT ON members
+FOR EACH ROW EXECUTE FUNCTION members_add_key();
+
+-- 0027_validate_member_keys.sql validates it (0026 adds it NOT VALID, so that it scans
+-- nothing under its exclusive locks)
+ALTER TABLE assignments
+    ADD CONSTRAINT assignments_member_id_fkey FOREIGN KEY (member_id) REFERENCES member_keys (id);

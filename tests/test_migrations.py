@@ -55,6 +55,12 @@ CATALOG = {
         FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
         WHERE n.nspname = 'public' AND c.relkind = 'v' ORDER BY 1
     """,
+    "triggers": """
+        SELECT c.relname, t.tgname, pg_get_triggerdef(t.oid)
+        FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
+        JOIN pg_namespace n ON n.oid = c.relnamespace
+        WHERE n.nspname = 'public' AND NOT t.tgisinternal ORDER BY 1, 2
+    """,
     # a function replaced by a migration must read the same in db/schema.sql
     "functions": """
         SELECT p.proname, pg_get_function_arguments(p.oid),
@@ -109,6 +115,7 @@ def test_migrations_produce_schema_sql(databases: DatabaseFactory, blank: Engine
         r[0] for r in got["functions"]
     }
     assert "decision_details" in {r[0] for r in got["views"]}
+    assert ("members", "members_add_key") in {r[:2] for r in got["triggers"]}
 
 
 def test_migrate_is_idempotent(blank: Engine) -> None:
@@ -306,3 +313,41 @@ def test_the_warning_reads_the_servers_settings(engine: Engine) -> None:
     # the embedded test server runs without autovacuum (tests/pg.py); a server given by
     # TEST_DATABASE_URL may run with or without it
     assert (vacuum_warning(engine) is None) == on
+
+
+# --- 0026 and 0027: assignments' member key on member_keys -----------------------------------
+
+
+def test_0026_gives_every_stored_member_its_key_and_0027_validates(blank: Engine) -> None:
+    migrate_below(blank, 26)
+    with blank.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO teams (id, org, name) VALUES (1, 'acme', 't');"
+                " INSERT INTO members (id, team_id, crm_user_id, name, weight, position)"
+                " VALUES (1, 1, '005A', 'Ada', 1, 0), (2, 1, '005B', 'Alan', 1, 1);"
+                " INSERT INTO leads (id, org, crm_object, crm_id, fields, source)"
+                " VALUES (1, 'acme', 'Lead', '00Q1', '{}', 'api');"
+                " INSERT INTO assignments (lead_id, org, team_id, member_id, crm_user_id, epoch,"
+                " rule_index, rule_name, source) VALUES (1, 'acme', 1, 1, '005A', 0, 0, 'r', 'api')"
+            )
+        )
+    assert migrate(blank)[:2] == [26, 27]
+    with blank.connect() as conn:
+        keys = conn.execute(text("SELECT id FROM member_keys ORDER BY id")).scalars().all()
+        assert keys == [1, 2]  # Alan, whom no assignment names, gets his key too
+        key = conn.execute(
+            text(
+                "SELECT confrelid::regclass::text, convalidated FROM pg_constraint"
+                " WHERE conname = 'assignments_member_id_fkey'"
+            )
+        ).one()
+    assert tuple(key) == ("member_keys", True)
+    with blank.begin() as conn:  # a member added later gets its key from the trigger
+        conn.execute(
+            text(
+                "INSERT INTO members (id, team_id, crm_user_id, name, weight, position)"
+                " VALUES (3, 1, '005C', 'Grace', 1, 2)"
+            )
+        )
+        assert conn.execute(text("SELECT count(*) FROM member_keys WHERE id = 3")).scalar() == 1
