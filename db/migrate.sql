@@ -8,6 +8,11 @@ CREATE TABLE IF NOT EXISTS schema_migrations (
 -- name: lock
 SELECT pg_advisory_xact_lock(hashtext('lead-routing-connector:migrate'))
 
+-- name: lock_timeout
+-- A migration's wait for a table lock is bounded (migrate retries it): while it waits, every
+-- statement that needs that table queues behind it.
+SELECT set_config('lock_timeout', :lock_timeout, true)
+
 -- name: applied
 SELECT version FROM schema_migrations ORDER BY version
 

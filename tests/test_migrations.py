@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import multiprocessing as mp
 import random
 import string
@@ -12,6 +13,7 @@ import pytest
 from sqlalchemy import Engine, text
 
 import db
+from connector.core.errors import Conflict
 from connector.shell.store import (
     make_engine,
     migrate,
@@ -351,3 +353,51 @@ def test_0026_gives_every_stored_member_its_key_and_0027_validates(blank: Engine
             )
         )
         assert conn.execute(text("SELECT count(*) FROM member_keys WHERE id = 3")).scalar() == 1
+
+
+def test_a_migration_kept_waiting_by_a_long_transaction_is_tried_again(
+    blank: Engine, caplog: pytest.LogCaptureFixture
+) -> None:
+    """0026 locks members; a transaction that read members holds it off. Each attempt waits
+    at most the lock timeout (routing queued behind it moves again in the pause), then the
+    migration is tried again once the long transaction has ended."""
+    migrate_below(blank, 26)
+    with blank.connect() as holder:
+        holder.execute(text("SELECT count(*) FROM members")).scalar_one()  # its lock, held
+        pauses: list[float] = []
+
+        def sleep(seconds: float) -> None:
+            pauses.append(seconds)
+            if len(pauses) == 2:
+                holder.rollback()  # the long transaction ends
+
+        with caplog.at_level(logging.WARNING, logger="connector.shell.store"):
+            applied = migrate(blank, lock_timeout_s=0.2, pause_s=7.0, sleep=sleep)
+    assert applied[:2] == [26, 27]
+    assert pauses == [7.0, 7.0]
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert (
+        warned
+        == [
+            "migration 0026_member_keys: a table it changes stayed locked by another session"
+            " for 0.2s (a long transaction?); trying again in 7s"
+        ]
+        * 2
+    )
+    assert pending_migrations(blank) == []
+
+
+def test_a_migration_gives_up_once_it_has_waited_its_patience(blank: Engine) -> None:
+    migrate_below(blank, 26)
+    pauses: list[float] = []
+    with blank.connect() as holder:
+        holder.execute(text("SELECT count(*) FROM members")).scalar_one()
+        with pytest.raises(Conflict) as exc:
+            migrate(blank, lock_timeout_s=0.2, patience_s=2.5, pause_s=1.0, sleep=pauses.append)
+        holder.rollback()
+    assert exc.value.sqlstate == "55P03"
+    assert pauses == [1.0, 1.0]  # a third pause would end after 3.6 s, past the patience
+    # nothing of it stayed: the migration is still pending, and its table was never made
+    assert pending_migrations(blank)[:2] == [26, 27]
+    with blank.connect() as conn:
+        assert conn.execute(text("SELECT to_regclass('member_keys')")).scalar() is None

@@ -14,8 +14,9 @@ import platform
 import shutil
 import stat
 import tempfile
+import time
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 import platformdirs
@@ -25,9 +26,11 @@ from sqlalchemy.engine import make_url
 
 import db
 from connector.core.config import ConfigError, OrgConfig
-from connector.core.errors import create_engine
+from connector.core.errors import Conflict, create_engine
 
 log = logging.getLogger(__name__)
+
+LOCK_NOT_AVAILABLE = "55P03"  # SQLSTATE of a lock_timeout
 
 APP_NAME = "lead-routing-connector"
 ROOT_STATE_DIR = Path("/var/lib") / APP_NAME
@@ -302,26 +305,67 @@ def database_url(configs: Iterable[OrgConfig] = ()) -> str:
     return start_embedded(pgdata)
 
 
-def migrate(engine: Engine) -> list[int]:
+MIGRATION_LOCK_TIMEOUT_S = 5.0  # one attempt's wait for a table lock
+MIGRATION_LOCK_PATIENCE_S = 300.0  # no attempt starts after this long (waits and pauses)
+MIGRATION_RETRY_PAUSE_S = 10.0  # between attempts, the tables are free for everyone else
+
+
+def migrate(
+    engine: Engine,
+    *,
+    lock_timeout_s: float = MIGRATION_LOCK_TIMEOUT_S,
+    patience_s: float = MIGRATION_LOCK_PATIENCE_S,
+    pause_s: float = MIGRATION_RETRY_PAUSE_S,
+    sleep: Callable[[float], None] = time.sleep,
+) -> list[int]:
     """Apply pending migrations; safe to run from several processes at once.
 
     Every migration runs in its own transaction under one advisory lock, so concurrent
-    callers wait for each other and the second finds nothing left to do.
+    callers wait for each other and the second finds nothing left to do. A migration that
+    cannot take a table's lock within ``lock_timeout_s`` (a long transaction holds one: a
+    report, a forgotten BEGIN) is rolled back and tried again after ``pause_s``, so that the
+    statements queued behind its lock request run meanwhile; when the next attempt would
+    start more than ``patience_s`` after the first, the Conflict (SQLSTATE 55P03) is raised.
     """
-    q = db.queries("migrate")
     applied_now: list[int] = []
     for migration in db.migrations():
-        with engine.begin() as conn:
-            conn.execute(text(q["lock"]))
-            conn.execute(text(q["create_version_table"]))
-            done = {row[0] for row in conn.execute(text(q["applied"]))}
-            if migration.version in done:
-                continue
-            conn.exec_driver_sql(migration.sql)
-            conn.execute(text(q["record"]), {"version": migration.version, "name": migration.name})
-            applied_now.append(migration.version)
-            log.info("applied migration %04d_%s", migration.version, migration.name)
+        elapsed = 0.0
+        while True:
+            try:
+                if _apply(engine, migration, lock_timeout_s):
+                    applied_now.append(migration.version)
+                break
+            except Conflict as exc:
+                elapsed += lock_timeout_s
+                if exc.sqlstate != LOCK_NOT_AVAILABLE or elapsed + pause_s > patience_s:
+                    raise
+                log.warning(
+                    "migration %04d_%s: a table it changes stayed locked by another session"
+                    " for %gs (a long transaction?); trying again in %gs",
+                    migration.version,
+                    migration.name,
+                    lock_timeout_s,
+                    pause_s,
+                )
+                sleep(pause_s)
+                elapsed += pause_s
     return applied_now
+
+
+def _apply(engine: Engine, migration: db.Migration, lock_timeout_s: float) -> bool:
+    """Apply one migration unless it is applied already; whether it was applied now."""
+    q = db.queries("migrate")
+    with engine.begin() as conn:
+        conn.execute(text(q["lock"]))
+        conn.execute(text(q["lock_timeout"]), {"lock_timeout": f"{round(lock_timeout_s * 1000)}ms"})
+        conn.execute(text(q["create_version_table"]))
+        done = {row[0] for row in conn.execute(text(q["applied"]))}
+        if migration.version in done:
+            return False
+        conn.exec_driver_sql(migration.sql)
+        conn.execute(text(q["record"]), {"version": migration.version, "name": migration.name})
+    log.info("applied migration %04d_%s", migration.version, migration.name)
+    return True
 
 
 def vacuum_warning_for(settings: Mapping[str, str]) -> str | None:
