@@ -6,7 +6,11 @@ CREATE TABLE IF NOT EXISTS schema_migrations (
 )
 
 -- name: lock
-SELECT pg_advisory_xact_lock(hashtext('lead-routing-connector:migrate'))
+-- Held by the session for the whole run, pauses between attempts included (see unlock).
+SELECT pg_advisory_lock(hashtext('lead-routing-connector:migrate'))
+
+-- name: unlock
+SELECT pg_advisory_unlock(hashtext('lead-routing-connector:migrate'))
 
 -- name: lock_timeout
 -- A migration's wait for a table lock is bounded (migrate retries it): while it waits, every

@@ -6,7 +6,8 @@ import logging
 import multiprocessing as mp
 import random
 import string
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -388,16 +389,77 @@ def test_a_migration_kept_waiting_by_a_long_transaction_is_tried_again(
 
 
 def test_a_migration_gives_up_once_it_has_waited_its_patience(blank: Engine) -> None:
-    migrate_below(blank, 26)
     pauses: list[float] = []
+
+    def clock() -> float:  # time passes in the pauses only: the 0.2 s waits count as 0.2
+        return sum(pauses)
+
+    migrate_below(blank, 26)
     with blank.connect() as holder:
         holder.execute(text("SELECT count(*) FROM members")).scalar_one()
         with pytest.raises(Conflict) as exc:
-            migrate(blank, lock_timeout_s=0.2, patience_s=2.5, pause_s=1.0, sleep=pauses.append)
+            migrate(
+                blank,
+                lock_timeout_s=0.2,
+                patience_s=2.5,
+                pause_s=1.0,
+                sleep=pauses.append,
+                clock=clock,
+            )
         holder.rollback()
     assert exc.value.sqlstate == "55P03"
-    assert pauses == [1.0, 1.0]  # a third pause would end after 3.6 s, past the patience
-    # nothing of it stayed: the migration is still pending, and its table was never made
-    assert pending_migrations(blank)[:2] == [26, 27]
-    with blank.connect() as conn:
-        assert conn.execute(text("SELECT to_regclass('member_keys')")).scalar() is None
+    # the first wait began at -0.2; a third attempt would start at 2.2 and a fourth at 3.2
+    assert pauses == [1.0, 1.0]
+    assert pending_migrations(blank)[:2] == [26, 27]  # nothing of it stayed
+
+
+def test_other_migrators_wait_for_the_one_that_pauses(blank: Engine) -> None:
+    """While a migrator pauses between attempts, it keeps the migrations' advisory lock, so
+    another migrator waits for that lock instead of taking its own turn at the table lock
+    (where routing would queue behind it again)."""
+    migrate_below(blank, 26)
+    url = blank.url.render_as_string(hide_password=False)
+    engines = [make_engine(url, pool_size=1) for _ in range(2)]
+    paused, resume = threading.Event(), threading.Event()
+    second_pauses: list[float] = []
+    results: dict[str, list[int]] = {}
+
+    def first_sleep(seconds: float) -> None:
+        paused.set()
+        assert resume.wait(60)
+
+    def run(name: str, engine: Engine, sleep: Callable[[float], None]) -> None:
+        results[name] = migrate(engine, lock_timeout_s=0.2, pause_s=1.0, sleep=sleep)
+
+    try:
+        with blank.connect() as holder:
+            holder.execute(text("SELECT count(*) FROM members")).scalar_one()
+            first = threading.Thread(target=run, args=("first", engines[0], first_sleep))
+            first.start()
+            assert paused.wait(60)
+            second = threading.Thread(target=run, args=("second", engines[1], second_pauses.append))
+            second.start()
+            with blank.connect() as watch:
+                for _ in range(200):
+                    waiting = watch.execute(
+                        text(
+                            "SELECT count(*) FROM pg_locks l JOIN pg_database d"
+                            " ON d.oid = l.database WHERE d.datname = current_database()"
+                            " AND l.locktype = 'advisory' AND NOT l.granted"
+                        )
+                    ).scalar_one()
+                    watch.rollback()
+                    if waiting:
+                        break
+                    threading.Event().wait(0.05)
+            assert waiting == 1
+            holder.rollback()
+        resume.set()
+        first.join(60)
+        second.join(60)
+    finally:
+        resume.set()
+        for e in engines:
+            e.dispose()
+    assert results == {"first": [26, 27], "second": []}
+    assert second_pauses == []  # it never waited for the table

@@ -21,12 +21,12 @@ from pathlib import Path
 
 import platformdirs
 from filelock import FileLock
-from sqlalchemy import Engine, text
+from sqlalchemy import Connection, Engine, text
 from sqlalchemy.engine import make_url
 
 import db
 from connector.core.config import ConfigError, OrgConfig
-from connector.core.errors import Conflict, create_engine
+from connector.core.errors import Conflict, DatabaseError, create_engine
 
 log = logging.getLogger(__name__)
 
@@ -305,8 +305,8 @@ def database_url(configs: Iterable[OrgConfig] = ()) -> str:
     return start_embedded(pgdata)
 
 
-MIGRATION_LOCK_TIMEOUT_S = 5.0  # one attempt's wait for a table lock
-MIGRATION_LOCK_PATIENCE_S = 300.0  # no attempt starts after this long (waits and pauses)
+MIGRATION_LOCK_TIMEOUT_S = 5.0  # each wait of a migration for a table's lock
+MIGRATION_LOCK_PATIENCE_S = 300.0  # no attempt starts this long after the first that waited
 MIGRATION_RETRY_PAUSE_S = 10.0  # between attempts, the tables are free for everyone else
 
 
@@ -317,46 +317,60 @@ def migrate(
     patience_s: float = MIGRATION_LOCK_PATIENCE_S,
     pause_s: float = MIGRATION_RETRY_PAUSE_S,
     sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
 ) -> list[int]:
     """Apply pending migrations; safe to run from several processes at once.
 
-    Every migration runs in its own transaction under one advisory lock, so concurrent
-    callers wait for each other and the second finds nothing left to do. A migration that
-    cannot take a table's lock within ``lock_timeout_s`` (a long transaction holds one: a
-    report, a forgotten BEGIN) is rolled back and tried again after ``pause_s``, so that the
-    statements queued behind its lock request run meanwhile; when the next attempt would
-    start more than ``patience_s`` after the first, the Conflict (SQLSTATE 55P03) is raised.
+    One session-level advisory lock is held for the whole run, so concurrent callers wait
+    for each other and the later ones find nothing left to do; every migration runs in its
+    own transaction. A migration that waits more than ``lock_timeout_s`` for a table's lock
+    (a long transaction holds it: a report, a forgotten BEGIN) is rolled back and tried
+    again after ``pause_s``, so that the statements queued behind its lock request run
+    meanwhile (the other callers keep waiting for the advisory lock, rather than taking
+    turns at the table). Once an attempt would start more than ``patience_s`` after the
+    first one that failed so, the Conflict (SQLSTATE 55P03) is raised.
     """
+    if round(lock_timeout_s * 1000) < 1:  # 0 would turn the timeout off
+        raise ValueError(f"lock_timeout_s must be at least 1 ms, not {lock_timeout_s!r}")
+    q = db.queries("migrate")
     applied_now: list[int] = []
-    for migration in db.migrations():
-        elapsed = 0.0
-        while True:
-            try:
-                if _apply(engine, migration, lock_timeout_s):
-                    applied_now.append(migration.version)
-                break
-            except Conflict as exc:
-                elapsed += lock_timeout_s
-                if exc.sqlstate != LOCK_NOT_AVAILABLE or elapsed + pause_s > patience_s:
-                    raise
-                log.warning(
-                    "migration %04d_%s: a table it changes stayed locked by another session"
-                    " for %gs (a long transaction?); trying again in %gs",
-                    migration.version,
-                    migration.name,
-                    lock_timeout_s,
-                    pause_s,
-                )
-                sleep(pause_s)
-                elapsed += pause_s
+    with engine.connect() as conn:
+        conn.execute(text(q["lock"]))
+        conn.commit()
+        try:
+            first_wait: float | None = None
+            for migration in db.migrations():
+                while True:
+                    try:
+                        if _apply(conn, migration, lock_timeout_s):
+                            applied_now.append(migration.version)
+                        break
+                    except Conflict as exc:
+                        now = clock()
+                        first_wait = now - lock_timeout_s if first_wait is None else first_wait
+                        if exc.sqlstate != LOCK_NOT_AVAILABLE or (
+                            now + pause_s - first_wait > patience_s
+                        ):
+                            raise
+                        log.warning(
+                            "migration %04d_%s: a table it changes stayed locked by another"
+                            " session for %gs (a long transaction?); trying again in %gs",
+                            migration.version,
+                            migration.name,
+                            lock_timeout_s,
+                            pause_s,
+                        )
+                        sleep(pause_s)
+        finally:
+            _unlock(conn, q["unlock"])
     return applied_now
 
 
-def _apply(engine: Engine, migration: db.Migration, lock_timeout_s: float) -> bool:
-    """Apply one migration unless it is applied already; whether it was applied now."""
+def _apply(conn: Connection, migration: db.Migration, lock_timeout_s: float) -> bool:
+    """Apply one migration in a transaction of its own, unless it is applied already;
+    whether it was applied now."""
     q = db.queries("migrate")
-    with engine.begin() as conn:
-        conn.execute(text(q["lock"]))
+    with conn.begin():
         conn.execute(text(q["lock_timeout"]), {"lock_timeout": f"{round(lock_timeout_s * 1000)}ms"})
         conn.execute(text(q["create_version_table"]))
         done = {row[0] for row in conn.execute(text(q["applied"]))}
@@ -366,6 +380,17 @@ def _apply(engine: Engine, migration: db.Migration, lock_timeout_s: float) -> bo
         conn.execute(text(q["record"]), {"version": migration.version, "name": migration.name})
     log.info("applied migration %04d_%s", migration.version, migration.name)
     return True
+
+
+def _unlock(conn: Connection, sql: str) -> None:
+    """Release the run's advisory lock; a connection that died has released it already."""
+    try:
+        if conn.in_transaction():
+            conn.rollback()
+        conn.execute(text(sql))
+        conn.commit()
+    except DatabaseError as exc:
+        log.debug("migration lock not released on this connection: %s", exc)
 
 
 def vacuum_warning_for(settings: Mapping[str, str]) -> str | None:
