@@ -24,6 +24,7 @@ from connector.shell.store import (
 )
 from crm_adapters.salesforce_ids import id_key, to_18
 from tests.pg import DatabaseFactory, with_database
+from tests.test_route_lead import _wait_until_blocked
 
 CATALOG = {
     "columns": """
@@ -439,20 +440,7 @@ def test_other_migrators_wait_for_the_one_that_pauses(blank: Engine) -> None:
             assert paused.wait(60)
             second = threading.Thread(target=run, args=("second", engines[1], second_pauses.append))
             second.start()
-            with blank.connect() as watch:
-                for _ in range(200):
-                    waiting = watch.execute(
-                        text(
-                            "SELECT count(*) FROM pg_locks l JOIN pg_database d"
-                            " ON d.oid = l.database WHERE d.datname = current_database()"
-                            " AND l.locktype = 'advisory' AND NOT l.granted"
-                        )
-                    ).scalar_one()
-                    watch.rollback()
-                    if waiting:
-                        break
-                    threading.Event().wait(0.05)
-            assert waiting == 1
+            _wait_until_blocked(blank, "SELECT pg_advisory_lock%")  # the second waits
             holder.rollback()
         resume.set()
         first.join(60)
