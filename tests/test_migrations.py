@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import Engine, text
 
 import db
-from connector.core.errors import Conflict
+from connector.core.errors import Conflict, DatabaseUnavailable
 from connector.shell.store import (
     make_engine,
     migrate,
@@ -451,3 +451,34 @@ def test_other_migrators_wait_for_the_one_that_pauses(blank: Engine) -> None:
             e.dispose()
     assert results == {"first": [26, 27], "second": []}
     assert second_pauses == []  # it never waited for the table
+
+
+def test_a_migrator_whose_connection_dies_leaves_no_lock_behind(blank: Engine) -> None:
+    """The server ends the migrating session during a pause: migrate raises, holds no
+    advisory lock afterwards, and the next run applies everything."""
+    migrate_below(blank, 26)
+    held = text(
+        "SELECT l.pid FROM pg_locks l JOIN pg_database d ON d.oid = l.database"
+        " WHERE d.datname = current_database() AND l.locktype = 'advisory' AND l.granted"
+    )
+    url = blank.url.render_as_string(hide_password=False)
+    migrator = make_engine(url, pool_size=1)
+    try:
+        with blank.connect() as holder:
+            holder.execute(text("SELECT count(*) FROM members")).scalar_one()
+
+            def end_the_migrators_session(seconds: float) -> None:
+                with make_engine(url, pool_size=1).connect() as admin:
+                    (pid,) = admin.execute(held).scalars().all()
+                    admin.execute(text("SELECT pg_terminate_backend(:p)"), {"p": pid})
+                    admin.commit()
+                    admin.engine.dispose()
+
+            with pytest.raises(DatabaseUnavailable):
+                migrate(migrator, lock_timeout_s=0.2, sleep=end_the_migrators_session)
+            holder.rollback()
+        with blank.connect() as conn:
+            assert conn.execute(held).scalars().all() == []
+        assert migrate(migrator)[:2] == [26, 27]
+    finally:
+        migrator.dispose()

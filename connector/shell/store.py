@@ -383,14 +383,16 @@ def _apply(conn: Connection, migration: db.Migration, lock_timeout_s: float) -> 
 
 
 def _unlock(conn: Connection, sql: str) -> None:
-    """Release the run's advisory lock; a connection that died has released it already."""
+    """Release the run's advisory lock. When that fails, the connection is closed instead
+    (which releases it too), so that no pooled connection keeps it."""
     try:
         if conn.in_transaction():
             conn.rollback()
         conn.execute(text(sql))
         conn.commit()
     except DatabaseError as exc:
-        log.debug("migration lock not released on this connection: %s", exc)
+        log.debug("migration lock released by closing its connection: %s", exc)
+        conn.invalidate()
 
 
 def vacuum_warning_for(settings: Mapping[str, str]) -> str | None:
