@@ -634,7 +634,7 @@ def scan_logs(paths: Iterable[Path]) -> list[str]:
 
 
 def record_figures(name: str, figures: dict[str, Any]) -> None:
-    """Append a scenario's figures to $FAULT_FIGURES (JSON lines) for RELIABILITY.md."""
+    """Append a scenario's figures to $FAULT_FIGURES (JSON lines) for docs/reliability.md."""
     out = os.environ.get("FAULT_FIGURES") or str(
         Path(tempfile.gettempdir()) / f"lrc-fault-figures-{os.getuid()}.jsonl"
     )
