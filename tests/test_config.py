@@ -17,7 +17,8 @@ from connector.core.config import (
 )
 from tests.conftest import SAMPLE_ENV, SAMPLE_YAML
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+ROOT = Path(__file__).resolve().parent.parent
+CONFIG_DOC = ROOT / "docs" / "configuration.md"
 SECRET = SAMPLE_ENV["ACME_SF_SECRET"]
 
 HUBSPOT_YAML = """
@@ -44,10 +45,10 @@ def error(text: str, env: dict[str, str] | None = None, source: str = "acme.yaml
     return message
 
 
-def test_readme_sample_parses() -> None:
-    blocks = re.findall(r"```yaml\n(.*?)```", README.read_text(encoding="utf-8"), re.S)
+def test_configuration_doc_sample_parses() -> None:
+    blocks = re.findall(r"```yaml\n(.*?)```", CONFIG_DOC.read_text(encoding="utf-8"), re.S)
     sample = next(b for b in blocks if b.startswith("org:"))
-    cfg = parse_config(sample, "README.md", SAMPLE_ENV)
+    cfg = parse_config(sample, "docs/configuration.md", SAMPLE_ENV)
     assert cfg.org == "acme" and cfg.crm.kind == "salesforce" and cfg.crm_object == "Lead"
     assert [(m.crm_user_id, m.weight, m.active) for m in cfg.team("na_ae").members] == [
         ("0055g00000AbCdEAAA", 1, True),
@@ -58,12 +59,12 @@ def test_readme_sample_parses() -> None:
 
 def test_example_configs_parse() -> None:
     env = {name: "x" * 32 for name in re.findall(r"\$\{(\w+)\}", _examples_text())}
-    configs = load_configs(README.parent / "config", env)
+    configs = load_configs(ROOT / "config", env)
     assert configs and all(isinstance(c, OrgConfig) for c in configs.values())
 
 
 def _examples_text() -> str:
-    return "".join(p.read_text() for p in sorted((README.parent / "config").glob("*.y*ml")))
+    return "".join(p.read_text() for p in sorted((ROOT / "config").glob("*.y*ml")))
 
 
 def test_env_refs_are_resolved() -> None:

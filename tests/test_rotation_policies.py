@@ -227,7 +227,7 @@ def test_catch_up_brings_a_returning_rep_back_within_one(
 ) -> None:
     rep = 100 + away % len(weights)
     share = Fraction(weights[rep - 100], sum(weights))
-    # Each K+1 leads pay K - (K+1) * share of the debt; that must be positive (the README
+    # Each K+1 leads pay K - (K+1) * share of the debt; that must be positive (docs/routing.md
     # says so, and check-config warns when it is not, e.g. K = 1 with two equal reps).
     gain = k - (k + 1) * share
     assume(gain > 0)
