@@ -80,7 +80,8 @@ def test_http_control_surface(kind: str) -> None:
 def test_an_answer_leaves_in_one_write(kind: str) -> None:
     """Head and body of an answer come in one piece, on a kept-alive connection too. Written
     apart, with Nagle's algorithm on, the body waited for the client's delayed ACK: every
-    call of the adapters took 44 ms, whatever it carried (BENCHMARKS.md, "Webhooks")."""
+    call of the adapters took 44 ms, whatever it carried (the runs of 2026-12-04 12:23 UTC in
+    BENCHMARKS.md's git history, "The simulators' 44 ms a call")."""
     sb = make_sandbox(kind).start()
     host, port = sb.url.removeprefix("http://").split(":")
     request = f"GET /_sandbox/counters HTTP/1.1\r\nHost: {host}\r\n\r\n".encode()
