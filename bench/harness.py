@@ -23,6 +23,7 @@ released together by a barrier. Three ways to do the same work are measured side
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import multiprocessing as mp
@@ -38,7 +39,7 @@ from sqlalchemy import Engine, text
 import db
 from connector.core.config import parse_config
 from connector.routing.assign import Lead, Router
-from connector.routing.availability import periods
+from connector.routing.availability import Window, periods
 from connector.shell.store import make_engine
 
 MODES = (
@@ -76,25 +77,15 @@ rules:
 
 
 ENV = {"BENCH_TOKEN": "unused"}
-# record_assignments' rotation credits, cap counters and decisions (with their seat columns),
-# for callers that use none
-NO_CREDITS: dict[str, Any] = {
-    "credit_ids": [],
-    "credit_ns": [],
-    "details": "[]",
-    "detail_of": [],
-    "day": datetime.date(2000, 1, 3),
-    "week": datetime.date(2000, 1, 3),
-    "batch": None,
-    "seat_sets": [],
-    "count_starts": [],
-    "seat_counts": [],
-    "set_starts": [],
-    "set_lens": [],
-    "set_ids": [],
-    "set_weights": [],
-    "set_skips": [],
-}
+# record_assignments (the server's recorder) for a pick that uses no rotation credits, caps
+# counters or decisions: the naive rotation's
+NAIVE_RECORD = """
+SELECT record_assignments(
+    %(org)s, 'Lead', 'api', %(team_id)s, %(epoch)s, true, CAST(%(day)s AS date),
+    CAST(%(day)s AS date), ARRAY[%(lead_id)s]::bigint[], ARRAY[%(member_id)s]::bigint[],
+    ARRAY[%(crm_id)s]::text[], ARRAY[NULL]::text[], ARRAY[0], ARRAY['rule 0: default'],
+    ARRAY[NULL]::integer[], NULL, '{}', '{}', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)
+"""
 
 
 @dataclass(frozen=True)
@@ -147,7 +138,6 @@ def _naive_assign(conn: psycopg.Connection[Any], org: str, crm_id: str) -> None:
     ORDER BY last_assigned_at LIMIT 1 FOR UPDATE, then last_assigned_at = NOW(). A waiter
     re-checks the row it waited for but does not re-sort, and NOW() is its transaction's
     start, so a rep can come straight back to the front of the line."""
-    q = db.queries("routing")
     with conn.transaction():
         row = conn.execute(
             "INSERT INTO leads (org, crm_object, crm_id, fields, source) "
@@ -167,21 +157,15 @@ def _naive_assign(conn: psycopg.Connection[Any], org: str, crm_id: str) -> None:
             (member_id,),
         )
         conn.execute(
-            _psycopg_sql(q["record_assignments"]),
+            NAIVE_RECORD,
             {
                 "org": org,
                 "team_id": team_id,
                 "epoch": epoch,
-                "source": "api",
-                "crm_object": "Lead",
-                "lead_ids": [row[0]],
-                "crm_ids": [crm_id],
-                "parent_ids": [None],
-                "sla_minutes": [None],
-                "member_ids": [member_id],
-                "rule_indexes": [0],
-                "rule_names": ["rule 0: default"],
-                **NO_CREDITS,
+                "day": datetime.date(2000, 1, 3),
+                "lead_id": row[0],
+                "member_id": member_id,
+                "crm_id": crm_id,
             },
         )
 
@@ -217,34 +201,55 @@ class CeilingRouter:
 
 class NaiveCapsRouter(Router):
     """A CAP COUNTED OUTSIDE THE LOCK (wrong on purpose): the day and week counts are read in
-    a separate snapshot before the team lock is taken, so concurrent workers all see a rep
-    below its cap and all give it a lead. It takes the general path for every lead (the
-    single-lead call reads the counts under the lock, which is what is broken here)."""
+    a separate snapshot before the batch's call, and a rep found at its cap there is kept
+    from the lead in the call's inputs (as if away), with no cap left for the server to
+    check under the lock: so concurrent workers all see a rep below its cap and all give it
+    a lead. Every lead takes the batch's plan (one lead of it is a batch of one)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.single = {}
+        self.configured = dict(self.teams)
+
+    def _single_params(self, lead: Any, source: str) -> None:
+        return None
 
     def assign_in_deferred(self, conn: Any, leads: Any, source: str) -> Any:
+        now = self.clock()
         with self.engine.connect() as other:
-            day = periods(self.clock(), "UTC")
-            self._stale = {
-                r.member_id: (r.day, r.week)
+            day = periods(now, "UTC")
+            stale = {
+                r.crm_user_id: (r.day, r.week)
                 for r in other.execute(
                     text(
-                        "SELECT member_id, "
-                        "coalesce(sum(assigned) FILTER (WHERE period = 'day'), 0) AS day, "
-                        "coalesce(sum(assigned) FILTER (WHERE period = 'week'), 0) AS week "
-                        "FROM member_load WHERE (period = 'day' AND starts_on = :day) "
-                        "OR (period = 'week' AND starts_on = :week) GROUP BY member_id"
+                        "SELECT m.crm_user_id, "
+                        "coalesce(sum(l.assigned) FILTER (WHERE period = 'day'), 0) AS day, "
+                        "coalesce(sum(l.assigned) FILTER (WHERE period = 'week'), 0) AS week "
+                        "FROM member_load l JOIN members m ON m.id = l.member_id "
+                        "WHERE (period = 'day' AND starts_on = :day) "
+                        "OR (period = 'week' AND starts_on = :week) GROUP BY m.crm_user_id"
                     ),
                     {"day": day.day, "week": day.week},
                 )
             }
+        always = (Window(now - datetime.timedelta(days=1), now + datetime.timedelta(days=1)),)
+        for name, inputs in self.configured.items():
+            full = [
+                (d is not None and stale.get(u, (0, 0))[0] >= d)
+                or (w is not None and stale.get(u, (0, 0))[1] >= w)
+                for u, d, w in zip(inputs.users, inputs.per_day, inputs.per_week, strict=True)
+            ]
+            self.teams[name] = dataclasses.replace(
+                inputs,
+                windows=tuple(
+                    always if f else ws for f, ws in zip(full, inputs.windows, strict=True)
+                ),
+                per_day=(None,) * len(inputs.users),
+                per_week=(None,) * len(inputs.users),
+                team_per_day=None,
+                team_per_week=None,
+                unscheduled=False,
+            )
         return super().assign_in_deferred(conn, leads, source)
-
-    def _loads(self, team_id: int, rows: Any) -> dict[int, tuple[int, int]]:
-        return {r.id: self._stale.get(r.id, (0, 0)) for r in rows}
 
 
 def _backend_cpu(pid: int | None) -> float | None:

@@ -115,7 +115,7 @@ def test_migrations_produce_schema_sql(databases: DatabaseFactory, blank: Engine
     tables = {r[0] for r in got["relations"] if r[1] == "r"}
     assert {"schema_migrations", "teams", "members", "leads", "assignments", "outbox"} <= tables
     assert ("assignments", "assignments_lead_id_key", "u", "UNIQUE (lead_id)") in got["constraints"]
-    assert {"route_lead", "rotation_pick", "rotation_pick_plain"} <= {
+    assert {"route_lead", "route_team", "rotation_picks", "record_assignments"} <= {
         r[0] for r in got["functions"]
     }
     assert "decision_details" in {r[0] for r in got["views"]}

@@ -35,8 +35,8 @@ from sqlalchemy import Connection, Engine, TextClause, text
 import db
 from connector.core.config import OrgConfig
 from connector.core.errors import UsageError
-from connector.routing.assign import member_candidate as candidate_of
 from connector.routing.availability import eligibility, periods
+from connector.routing.availability import member_candidate as candidate_of
 from connector.routing.decisions import DecisionRecorder
 from connector.routing.rotation import Seat, next_owners
 from connector.routing.rules import compile_rules
