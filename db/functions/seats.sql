@@ -1,23 +1,11 @@
--- 0024_lock_team_seats.sql
--- A batch takes its team's lock and reads the team's seats in ONE round trip. Router's batch
--- path sent lock_team, waited for the lock, then sent team_candidates (db/routing.sql):
--- two round trips while the team was locked, and at 16 workers each one also waited for
--- its client to be scheduled again on two busy cores. lock_team_seats is both in one call:
--- the first statement locks the team row, the second (a new statement of a VOLATILE
--- function, so its snapshot is taken under the lock) reads team_candidates' rows, with the
--- team's id and epoch on each. No row when the team is not in the database; one row with
--- the member columns NULL when it has no configured member. The day and the week are the
--- caller's, from before the lock (Router passes its previous batch's, so that its clock is
--- still read once a batch, under the locks): Router checks them against that time once the
--- call has returned and reads the seats again (team_candidates) when it falls on another
--- day or week. Measured with bench.assign --only ceiling_batch:16:40000:500
--- project_batch:16:40000:500, 13 alternating pairs against the tree before: ratio median
--- 0.868 -> 0.881.
--- team_seats is team_candidates' query (db/routing.sql), now in one place: a STABLE SQL
--- function of one SELECT, which the planner inlines into the statement that calls it, so it
--- reads with that statement's snapshot and costs nothing over the query written out.
--- team_candidates and lock_team_seats both call it.
-CREATE FUNCTION team_seats(p_org text, p_team_id bigint, p_day date, p_week date)
+-- A team's seats as the routing reads them (db/functions/: applied on every migrate, see
+-- connector/shell/store.py apply_functions).
+
+-- team_seats: team_candidates' query (db/routing.sql) as a STABLE SQL function the planner
+-- inlines. lock_team_seats: a batch's team lock and the team's seats in one call; the second
+-- statement's snapshot is taken under the lock. No row: no such team; one row with the
+-- member columns NULL: no configured member.
+CREATE OR REPLACE FUNCTION team_seats(p_org text, p_team_id bigint, p_day date, p_week date)
 RETURNS TABLE (
     id bigint, weight integer, turns bigint, "position" integer, crm_user_id text, name text,
     active boolean, away_from timestamptz, away_until timestamptz, day_count integer,
@@ -36,7 +24,7 @@ AS $$
     WHERE m.team_id = p_team_id AND m.in_config
 $$;
 
-CREATE FUNCTION lock_team_seats(p_org text, p_team text, p_day date, p_week date)
+CREATE OR REPLACE FUNCTION lock_team_seats(p_org text, p_team text, p_day date, p_week date)
 RETURNS TABLE (
     team_id bigint, epoch integer, id bigint, weight integer, turns bigint, "position" integer,
     crm_user_id text, name text, active boolean, away_from timestamptz, away_until timestamptz,

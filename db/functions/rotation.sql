@@ -1,10 +1,15 @@
--- 0016_catch_up_heavy_reps.sql
--- catch_up {max_in_a_row: K} no longer applies to a rep whose weighted share is more than K
--- of every K+1 leads (weights 1, 1, 5 with K = 1): such a rep needs longer runs for its share
--- alone, and refusing it a (K+1)-th lead in a row while it was at or below its share kept it
--- below its share for ever after anyone's time away (found by Hypothesis). rotation_pick
--- mirrors connector/routing/rotation.py `limits_runs`; `check-config` says when K does not
--- apply. Only the exclusion test changes.
+-- The rotation's pick on the server (db/functions/: applied on every migrate, see
+-- connector/shell/store.py apply_functions). Mirrors of connector/routing/rotation.py
+-- `pick_available` for one lead, property-tested against it (tests/test_route_lead.py).
+
+-- One pick of the weighted Pfair rotation (earliest deadline first) over a team's ACTIVE
+-- seats, with caps, credits and catch-up, exactly as pick_available picks one lead.
+-- blocked: 'away' or 'off_shift' (NULL: may take a lead); room: leads its caps still allow
+-- (NULL: no cap); max_in_a_row: K of catch_up, NULL for catch_up none (K applies only to reps
+-- whose share is at most K of every K+1 leads); recent: the team's latest owners, newest
+-- first. Returns the pick (NULL: nobody can take the lead), every seat in rotation order with
+-- its skip reason (and its weight and turns, for the decision), and the turns credited to
+-- passed-over seats.
 CREATE OR REPLACE FUNCTION rotation_pick(
     ids bigint[], weights integer[], turns bigint[], positions integer[], blocked text[],
     room integer[], max_in_a_row integer, recent bigint[],
@@ -108,4 +113,35 @@ BEGIN
         END IF;
     END LOOP;
 END
+$$;
+
+-- Same columns as rotation_pick; ids/weights/turns/positions describe the ACTIVE seats.
+-- Seats in rotation order (heavier first, then position, then id); the pick: released seats
+-- (turns * total / weight <= the turns given so far) before the others, then the earliest
+-- deadline, then rotation order (rotation_pick keeps the first of equal deadlines).
+CREATE OR REPLACE FUNCTION rotation_pick_plain(
+    ids bigint[], weights integer[], turns bigint[], positions integer[]
+)
+RETURNS TABLE (
+    member_id bigint, cand_ids bigint[], cand_skips text[], credit_ids bigint[],
+    credit_ns bigint[], cand_weights integer[], cand_turns bigint[]
+)
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    WITH s AS (
+        SELECT u.id, u.w, u.t, row_number() OVER (ORDER BY u.w DESC, u.p, u.id) AS k
+        FROM unnest(ids, weights, turns, positions) AS u (id, w, t, p)
+    ), total AS (
+        SELECT CAST(sum(s.w) AS bigint) AS w, CAST(sum(s.t) AS bigint) AS slot FROM s
+    )
+    SELECT (SELECT s.id FROM s, total
+            ORDER BY s.t * total.w / s.w > total.slot,
+                     ((s.t + 1) * total.w + s.w - 1) / s.w, s.k
+            LIMIT 1),
+           coalesce(array_agg(s.id ORDER BY s.k), '{}'),
+           array_fill(NULL::text, ARRAY[CAST(count(*) AS integer)]),
+           CAST('{}' AS bigint[]), CAST('{}' AS bigint[]),
+           coalesce(array_agg(s.w ORDER BY s.k), '{}'),
+           coalesce(array_agg(s.t ORDER BY s.k), '{}')
+    FROM s
 $$;
