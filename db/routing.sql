@@ -2,9 +2,9 @@
 --   insert_leads (sorted by CRM id) -> lock_team (teams sorted by name, overflow teams
 --   included) -> team_candidates [-> recent_owners] -> record_assignments (with the picks'
 --   decisions) -> record_decisions (decisions.sql: the other leads' decisions) -> COMMIT.
---   lock_team_seats is lock_team and team_candidates in one call (migration 0024).
+--   lock_team_seats is lock_team and team_candidates in one call (db/functions/seats.sql).
 --   A batch whose leads all go to one plain team takes route_plain_batch instead, after
---   insert_leads: the lock, the picks and the records in one call (migration 0025).
+--   insert_leads: the lock, the picks and the records in one call (db/functions/routing.sql).
 -- A single lead of a rotation rule takes route_lead instead: all of it in one call.
 -- team_candidates must be its own statement: under READ COMMITTED each statement takes a
 -- fresh snapshot, so reading the seats AFTER lock_team returned sees the counts the previous
@@ -43,8 +43,8 @@ SELECT id, epoch FROM teams WHERE org = :org AND name = :name AND in_config FOR 
 -- name: team_candidates
 -- Every configured member (inactive ones too, so a pick can say why each was skipped), its
 -- rotation turns, its time off set from the command line, and its leads in the current day
--- and week (:day and :week are local dates in the team's time zone): team_seats (migration
--- 0024), which the planner inlines.
+-- and week (:day and :week are local dates in the team's time zone): team_seats
+-- (db/functions/seats.sql), which the planner inlines.
 SELECT id, weight, turns, position, crm_user_id, name, active, away_from, away_until,
        day_count, week_count
 FROM team_seats(CAST(:org AS text), CAST(:team_id AS bigint), CAST(:day AS date),
@@ -52,7 +52,7 @@ FROM team_seats(CAST(:org AS text), CAST(:team_id AS bigint), CAST(:day AS date)
 ORDER BY position
 
 -- name: lock_team_seats
--- lock_team and team_candidates (team_seats) in one call (migration 0024), for a batch: the
+-- lock_team and team_candidates (team_seats) in one call (db/functions/seats.sql), for a batch: the
 -- team's id and epoch on every row; no row when the team is not in the database, one row with
 -- the member columns NULL when it has no configured member. :day and :week are those of the
 -- router's last time read (its previous batch's, or this batch's own when route_plain_batch
@@ -77,9 +77,9 @@ SELECT member_id FROM assignments WHERE team_id = :team_id ORDER BY id DESC LIMI
 -- the lead's id and parent from the picks, not from a join with leads, and its received_at
 -- as now(): every lead picked here was inserted by this transaction (insert_leads), whose
 -- now() its received_at defaulted to (test_dashboard_latency compares the two). A pick's
--- part of its decision (migration 0022) goes in columns, no JSON: the batch (:batch), the
--- epoch, the member picked and the seats it was picked among, as :seat_sets (each pick's
--- set of candidates, 1-based, into :set_starts / :set_lens, which slice :set_ids,
+-- part of its decision goes in columns (read through decision_details), no JSON: the batch
+-- (:batch), the epoch, the member picked and the seats it was picked among, as :seat_sets
+-- (each pick's set of candidates, 1-based, into :set_starts / :set_lens, which slice :set_ids,
 -- :set_weights and :set_skips: a batch's picks mostly share one set) and :count_starts
 -- (where its counts start in :seat_counts, one run of the set's length). A pick with no
 -- set (NULL) keeps those parts in its JSON detail.
@@ -102,7 +102,7 @@ WITH picks AS (
 ), seat_arrays AS MATERIALIZED (
     -- cast once (the JSON parsed once): a cast written in the per-pick expressions below
     -- would convert the whole array, or parse the whole JSON, for every pick once the
-    -- statement runs on its generic plan (35 us a pick, when 0022's slices cast per pick)
+    -- statement runs on its generic plan (35 us a pick when the slices were cast per pick)
     SELECT CAST(:set_ids AS bigint[]) AS ids, CAST(:set_weights AS integer[]) AS weights,
            CAST(:set_skips AS text[]) AS skips, CAST(:seat_counts AS bigint[]) AS counts,
            CAST(:details AS jsonb) AS details
@@ -164,7 +164,7 @@ RETURNING lead_id
 -- name: route_plain_batch
 -- A batch's leads of one plain team (equal weights, no caps, no catch-up, nobody blocked by
 -- the config at :now), already inserted by this transaction, decided and recorded in ONE
--- call (migration 0025): the team row is locked for this call plus the commit. The same
+-- call (db/functions/routing.sql): the team row is locked for this call plus the commit. The same
 -- parameters and records as record_assignments; the picks, epoch and seats come back.
 -- Status 'general': nothing written, the general path decides the batch (the team's lock
 -- is held when the checks failed only under it, not when they failed before it).
@@ -182,9 +182,9 @@ UPDATE leads SET unassigned_reason = :reason WHERE id = ANY(CAST(:lead_ids AS bi
 
 -- name: route_plain
 -- One new lead of a PLAIN team (connector/routing/single.py plain_call) in ONE call of two
--- statements (migration 0021): route_lead's work and records, or status 'route_lead' with
+-- statements (db/functions/routing.sql): route_lead's work and records, or status 'route_lead' with
 -- nothing left written when route_lead must decide it. It writes the pick's part of its
--- decision in columns (migration 0022).
+-- decision in columns (read through decision_details).
 SELECT status, lead_id, team, owner_id, owner_name, reason, cand_ids, cand_skips
 FROM route_plain(
     CAST(:org AS text), CAST(:crm_object AS text), CAST(:source AS text),
@@ -194,8 +194,9 @@ FROM route_plain(
     CAST(:detail AS jsonb), CAST(:sla_minutes AS integer))
 
 -- name: route_lead
--- One new lead of a rotation rule, decided and recorded in ONE call (migration 0014): the team
--- row is locked for this statement plus the commit. What only the config knows is passed in.
+-- One new lead of a rotation rule, decided and recorded in ONE call (db/functions/routing.sql):
+-- the team row is locked for this statement plus the commit. What only the config knows is
+-- passed in.
 SELECT status, lead_id, team, owner_id, owner_name, reason, cand_ids, cand_skips
 FROM route_lead(
     CAST(:org AS text), CAST(:crm_object AS text), CAST(:source AS text),

@@ -211,7 +211,7 @@ class _StandingViews:
 
 
 class _SeatColumns:
-    """The seats of one team's picks as ``record_assignments`` takes them (migration 0022):
+    """The seats of one team's picks as ``record_assignments`` takes them:
     distinct candidate sets, flat, and each pick's set and counts (every candidate's turns
     before the pick, which advance pick by pick from ``turns``)."""
 

@@ -13,7 +13,7 @@ judged at), ``batch`` (the first lead id of its batch) and ``away_by_command`` (
 `connector rep away` then): `connector simulate` replays by them. Building the records is pure
 (``trace_rules``, ``pick_standings``).
 
-**A pick is recorded compactly** (since migration 0014): ``seats`` holds four parallel lists
+**A pick is recorded compactly**: ``seats`` holds four parallel lists
 (member ids, weights, rotation counts at that moment, skip reasons) in the rotation's order,
 and ``chosen_id`` the member picked; names, CRM user ids and the chosen rep's standing are
 not repeated in every row. ``expand`` (pure) turns such a record back into the full form
@@ -21,7 +21,7 @@ not repeated in every row. ``expand`` (pure) turns such a record back into the f
 written in, so `connector explain` and `connector simulate` read both. A batch of 500 leads
 built and sent about 1 KB of JSON per lead in the full form, most of the batch's time.
 
-**Where a decision is read** (since migration 0022): a plain team's single lead
+**Where a decision is read**: a plain team's single lead
 (``route_plain``) and a batch's picks (``record_assignments``, to which
 ``group_picked`` and ``take`` leave them, sent by ``assign._SeatColumns``) store the pick's part of
 the decision (``batch``, ``epoch``, ``chosen_id``, ``seats``) in columns of the
@@ -465,7 +465,7 @@ class DecisionRecorder:
 
     def take(self, picked: PickedDecisions) -> str:
         """The grouped leads were picked by ``record_assignments``, which writes the batch,
-        epoch, pick and seats in columns of the decision (migration 0022): their ``detail``
+        epoch, pick and seats in columns of the decision: their ``detail``
         gets none of them, only the team, the outcome and the SLA (as ``picked`` does).
         Returns the JSON array of the distinct decisions that statement takes (each lead's
         position in it and its SLA minutes are ``picked``'s); they are no longer flushed

@@ -1,7 +1,7 @@
 """One lead in one round trip: what the config decides, computed before the team lock.
 
 A single new lead of a rotation rule whose team has no overflow team is assigned by ONE call
-of the server-side function ``route_lead`` (migration 0014, replaced by 0019): it inserts the
+of the server-side function ``route_lead`` (db/functions/routing.sql): it inserts the
 lead, locks the team row, reads the members with their turns, CLI time off and caps counters,
 picks with a mirror of ``connector.routing.rotation.pick_available`` (``rotation_pick``, or
 its SQL form ``rotation_pick_plain`` when nothing is blocked or capped and the team has no
@@ -14,17 +14,18 @@ the SLA.
 A PLAIN team's lead (no caps, no catch-up, nobody blocked by the config at ``now``:
 ``plain_call``) takes ``route_plain`` instead: the same work and the same records in two
 statements instead of route_lead's six, the second reading the seats with a snapshot taken
-under the team lock (migration 0021). It hands the lead to ``route_lead``, having left
+under the team lock. It hands the lead to ``route_lead``, having left
 nothing behind, when it must not decide it: a repeat, a rep of the team away by `connector
 rep away`, a team not in the database or retired while the lead waited for its lock, or one
 with no active member. Two round trips then, the same outcome, and the same records as read
 through ``decision_details``: route_plain writes the pick's part of its decision in columns
-of its own (migration 0022), so no JSON is built under the lock.
+of its own, so no JSON is built under the lock.
 
 A batch whose leads all go to one such team, when its active members also share one weight
 (``plain_batch_at``), is one call too once the batch's leads are stored: ``route_plain_batch``
-(migration 0025, called by ``assign.Router``) locks the team, reads the seats under the lock,
-picks by round robin in SQL and records what ``record_assignments`` records.
+(db/functions/routing.sql, called by ``assign.Router``) locks the team, reads the seats
+under the lock, picks by round robin in SQL and records what ``record_assignments``
+records.
 
 One difference from the general path, by design: ``now`` is read before the call, so before
 the wait for the team lock, while the general path reads it once the locks are held. A lead
