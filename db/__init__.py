@@ -11,6 +11,7 @@ name, so every statement the connector runs can be read (and reviewed) in one pl
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass
 from functools import cache
@@ -90,6 +91,14 @@ def migrations() -> list[Migration]:
 class Functions:
     name: str
     sql: str
+
+
+def functions_digest(files: list[Functions]) -> str:
+    """One digest of the files' names and texts, in their order."""
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f"{f.name}\0{f.sql}\0".encode())
+    return h.hexdigest()
 
 
 def functions() -> list[Functions]:

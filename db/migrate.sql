@@ -5,6 +5,23 @@ CREATE TABLE IF NOT EXISTS schema_migrations (
     applied_at timestamptz NOT NULL DEFAULT now()
 )
 
+-- name: create_functions_table
+-- The digest of the db/functions/ files the functions step last applied (one row), so that a
+-- process that does not migrate can tell that the server code is behind its files.
+CREATE TABLE IF NOT EXISTS schema_functions (
+    digest     text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+)
+
+-- name: functions_digest
+SELECT digest FROM schema_functions
+
+-- name: clear_functions_digest
+DELETE FROM schema_functions
+
+-- name: record_functions_digest
+INSERT INTO schema_functions (digest) VALUES (:digest)
+
 -- name: lock
 -- Held by the session for the whole run, pauses between attempts included (see unlock).
 SELECT pg_advisory_lock(hashtext('lead-routing-connector:migrate'))

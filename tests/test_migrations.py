@@ -22,6 +22,7 @@ from connector.core.errors import Conflict, DatabaseUnavailable
 from connector.routing.assign import Lead, Router
 from connector.routing.teams import apply_teams
 from connector.shell.store import (
+    functions_behind,
     make_engine,
     migrate,
     pending_migrations,
@@ -208,12 +209,13 @@ FROM unnest(ARRAY['teams', 'members', 'leads', 'assignments', 'assignment_histor
 
 
 def stored_rows(engine: Engine) -> dict[str, list[str]]:
-    """Every row of every table but schema_migrations, as JSON text, per table."""
+    """Every row of every table but the migrator's own, as JSON text, per table."""
     with engine.connect() as conn:
         tables = conn.execute(
             text(
                 "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'"
-                " AND table_type = 'BASE TABLE' AND table_name <> 'schema_migrations'"
+                " AND table_type = 'BASE TABLE'"
+                " AND table_name NOT IN ('schema_migrations', 'schema_functions')"
             )
         ).scalars()
         return {
@@ -254,7 +256,9 @@ def test_a_database_at_0027_moves_to_the_new_layout_with_nothing_lost(
         before = stored_rows(old)
         assert [t for t, rows in before.items() if not rows] == []  # every table holds data
         assert pending_migrations(old) == []
+        assert functions_behind(old)
         assert migrate(old) == []
+        assert not functions_behind(old)
         assert stored_rows(old) == before
         expected, got = catalog(fresh), catalog(old)
         for key in CATALOG:
@@ -305,6 +309,7 @@ def test_a_database_at_0027_moves_to_the_new_layout_with_nothing_lost(
 def test_migrate_is_idempotent(blank: Engine) -> None:
     versions = [m.version for m in db.migrations()]
     assert pending_migrations(blank) == versions
+    assert functions_behind(blank)
     assert migrate(blank) == versions
     before = catalog(blank)
     assert migrate(blank) == []
@@ -355,7 +360,9 @@ def test_what_the_files_no_longer_define_is_dropped(
     defined = server_code(blank)
     assert {"zz_gone", "zz_gone_trigger", "zz_gone_view"} <= defined
     monkeypatch.setattr(db, "functions", lambda: files)
+    assert functions_behind(blank)  # a process that does not migrate refuses to start
     assert migrate(blank) == []
+    assert not functions_behind(blank)
     assert defined - server_code(blank) == {"zz_gone", "zz_gone_trigger", "zz_gone_view"}
     # the same holds for an overload the files never defined
     with blank.begin() as conn:

@@ -440,19 +440,25 @@ def apply_functions(conn: Connection, lock_timeout_s: float) -> bool:
     an extension, and functions another object requires (a type's), are left alone. No
     DROP cascades: an obsolete object that a defined one still uses stops the migrate.
 
+    The files' digest is recorded in schema_functions, for `functions_behind`.
+
     CREATE OR REPLACE cannot change a function's result type or parameter names, nor drop a
     view's column: a file that does so puts ``DROP ... IF EXISTS`` before its CREATE.
     CREATE OR REPLACE TRIGGER takes the table's SHARE ROW EXCLUSIVE lock, which waits for
     the table's writers (bounded by the lock timeout, like a migration).
     """
     q = db.queries("migrate")
+    files = db.functions()
     with conn.begin():
         _begin(conn, lock_timeout_s)
-        for f in db.functions():
+        for f in files:
             conn.exec_driver_sql(f.sql)
         for statement in conn.execute(text(q["obsolete_server_code"])).scalars().all():
             log.info("dropping %s: db/functions/ no longer defines it", statement[5:])
             conn.exec_driver_sql(statement)
+        conn.execute(text(q["create_functions_table"]))
+        conn.execute(text(q["clear_functions_digest"]))
+        conn.execute(text(q["record_functions_digest"]), {"digest": db.functions_digest(files)})
     return True
 
 
@@ -506,13 +512,25 @@ def pending_migrations(engine: Engine) -> list[int]:
     return [m.version for m in db.migrations() if m.version not in done]
 
 
+def functions_behind(engine: Engine) -> bool:
+    """Whether the database's server code is not the one db/functions/ holds now (the
+    functions step has not run since the files changed)."""
+    q = db.queries("migrate")
+    with engine.connect() as conn:
+        if conn.execute(text("SELECT to_regclass('schema_functions')")).scalar() is None:
+            return True
+        stored = conn.execute(text(q["functions_digest"])).scalars().all()
+    return stored != [db.functions_digest(db.functions())]
+
+
 def open_database(
     configs: Sequence[OrgConfig], migrate_now: bool | None = None, *, apply_config: bool = True
 ) -> Engine:
     """Engine for the configured (or embedded) database, migrated and with teams applied.
 
-    Commands migrate on start unless CONNECTOR_AUTO_MIGRATE=0; then pending migrations are
-    an error that tells the operator to run `connector migrate`. ``apply_config=False`` (with
+    Commands migrate on start unless CONNECTOR_AUTO_MIGRATE=0; then pending migrations, or
+    server code behind db/functions/ (`functions_behind`), are an error that tells the
+    operator to run `connector migrate`. ``apply_config=False`` (with
     ``migrate_now=False``) opens the database without writing anything (`connector simulate`).
     """
     from connector.routing.teams import apply_teams
@@ -527,6 +545,10 @@ def open_database(
         if pending:
             raise ConfigError(
                 f"database schema is behind (pending migrations {pending}): run `connector migrate`"
+            )
+        if functions_behind(engine):
+            raise ConfigError(
+                "database server code is behind db/functions/: run `connector migrate`"
             )
     if apply_config:
         for cfg in configs:
