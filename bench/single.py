@@ -12,7 +12,7 @@ bench/results/single.json with the load average before and after.
 * ``ceiling``: the one-statement ceiling (bench/ceiling.sql ``one``) on a held connection,
   exactly as bench.assign's ceiling workers send it; ``ceiling_fn`` the two-statement one
   (``one_fn``: the same work in a function, no row lock on the members).
-* ``route_lead call``: the connector's call on a held connection, with the parameters
+* ``route_new_lead call``: the connector's call on a held connection, with the parameters
   ``Router`` computed once: the server's part, plus the driver's.
 * ``assign``: ``Router.assign``, which also matches the rules, computes the parameters and
   takes a pooled connection.
@@ -77,7 +77,7 @@ def measure(calls: int) -> dict[str, list[float]]:
             kinds: dict[str, Callable[[str], None]] = {
                 "ceiling": ceiling.assign,
                 "ceiling_fn": ceiling.assign_fn,
-                "route_lead call": call(assign._ROUTE_LEAD),
+                "route_new_lead call": call(assign._ROUTE_LEAD),
                 "assign": routed(plain),
             }
             times: dict[str, list[float]] = {k: [] for k in kinds}

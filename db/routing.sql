@@ -3,8 +3,8 @@
 --   order, when it is more than one team or account owners' leads are recorded] ->
 --   route_team per team, in overflow order (each locks its team, reads the members under
 --   the lock, picks and records) -> record_decisions (decisions.sql: the other leads'
---   decisions) -> COMMIT. A single new lead takes route_lead: its insert and route_team in
---   one call. The functions are in db/migrations (route_team, route_lead, rotation_picks,
+--   decisions) -> COMMIT. A single new lead takes route_new_lead: its insert and route_team in
+--   one call. The functions are in db/functions/ (route_team, route_new_lead, rotation_picks,
 --   record_assignments).
 
 -- name: insert_leads
@@ -72,12 +72,12 @@ FROM route_team(
     CAST(:sla_minutes AS integer[]), CAST(:details AS jsonb), CAST(:detail_of AS integer[]),
     CAST(:final AS boolean))
 
--- name: route_lead
+-- name: route_new_lead
 -- One new lead of a rotation rule, stored, decided and recorded in ONE call (route_team on
 -- the server): the team row is locked for this statement plus the commit.
 SELECT status, lead_id, team, owner_id, owner_name, reason, member_ids, seat_ids, seat_users,
        seat_names, seat_skips
-FROM route_lead(
+FROM route_new_lead(
     CAST(:org AS text), CAST(:crm_object AS text), CAST(:source AS text),
     CAST(:crm_id AS text), CAST(:fields AS jsonb), CAST(:parent_id AS text),
     CAST(:team AS text), CAST(:rule_index AS integer), CAST(:rule_name AS text),

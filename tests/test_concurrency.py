@@ -102,7 +102,7 @@ def test_batches_of_a_plain_team_are_fair_under_32_processes(engine: Engine, db_
     if counted:
         # each worker's share of the leads (312 or 313) in 7 batches of 50 or fewer
         batches = WORKERS * 7
-        names = ("route_team", "rotation_picks", "record_assignments", "route_lead")
+        names = ("route_team", "rotation_picks", "record_assignments", "route_new_lead")
         calls = _function_calls(engine, names, batches)
         assert calls == {n: batches for n in names[:3]}, calls
 

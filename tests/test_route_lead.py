@@ -1,10 +1,10 @@
-"""The router's server calls (``route_lead``, ``route_team``; connector/routing/calls.py) on
+"""The router's server calls (``route_new_lead``, ``route_team``; connector/routing/calls.py) on
 real Postgres.
 
 * A call reads the members AFTER it waits for the team lock, with a fresh snapshot (the
   functions are VOLATILE), so a waiter sees what the lock holder committed: counts, members
   added, time off set, a team retired (nothing of its lead is kept).
-* A sequence of leads one call at a time (``route_lead``) and as batches of one through the
+* A sequence of leads one call at a time (``route_new_lead``) and as batches of one through the
   batch's plan (``route_team``) leaves the same outcomes, decisions, counts and caps
   counters. (tests/test_rotation_sql.py holds the server's picks to ``pick_available``.)
 """
@@ -181,7 +181,11 @@ def test_a_waiter_reads_what_the_lock_holder_committed(engine: Engine) -> None:
     apply_teams(engine, cfg)
     r = Router(engine, cfg, clock=WallClock(MONDAY))
     first, second = _behind_a_holder(
-        engine, r, Lead("00Qw1", {"Country": "DE"}), Lead("00Qw2", {"Country": "DE"}), "route_lead"
+        engine,
+        r,
+        Lead("00Qw1", {"Country": "DE"}),
+        Lead("00Qw2", {"Country": "DE"}),
+        "route_new_lead",
     )
     # Fay (weight 3 of 5) is owed both of the first two leads
     assert (first.owner_id, second.status, second.owner_id) == ("005F", "assigned", "005F")
@@ -250,7 +254,7 @@ def _outcome(o: Outcome, users: dict[int, str]) -> tuple[Any, ...]:
 
 
 def _one_lead_batches(r: Router) -> None:
-    """Every lead of ``r`` through the batch's plan (``route_team``), never ``route_lead``."""
+    """Every lead of ``r`` through the batch's plan (``route_team``), never ``route_new_lead``."""
     r._single_params = lambda lead, source: None  # type: ignore[method-assign]
 
 
@@ -286,7 +290,7 @@ def _run(engine: Engine, path: str) -> tuple[list[tuple[Any, ...]], Any, Any]:
 
 
 def test_single_call_and_batch_plan_record_the_same(databases: DatabaseFactory) -> None:
-    """The same leads one ``route_lead`` call each and as batches of one (insert, then
+    """The same leads one ``route_new_lead`` call each and as batches of one (insert, then
     ``route_team``): the same outcomes, decisions, counts, caps counters, assignments and
     outbox rows, with every policy of the scenario deciding some lead."""
     engines = [make_engine(databases.new(), pool_size=2) for _ in range(2)]
@@ -447,7 +451,7 @@ def test_a_call_reads_a_team_that_changed_while_it_waited(
         lead = Lead("00Qpc1", {"Country": "FR"})
         waiter = threading.Thread(target=_assign_one, args=(engine, r, lead, in_transaction, got))
         waiter.start()
-        _wait_until_blocked(engine, "%FROM route_lead(%")
+        _wait_until_blocked(engine, "%FROM route_new_lead(%")
         holder.commit()
         waiter.join(timeout=30)
     with engine.connect() as c:
@@ -483,7 +487,7 @@ def test_a_call_sees_a_rep_who_went_away_while_it_waited(
         r,
         Lead("00Qpt1", {"Country": "FR"}),
         Lead("00Qpt2", {"Country": "FR"}),
-        "route_lead",
+        "route_new_lead",
         lambda holder: holder.execute(
             time_off, {"start": MONDAY - timedelta(hours=1), "until": MONDAY + timedelta(hours=1)}
         ),
@@ -504,7 +508,7 @@ def test_a_lead_whose_team_was_retired_while_it_waited_is_not_stored(
     engine: Engine, in_transaction: bool
 ) -> None:
     """A config apply retires the team (in_config false) while a lead waits for its lock:
-    route_team's lock finds no team and writes nothing, route_lead deletes the lead row it
+    route_team's lock finds no team and writes nothing, route_new_lead deletes the lead row it
     stored, and the Router says so. Nothing of the lead is left, in autocommit and in the
     caller's transaction."""
     cfg = org()
@@ -516,7 +520,7 @@ def test_a_lead_whose_team_was_retired_while_it_waited_is_not_stored(
             r,
             Lead("00Qpr1", {"Country": "FR"}),
             Lead("00Qpr2", {"Country": "FR"}),
-            "route_lead",
+            "route_new_lead",
             lambda holder: holder.execute(
                 text("UPDATE teams SET in_config = false WHERE name = 'p'")
             ),
@@ -604,7 +608,7 @@ def test_rep_away_waits_for_the_leads_already_waiting_for_its_team(engine: Engin
         assert not done.wait(1.0)
 
     held, waiting = Lead("00Qpa1", {"Country": "FR"}), Lead("00Qpa2", {"Country": "FR"})
-    first, second = _behind_a_holder(engine, r, held, waiting, "route_lead", meanwhile)
+    first, second = _behind_a_holder(engine, r, held, waiting, "route_new_lead", meanwhile)
     setter.join(timeout=30)
     assert done.is_set()
     # the waiting lead was decided before the time off, as its place in the queue says

@@ -9,7 +9,7 @@ Every rotation pick, for one lead or a batch, is made on the server by ``route_t
 recorded by ``record_assignments``: the team row's lock serialises the team's rotation across
 any number of processes, and it is held for that one call plus the commit, never while a CRM
 is called. A single new lead of a rotation rule whose team has no overflow team is one call of
-``route_lead`` (its insert and ``route_team``), sent in autocommit by ``assign``: one round
+``route_new_lead`` (its insert and ``route_team``), sent in autocommit by ``assign``: one round
 trip. Any other lead goes through the batch's plan (``connector.routing.batch``): insert,
 rules, account owners, then one ``route_team`` call a team, in overflow order.
 
@@ -55,7 +55,7 @@ RECONNECT_ATTEMPTS = 3
 
 _SQL: dict[str, TextClause] = {k: text(v) for k, v in db.queries("routing").items()}
 # the single-lead call as the driver takes it (Router.assign sends it without SQLAlchemy)
-_ROUTE_LEAD = db.pyformat(db.queries("routing")["route_lead"])
+_ROUTE_LEAD = db.pyformat(db.queries("routing")["route_new_lead"])
 
 
 class Router:
@@ -102,7 +102,7 @@ class Router:
         raise AssertionError("unreachable")
 
     def _single_params(self, lead: Lead, source: str) -> dict[str, Any] | None:
-        """The ``route_lead`` call for a lead that can take it (a rotation rule matched and
+        """The ``route_new_lead`` call for a lead that can take it (a rotation rule matched and
         its team has no overflow team), else None: the batch's plan decides it."""
         m = match(self.rules, lead.fields)
         if m is None or self.cfg.rules[m.rule_index].route_to != "team":
@@ -114,9 +114,9 @@ class Router:
         return lead_params(self.cfg, self.traces, inputs, key, m, source, self.clock())
 
     def _single_outcome(self, row: Sequence[Any] | None, params: Mapping[str, Any]) -> Outcome:
-        """The outcome a ``route_lead`` row says."""
+        """The outcome a ``route_new_lead`` row says."""
         if row is None:
-            raise AssertionError("route_lead returned no row")
+            raise AssertionError("route_new_lead returned no row")
         status, _, team, owner_id, owner_name, reason, picks, ids, users, names, skips = row
         cid = params["crm_id"]
         if status == "no_team":
@@ -171,7 +171,7 @@ class Router:
             params = self._single_params(leads[0], source)
             if params is not None:
                 single = self._single_outcome(
-                    tuple(conn.execute(_SQL["route_lead"], params).one()), params
+                    tuple(conn.execute(_SQL["route_new_lead"], params).one()), params
                 )
                 return lambda: [single]
         keys = [self.stored_crm_id(lead.crm_id) for lead in leads]

@@ -1,7 +1,7 @@
 """The router's server calls: what the config decides, computed before the team's lock.
 
 Every rotation pick is made on the server, by ``route_team`` (db/routing.sql; one call for a
-team's 1..N leads) or ``route_lead`` (one new lead: its insert, then ``route_team``, in one
+team's 1..N leads) or ``route_new_lead`` (one new lead: its insert, then ``route_team``, in one
 round trip). Either locks the team row, reads the members with a snapshot taken under the
 lock, picks with ``rotation_picks`` (the production form of ``rotation.pick_available``) and
 records everything with ``record_assignments``; so the team row is locked for that call plus
@@ -142,7 +142,7 @@ def lead_params(
     source: str,
     now: datetime,
 ) -> dict[str, Any]:
-    """The parameters of one ``route_lead`` call; ``lead`` is (stored CRM id, fields,
+    """The parameters of one ``route_new_lead`` call; ``lead`` is (stored CRM id, fields,
     stored parent id). Its decision is the one a batch's lead gets: the trace, the instant,
     the team, the outcome and the SLA (``DecisionRecorder.shared``); the server adds the
     batch (the lead itself), the pick and the seats."""

@@ -1,155 +1,8 @@
--- One router: every rotation pick is made by rotation_picks and every assignment is recorded
--- by record_assignments (both below), for one lead (route_lead) or a team's batch
--- (route_team). The special-case forms they replace are dropped.
-DROP FUNCTION IF EXISTS route_plain(text, text, text, text, jsonb, text, text, integer, text,
-                                    timestamptz, date, date, jsonb, integer);
-DROP FUNCTION IF EXISTS route_plain_batch(text, text, text, text, timestamptz, date, date, bigint,
-                                          bigint[], text[], text[], integer[], text[],
-                                          integer[], integer[], jsonb);
-DROP FUNCTION IF EXISTS route_lead(text, text, text, text, jsonb, text, text, integer, text,
-                                   timestamptz, date, date, text[], text[], integer[],
-                                   integer[], integer, integer, integer, jsonb, integer);
-DROP FUNCTION IF EXISTS rotation_pick_plain(bigint[], integer[], bigint[], integer[]);
-DROP FUNCTION IF EXISTS rotation_pick(bigint[], integer[], bigint[], integer[], text[],
-                                      integer[], integer, bigint[]);
-DROP FUNCTION IF EXISTS lock_team_seats(text, text, date, date);
-
--- The weighted rotation for the next p_count leads of a team: the production form of
--- connector/routing/rotation.py pick_available (the executable specification, which
--- `connector simulate` replays with; tests/test_router_sql.py holds the two together, pick
--- for pick). It runs on the server so that a lead is decided in the one round trip that
--- holds the team's lock: done in the client, the lock would also be held across the round
--- trip that brings the seats back.
--- Seats 1..p_active are the rotation's, in its order (heavier first, then position, then
--- id); seats after them are inactive members, listed only for the decisions. blocked:
--- 'away', 'off_shift' or 'inactive' (NULL: may take a lead); room: leads its caps still allow
--- (NULL: no cap); max_in_a_row: K of catch_up (NULL: catch_up none); recent: the team's
--- latest owners, newest first. Returns each lead's pick (NULL: nobody could take it) and,
--- per lead, every seat's skip reason and its count at that pick (flat: seat i of lead j at
--- (j - 1) * cardinality(ids) + i; counts advance by picks, as a decision records them), and
--- the turns credited to the seats passed over.
-CREATE FUNCTION rotation_picks(
-    ids bigint[], weights integer[], turns bigint[], blocked text[], room integer[],
-    p_active integer, max_in_a_row integer, recent bigint[], p_count integer,
-    OUT picks bigint[], OUT skips text[], OUT counts bigint[],
-    OUT credit_ids bigint[], OUT credit_ns bigint[]
-)
-LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
-AS $$
-DECLARE
-    k      integer := coalesce(p_active, 0);
-    t      bigint[] := turns;   -- rotation turns: leads and credited turns
-    shown  bigint[] := turns;   -- what a decision records: advanced by picks only
-    lft    integer[] := room;
-    why    text[] := blocked;
-    cred   boolean[];
-    gave   bigint[];
-    hist   bigint[] := '{}';
-    total  bigint := 0;
-    slot   bigint := 0;
-    able   integer := 0;
-    excl   integer;
-    best   integer;
-    dl     bigint;
-    best_dl bigint;
-    i      integer;
-    j      integer;
-BEGIN
-    picks := '{}'; skips := '{}'; counts := '{}'; credit_ids := '{}'; credit_ns := '{}';
-    IF p_count IS NULL OR p_count <= 0 THEN
-        RETURN;
-    END IF;
-    cred := array_fill(false, ARRAY[greatest(k, 1)]);
-    gave := array_fill(0::bigint, ARRAY[greatest(k, 1)]);
-    IF max_in_a_row IS NOT NULL THEN
-        hist := coalesce(recent[1:max_in_a_row], '{}');
-    END IF;
-    FOR i IN 1..k LOOP
-        total := total + weights[i];
-        slot := slot + t[i];
-        IF why[i] IS NULL AND lft[i] = 0 THEN
-            why[i] := 'capped';
-        END IF;
-        -- passed over with a credit: capped, off shift, and away unless the team catches up
-        cred[i] := coalesce(why[i] IN ('capped', 'off_shift')
-                            OR (why[i] = 'away' AND max_in_a_row IS NULL), false);
-        IF why[i] IS NULL THEN
-            able := able + 1;
-        END IF;
-    END LOOP;
-    FOR j IN 1..p_count LOOP
-        skips := skips || why;
-        counts := counts || shown;
-        IF able = 0 THEN
-            picks := picks || NULL::bigint;
-            CONTINUE;
-        END IF;
-        -- catch-up: no (K+1)-th lead in a row while another rep can take it, unless that rep
-        -- is already ahead of its share, or its share is more than K of every K+1 leads
-        excl := NULL;
-        IF max_in_a_row IS NOT NULL AND able > 1 AND cardinality(hist) >= max_in_a_row
-           AND hist[1:max_in_a_row] <@ ARRAY[hist[1]] THEN
-            excl := array_position(ids[1:k], hist[1]);
-            IF excl IS NOT NULL
-               AND NOT (why[excl] IS NULL AND slot * weights[excl] >= t[excl] * total
-                        AND max_in_a_row * total >= (max_in_a_row + 1) * weights[excl]) THEN
-                excl := NULL;
-            END IF;
-        END IF;
-        LOOP
-            best := NULL;
-            FOR i IN 1..k LOOP
-                CONTINUE WHEN i = excl OR NOT (why[i] IS NULL OR cred[i])
-                              OR t[i] * total / weights[i] > slot;
-                dl := ((t[i] + 1) * total + weights[i] - 1) / weights[i];
-                IF best IS NULL OR dl < best_dl THEN
-                    best := i;
-                    best_dl := dl;
-                END IF;
-            END LOOP;
-            IF best IS NOT NULL THEN
-                IF why[best] IS NOT NULL THEN  -- its turn is credited; the schedule moves on
-                    t[best] := t[best] + 1;
-                    gave[best] := gave[best] + 1;
-                    slot := slot + 1;
-                    CONTINUE;
-                END IF;
-            ELSE  -- the away reps' share is not consumed: serve the earliest deadline
-                FOR i IN 1..k LOOP
-                    CONTINUE WHEN i = excl OR why[i] IS NOT NULL;
-                    dl := ((t[i] + 1) * total + weights[i] - 1) / weights[i];
-                    IF best IS NULL OR dl < best_dl THEN
-                        best := i;
-                        best_dl := dl;
-                    END IF;
-                END LOOP;
-            END IF;
-            EXIT;
-        END LOOP;
-        t[best] := t[best] + 1;
-        shown[best] := shown[best] + 1;
-        slot := slot + 1;
-        IF lft[best] IS NOT NULL THEN
-            lft[best] := lft[best] - 1;
-            IF lft[best] = 0 THEN
-                why[best] := 'capped';
-                cred[best] := true;
-                able := able - 1;
-            END IF;
-        END IF;
-        IF max_in_a_row IS NOT NULL THEN
-            hist := (ids[best] || hist)[1:max_in_a_row];
-        END IF;
-        picks := picks || ids[best];
-    END LOOP;
-    FOR i IN 1..k LOOP
-        IF gave[i] > 0 THEN
-            credit_ids := credit_ids || ids[i];
-            credit_ns := credit_ns || gave[i];
-        END IF;
-    END LOOP;
-END
-$$;
+-- Server-side routing (db/functions/: applied on every migrate, see connector/shell/store.py
+-- apply_functions): the one recorder (record_assignments), the one router (route_team) and
+-- a new lead's one round trip (route_new_lead). Each is VOLATILE plpgsql, so at READ
+-- COMMITTED each statement inside takes a fresh snapshot: a read that follows the team lock
+-- sees what the previous lock holder committed.
 
 -- THE RECORDER: every assignment is inserted here, with what goes with it in the same
 -- statement: the members' rotation counts and credits and the caps' counters (p_turns: a
@@ -163,7 +16,7 @@ $$;
 -- p_seat_ids and p_seat_weights for every lead, p_seat_skips and p_seat_counts flat, one run
 -- of the seats' length per lead) goes in columns, read back through decision_details. Every
 -- lead given here was inserted by this transaction, so now() is its received_at.
-CREATE FUNCTION record_assignments(
+CREATE OR REPLACE FUNCTION record_assignments(
     p_org text, p_crm_object text, p_source text, p_team_id bigint, p_epoch integer,
     p_turns boolean, p_day date, p_week date,
     p_lead_ids bigint[], p_member_ids bigint[], p_crm_ids text[], p_parent_ids text[],
@@ -258,7 +111,7 @@ $$;
 -- catch-up. Time off set by `connector rep away` is read here. Leads nobody can take are
 -- recorded unassigned when p_final, else returned unwritten (they go on to the overflow
 -- team). Status 'no_team' (nothing written): the team is not in the database.
-CREATE FUNCTION route_team(
+CREATE OR REPLACE FUNCTION route_team(
     p_org text, p_crm_object text, p_source text, p_team text,
     p_now timestamptz, p_day date, p_week date, p_batch bigint,
     p_users text[], p_blocked text[], p_per_day integer[], p_per_week integer[],
@@ -396,11 +249,11 @@ BEGIN
 END
 $$;
 
--- One new lead of a rotation rule in ONE call: stored under its unique key, then decided and
+-- route_new_lead: one new lead of a rotation rule in ONE call: stored under its unique key, then decided and
 -- recorded by route_team (the team locked for this call plus the commit). A repeat gets its
 -- stored outcome (status 'duplicate'), even when its team left the database; 'no_team' when
 -- the team is not in the database (nothing written).
-CREATE FUNCTION route_lead(
+CREATE OR REPLACE FUNCTION route_new_lead(
     p_org text, p_crm_object text, p_source text, p_crm_id text, p_fields jsonb,
     p_parent_id text, p_team text, p_rule_index integer, p_rule_name text,
     p_now timestamptz, p_day date, p_week date,
