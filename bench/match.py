@@ -35,7 +35,7 @@ from bench.harness import ENV, team_yaml
 from connector.core.config import OrgConfig, parse_config
 from connector.intake.accounts_sync import account_rows, store_accounts
 from connector.routing.assign import Lead, Router
-from connector.routing.matching import lead_domains
+from connector.routing.domains import lead_domains
 from connector.routing.teams import apply_teams
 from connector.shell.store import make_engine
 from crm_adapters.base import CrmAccount

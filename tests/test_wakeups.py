@@ -15,7 +15,7 @@ import psycopg
 import pytest
 from sqlalchemy import Engine, text
 
-from connector.core.errors import create_engine
+from connector.core.database import create_engine
 from connector.core.pacing import Nudges, Spacer, org_pacing
 from connector.routing.assign import Lead, Router
 from connector.routing.teams import apply_teams

@@ -194,7 +194,7 @@ class Rule(_Model):
     """Route to ``team`` when every field in ``when`` equals one of its values; no ``when``
     matches everything (the default rule). With ``route_to: account_owner`` the lead goes to
     the owner of its Account (Salesforce) or Company (HubSpot) when one matches, and to
-    ``team``'s rotation otherwise (see connector/routing/matching.py)."""
+    ``team``'s rotation otherwise (see connector/routing/domains.py)."""
 
     team: str
     when: dict[str, FieldValues] | None = None

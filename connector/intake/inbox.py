@@ -36,7 +36,8 @@ from sqlalchemy import Connection, Engine, TextClause, text
 
 import db
 from connector.core.config import OrgConfig
-from connector.core.errors import AsyncPool, DatabaseError, DatabaseUnavailable
+from connector.core.database import AsyncPool
+from connector.core.errors import DatabaseError, DatabaseUnavailable
 from connector.core.floor import ClaimFloor
 from connector.core.metrics import Metrics
 from connector.core.pacing import org_pacing

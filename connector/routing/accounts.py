@@ -27,7 +27,7 @@ from sqlalchemy import Connection, TextClause, text
 import db
 from connector.core.config import OrgConfig
 from connector.core.ownership import owner_key
-from connector.routing.matching import AccountDecision, AccountRow, Rep, decide, lead_domains
+from connector.routing.domains import AccountDecision, AccountRow, Rep, decide, lead_domains
 
 __all__ = [
     "AccountDecision",

@@ -46,7 +46,8 @@ from sqlalchemy import Connection, Engine, TextClause, text
 
 import db
 from connector.core.config import Member, OrgConfig, Team
-from connector.core.errors import DatabaseUnavailable, one_statement
+from connector.core.database import one_statement
+from connector.core.errors import DatabaseUnavailable
 from connector.routing import accounts
 from connector.routing.availability import (
     Candidate,

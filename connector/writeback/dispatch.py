@@ -51,7 +51,7 @@ from connector.core.errors import DatabaseError
 from connector.core.floor import ClaimFloor
 from connector.core.ownership import owner_key
 from connector.core.pacing import NOMINAL_CALLS_PER_S, Spacer, pacing_for
-from connector.writeback.decisions import (
+from connector.writeback.outcomes import (
     Claimed,
     Dead,
     Decision,
@@ -130,7 +130,7 @@ class Dispatcher:
     """Drains one org's outbox through one adapter.
 
     The I/O of a round is claim SQL -> read owners -> write -> finish SQL; every decision in
-    between is a pure function of ``connector.writeback.decisions``.
+    between is a pure function of ``connector.writeback.outcomes``.
     """
 
     def __init__(
