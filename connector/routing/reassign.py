@@ -34,13 +34,13 @@ from sqlalchemy import Connection, Engine, TextClause, text
 
 import db
 from connector.core.config import OrgConfig
+from connector.core.crm_kinds import crm_kind
 from connector.core.errors import UsageError
 from connector.routing.assign import member_candidate as candidate_of
 from connector.routing.availability import eligibility, periods
 from connector.routing.decisions import DecisionRecorder
 from connector.routing.rotation import Seat, next_owners
 from connector.routing.rules import compile_rules
-from crm_adapters.salesforce_ids import id_key, is_id
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +123,8 @@ def choose_rep(rows: Sequence[Any], rep: str, org: str, prefer_team_id: int | No
 
 
 def _rep_key(cfg: OrgConfig, rep: str) -> str | None:
-    return id_key(rep) if cfg.crm.kind == "salesforce" and is_id(rep) else None
+    kind = crm_kind(cfg.crm.kind)
+    return kind.id_key(rep) if kind.typed_ids and kind.is_id(rep) else None
 
 
 def resolve_rep(conn: Connection, cfg: OrgConfig, rep: str, prefer_team_id: int | None) -> Rep:
@@ -140,8 +141,7 @@ def check_rep(engine: Engine, cfg: OrgConfig, rep: str) -> Rep:
 
 
 def stored_id(cfg: OrgConfig, crm_id: str) -> str:
-    crm_id = crm_id.strip()
-    return id_key(crm_id) if cfg.crm.kind == "salesforce" else crm_id
+    return crm_kind(cfg.crm.kind).id_key(crm_id.strip())
 
 
 def reassign_lead(

@@ -21,6 +21,7 @@ from connector.core.config import (
     load_configs,
     pick_org,
 )
+from connector.core.crm_kinds import crm_kind
 from connector.core.errors import DatabaseError, DatabaseUnavailable, UsageError
 from connector.shell.store import open_database, warn_if_vacuum_off
 from crm_adapters.base import CrmError
@@ -198,7 +199,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     if not path.is_file():
         raise ConfigError(f"{path}: no such file")
     fmt = args.format or detect_format(path)
-    id_field = args.id_field or ("Id" if cfg.crm.kind == "salesforce" else "id")
+    id_field = args.id_field or crm_kind(cfg.crm.kind).id_field
     engine = open_database([cfg])
     adapter = None
     if not args.no_verify:
@@ -280,7 +281,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def cmd_dispatch(args: argparse.Namespace) -> int:
-    from connector.core.pacing import Spacer, org_pacing
+    from connector.core.crm_kinds import org_pacing
+    from connector.core.pacing import Spacer
     from connector.shell.adapters import adapter_for
     from connector.shell.service import run_dispatch_service
     from connector.writeback.dispatch import Dispatcher

@@ -29,8 +29,9 @@ from sqlalchemy import Engine
 from starlette.applications import Starlette
 
 from connector.core.config import ConfigError, OrgConfig
+from connector.core.crm_kinds import org_pacing
 from connector.core.metrics import Metrics
-from connector.core.pacing import Nudges, Spacer, org_pacing
+from connector.core.pacing import Nudges, Spacer
 from connector.intake.http_server import build_server
 from connector.intake.poller import Poller
 from connector.shell.adapters import Adapters
