@@ -38,7 +38,8 @@ from sqlalchemy import Connection, Engine, text
 
 import db
 from bench.harness import ENV
-from connector.core.config import OrgConfig, parse_config
+from connector.core.config import OrgConfig
+from connector.core.config_loading import parse_config
 from connector.core.database import create_engine
 from connector.core.metrics import Metrics
 from connector.routing.teams import apply_teams

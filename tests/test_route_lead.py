@@ -26,7 +26,8 @@ from hypothesis import strategies as st
 from sqlalchemy import Connection, Engine, text
 
 import db
-from connector.core.config import OrgConfig, parse_config
+from connector.core.config import OrgConfig
+from connector.core.config_loading import parse_config
 from connector.routing import assign as assign_module
 from connector.routing.assign import Lead, Outcome, Router, RoutingError
 from connector.routing.decisions import expand, trace_rules

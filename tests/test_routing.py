@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, text
 
-from connector.core.config import OrgConfig, parse_config
+from connector.core.config import OrgConfig
+from connector.core.config_loading import parse_config
 from connector.intake.importer import ingest_file
 from connector.routing import assign as assign_module
 from connector.routing.assign import (

@@ -20,7 +20,7 @@ import httpx
 import pytest
 from sqlalchemy import Engine, text
 
-from connector.core.config import load_configs
+from connector.core.config_loading import load_configs
 from connector.shell.demo import (
     ENV,
     Sent,

@@ -13,14 +13,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from connector.core.config import (
-    ConfigError,
-    OrgConfig,
-    all_orgs,
-    config_path_from,
-    load_configs,
-    pick_org,
-)
+from connector.core.config import ConfigError, OrgConfig
+from connector.core.config_loading import all_orgs, config_path_from, load_configs, pick_org
 from connector.core.crm_kinds import crm_kind
 from connector.core.errors import UsageError
 from connector.shell.store import open_database, warn_if_vacuum_off

@@ -31,7 +31,8 @@ from typing import Any
 import httpx
 from sqlalchemy import Engine, text
 
-from connector.core.config import OrgConfig, load_configs
+from connector.core.config import OrgConfig
+from connector.core.config_loading import load_configs
 from connector.core.pacing import Nudges
 from connector.intake.accounts_sync import refresh_accounts
 from connector.intake.receivers import create_app

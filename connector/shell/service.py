@@ -479,7 +479,7 @@ def run_service(
 def app_from_env() -> Starlette:
     """Factory for ``uvicorn --factory``: configs from $CONNECTOR_CONFIG, the database from
     $DATABASE_URL (or the embedded one), migrated and with the teams applied."""
-    from connector.core.config import config_path_from, load_configs
+    from connector.core.config_loading import config_path_from, load_configs
     from connector.intake.receivers import create_app, trusted_proxies_from_env
     from connector.shell.store import open_database
 
