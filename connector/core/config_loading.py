@@ -18,6 +18,7 @@ import yaml
 from pydantic import ValidationError
 
 from connector.core.config import ConfigError, OrgConfig
+from connector.core.crm_kinds import CRM_KINDS
 
 ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 # scheme://user[:password]@ at the start of a database URL
@@ -105,7 +106,7 @@ def _format_validation(source: str, err: ValidationError) -> str:
     lines = [f"{source}: invalid configuration"]
     for e in err.errors():
         parts = list(e["loc"])
-        if parts[:1] == ["crm"] and parts[1:2] in (["salesforce"], ["hubspot"]):
+        if parts[:1] == ["crm"] and len(parts) > 1 and parts[1] in CRM_KINDS:
             del parts[1]  # the union's tag, not a key written in the file
         loc = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in parts)
         loc = loc.replace(".[", "[")
