@@ -387,7 +387,7 @@ class Dispatcher:
                     raise _TakenBack
         except _TakenBack:
             return False
-        except DatabaseError:  # the engine translates driver errors (core/errors.py)
+        except DatabaseError:  # the engine translates driver errors (core/database.py)
             # not the CRM's failure, so no row is judged by it: the rows stay claimed until
             # their lease ends and are taken again then
             log.warning("org %s: could not renew a claim's lease; stopping it", self.org)
