@@ -46,7 +46,7 @@ from typing import Any
 from sqlalchemy import Engine, text
 
 from bench.harness import ENV, RunResult, fairness, run, team_yaml
-from connector.core.config import parse_config
+from connector.core.config_loading import parse_config
 from connector.routing.teams import apply_teams
 from connector.shell.store import make_engine
 from tests.pg import DatabaseFactory, server_url

@@ -38,8 +38,9 @@ from sqlalchemy import Connection, Engine, text
 
 import db
 from bench.harness import ENV
-from connector.core.config import OrgConfig, parse_config
-from connector.core.errors import create_engine
+from connector.core.config import OrgConfig
+from connector.core.config_loading import parse_config
+from connector.core.database import create_engine
 from connector.core.metrics import Metrics
 from connector.routing.teams import apply_teams
 from connector.shell.admin import create_admin_app

@@ -37,7 +37,7 @@ import psycopg
 from sqlalchemy import Engine, text
 
 import db
-from connector.core.config import parse_config
+from connector.core.config_loading import parse_config
 from connector.routing.assign import Lead, Router
 from connector.routing.availability import Window, periods
 from connector.shell.store import make_engine

@@ -27,7 +27,8 @@ from typing import Any
 import psycopg
 
 import db
-from connector.core.config import OrgConfig, parse_config
+from connector.core.config import OrgConfig
+from connector.core.config_loading import parse_config
 from connector.routing.assign import Lead, Router
 from connector.routing.simulate import load_history, report, simulate
 from connector.routing.teams import apply_teams

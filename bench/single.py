@@ -32,7 +32,7 @@ from pathlib import Path
 import psycopg
 
 from bench.harness import ENV, CeilingRouter, prepare_ceiling_fn, team_yaml
-from connector.core.config import parse_config
+from connector.core.config_loading import parse_config
 from connector.routing import assign
 from connector.routing.teams import apply_teams
 from connector.shell.store import make_engine

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from connector.core.config import OrgConfig, parse_config
+from connector.core.config import OrgConfig
+from connector.core.config_loading import parse_config
 from crm_sandboxes import HubSpotSandbox, SalesforceSandbox
 
 SF_ORG_ID = "00D000000000062EAA"

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from sqlalchemy import Engine, text
 
-from connector.core.config import OrgConfig, parse_config
+from connector.core.config import OrgConfig
+from connector.core.config_loading import parse_config
 from connector.core.metrics import Metrics
 from connector.intake.inbox import InboxWorker, store_events
 from connector.routing.assign import Lead, Router

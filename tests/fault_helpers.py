@@ -29,10 +29,11 @@ from typing import Any
 import httpx
 from sqlalchemy import Engine, text
 
-from connector.core.config import OrgConfig, load_configs
+from connector.core.config import OrgConfig
+from connector.core.config_loading import load_configs
 from connector.intake.signatures import sign_v3
 from connector.intake.soap import build_outbound_message
-from connector.shell.demo import ENV, HS_PORTAL, SF_ORG_ID, hubspot_yaml, salesforce_yaml
+from connector.shell.demo_world import ENV, HS_PORTAL, SF_ORG_ID, hubspot_yaml, salesforce_yaml
 from crm_sandboxes import HubSpotSandbox, SalesforceSandbox
 from crm_sandboxes._server import Reply, Request
 from tests.ports import free_port

@@ -37,7 +37,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
-from connector.core.errors import create_engine
+from connector.core.database import create_engine
 from connector.shell.store import (
     make_embedded_tempdir,
     make_engine,

@@ -6,7 +6,8 @@ from typing import Any
 
 from sqlalchemy import Engine, text
 
-from connector.core.config import OrgConfig, parse_config
+from connector.core.config import OrgConfig
+from connector.core.config_loading import parse_config
 from connector.routing.teams import apply_teams
 from crm_sandboxes import SalesforceSandbox
 from tests.crm_orgs import OUTBOUND_SECRET, SF_ORG_ID

@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 from sqlalchemy import Connection, Engine, text
 
-from connector.core.config import OrgConfig, parse_config
+from connector.core.config import OrgConfig
+from connector.core.config_loading import parse_config
 from connector.core.errors import Conflict, DatabaseError
 from connector.intake.accounts_sync import account_rows, store_accounts
 from connector.routing import accounts, batch

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, text
 
-from connector.core.config import ConfigError, OrgConfig, parse_config
+from connector.core.config import ConfigError, OrgConfig
+from connector.core.config_loading import parse_config
 from connector.intake.poller import Poller
 from connector.routing.assign import Lead, Router
 from connector.routing.teams import apply_teams

@@ -43,7 +43,7 @@ INSTANT = st.datetimes(
 @pytest.fixture(scope="module")
 def conn(databases: DatabaseFactory) -> Iterator[Connection]:
     url = databases.new()
-    engine: Engine = make_engine(url)  # through errors.create_engine, as every engine
+    engine: Engine = make_engine(url)  # through database.create_engine, as every engine
     with engine.connect() as c:
         c.execute(text("CREATE TABLE kept (v text)"))
         c.commit()

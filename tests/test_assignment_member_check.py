@@ -23,7 +23,8 @@ import psycopg.errors
 import pytest
 from sqlalchemy import Connection, Engine, text
 
-from connector.core.config import OrgConfig, parse_config
+from connector.core.config import OrgConfig
+from connector.core.config_loading import parse_config
 from connector.core.errors import DatabaseError
 from connector.routing.assign import Lead, Router
 from connector.routing.teams import apply_teams

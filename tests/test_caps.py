@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 from sqlalchemy import Connection, Engine, text
 
-from connector.core.config import OrgConfig, parse_config
+from connector.core.config import OrgConfig
+from connector.core.config_loading import parse_config
 from connector.routing.assign import Lead, Outcome, Router
 from connector.routing.decisions import DecisionRecorder
 from connector.routing.rules import compile_rules

@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import Engine, text
 
 from bench.harness import ENV, fairness, owner_counts, run, team_yaml
-from connector.core.config import parse_config
+from connector.core.config_loading import parse_config
 from connector.routing.teams import apply_teams
 from connector.shell.reps import resolve_rep, set_away
 

@@ -18,8 +18,8 @@ import pytest
 from sqlalchemy import Engine, event
 
 from connector.writeback import dispatch
-from connector.writeback.decisions import Claimed, Sent, plan_round, requests_of
 from connector.writeback.dispatch import Dispatcher, DispatchStats
+from connector.writeback.outcomes import Claimed, Sent, plan_round, requests_of
 from crm_adapters.memory import ServedRequest
 from tests.test_dispatch_memory import ORG, Org, _org
 

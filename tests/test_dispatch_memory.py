@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, text
 
-from connector.core.config import OrgConfig, parse_config
+from connector.core.config import OrgConfig
+from connector.core.config_loading import parse_config
 from connector.core.floor import ClaimFloor
 from connector.routing.assign import Lead, Router
 from connector.routing.teams import apply_teams

@@ -23,7 +23,7 @@ from sqlalchemy import Engine, text
 
 from connector.intake.signatures import sign_v3
 from connector.intake.soap import build_outbound_message
-from connector.shell.demo import ENV, SF_ORG_ID
+from connector.shell.demo_world import ENV, SF_ORG_ID
 from connector.shell.store import make_engine
 from tests.fault_helpers import (
     Proc,

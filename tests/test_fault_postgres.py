@@ -25,7 +25,7 @@ import httpx
 import pytest
 from sqlalchemy import text
 
-from connector.core.errors import create_engine
+from connector.core.database import create_engine
 from connector.shell.store import make_engine, migrate, sqlalchemy_url
 from tests.fault_helpers import (
     PROBE,

@@ -17,7 +17,8 @@ import pytest
 from sqlalchemy import Engine, text
 
 import db
-from connector.core.config import ConfigError, parse_config
+from connector.core.config import ConfigError
+from connector.core.config_loading import parse_config
 from connector.core.errors import Conflict, DatabaseUnavailable
 from connector.routing.assign import Lead, Router
 from connector.routing.teams import apply_teams

@@ -12,13 +12,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 from sqlalchemy import Engine, text
 
+from connector.core.crm_kinds import org_pacing
 from connector.core.metrics import Metrics
 from connector.core.pacing import (
     CALLS_PER_CYCLE,
     NOMINAL_CALLS_PER_S,
     Nudges,
     Spacer,
-    org_pacing,
     pacing_for,
 )
 from connector.intake.inbox import InboxWorker, store_events

@@ -346,7 +346,7 @@ def _worker(
     barrier: Any,
     out: Any,
 ) -> None:
-    from connector.core.config import parse_config
+    from connector.core.config_loading import parse_config
 
     cfg = parse_config(yaml_text, "acme.yaml", env)
     engine = make_engine(db_url, pool_size=1)

@@ -21,7 +21,8 @@ import pytest
 from sqlalchemy import Connection, Engine, text
 
 import db
-from connector.core.config import OrgConfig, parse_config
+from connector.core.config import OrgConfig
+from connector.core.config_loading import parse_config
 from connector.routing.assign import Lead, Outcome, Router, RoutingError
 from connector.routing.calls import TraceCache, config_blocked, team_inputs
 from connector.routing.decisions import expand, trace_rules

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, text
 
-from connector.core.config import OrgConfig, parse_config
+from connector.core.config import OrgConfig
+from connector.core.config_loading import parse_config
 from connector.intake.importer import ingest_file
 from connector.routing.assign import Lead, LeadError, Outcome, Router, validate_lead
 from connector.routing.leads import MAX_FIELDS_BYTES, assigned_outcome

@@ -17,7 +17,8 @@ import pytest
 from sqlalchemy import Engine, text
 
 import connector.routing.simulate as simulate_module
-from connector.core.config import OrgConfig, parse_config
+from connector.core.config import OrgConfig
+from connector.core.config_loading import parse_config
 from connector.intake.accounts_sync import account_rows, store_accounts
 from connector.routing.assign import Lead, Router
 from connector.routing.availability import Candidate

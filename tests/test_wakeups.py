@@ -15,8 +15,9 @@ import psycopg
 import pytest
 from sqlalchemy import Engine, text
 
-from connector.core.errors import create_engine
-from connector.core.pacing import Nudges, Spacer, org_pacing
+from connector.core.crm_kinds import org_pacing
+from connector.core.database import create_engine
+from connector.core.pacing import Nudges, Spacer
 from connector.routing.assign import Lead, Router
 from connector.routing.teams import apply_teams
 from connector.shell import service as service_module

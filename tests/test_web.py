@@ -19,7 +19,8 @@ import httpx
 import pytest
 from sqlalchemy import Engine, text
 
-from connector.core.config import OrgConfig, SalesforceCrm, parse_config
+from connector.core.config import OrgConfig, SalesforceCrm
+from connector.core.config_loading import parse_config
 from connector.core.errors import Conflict, DatabaseError, DatabaseUnavailable
 from connector.core.metrics import Metrics
 from connector.intake.receivers import create_app, db_errors

@@ -1,8 +1,8 @@
-"""Account-owner routing inside the assignment transaction (the I/O around matching.py).
+"""Account-owner routing inside the assignment transaction (the I/O around domains.py).
 
 ``match_accounts`` takes the new leads whose rule says ``route_to: account_owner``, reads in
 one statement (``match_lookup``) the accounts they could belong to (by parent id and by
-domain) and the org's reps, and lets ``matching.decide`` judge each lead. Matched leads are
+domain) and the org's reps, and lets ``domains.decide`` judge each lead. Matched leads are
 recorded by ``record_matched``: assignment + outbox row, no rotation count. Their team row is
 not locked FOR UPDATE (the rotation does not move), unless the team has catch-up, whose picks
 read its latest owners (these included) by assignment id: then they are recorded under the
@@ -27,7 +27,7 @@ from sqlalchemy import Connection, TextClause, text
 import db
 from connector.core.config import OrgConfig
 from connector.core.ownership import owner_key
-from connector.routing.matching import AccountDecision, AccountRow, Rep, decide, lead_domains
+from connector.routing.domains import AccountDecision, AccountRow, Rep, decide, lead_domains
 
 __all__ = [
     "AccountDecision",

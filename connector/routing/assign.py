@@ -31,7 +31,9 @@ from sqlalchemy import Connection, Engine, TextClause, text
 
 import db
 from connector.core.config import OrgConfig
-from connector.core.errors import DatabaseUnavailable, one_statement
+from connector.core.crm_kinds import crm_kind
+from connector.core.database import one_statement
+from connector.core.errors import DatabaseUnavailable
 from connector.routing import accounts, batch
 from connector.routing.calls import TeamInputs, TraceCache, lead_params, team_inputs
 from connector.routing.decisions import DecisionRecorder
@@ -45,7 +47,6 @@ from connector.routing.leads import (
     validate_lead,
 )
 from connector.routing.rules import compile_rules, match
-from crm_adapters.salesforce_ids import id_key
 
 __all__ = ["SOURCES", "Lead", "LeadError", "Outcome", "Router", "RoutingError", "validate_lead"]
 
@@ -70,14 +71,14 @@ class Router:
         self.clock = clock or (lambda: datetime.now(UTC))
         self.rules = compile_rules(cfg.rules)
         self.parent_key = cfg.crm.parent_key
-        # One record, one lead: Salesforce ids are stored in their 18-character form.
-        self.salesforce_ids = cfg.crm.kind == "salesforce"
+        # One record, one lead: ids are stored in their CRM's one form (Salesforce: 18).
+        self.id_key = crm_kind(cfg.crm.kind).id_key
         self.teams: dict[str, TeamInputs] = {t.name: team_inputs(t) for t in cfg.teams}
         self.traces = TraceCache(self.rules)
 
     def stored_crm_id(self, value: str) -> str:
         """The stored form of a CRM id: 18-character for well-formed Salesforce ids."""
-        return id_key(value) if self.salesforce_ids else value
+        return self.id_key(value)
 
     def assign(self, lead: Lead, source: str) -> Outcome:
         """Store and assign one lead in its own short transaction: a lead of a rotation rule

@@ -71,7 +71,7 @@ from connector.routing.availability import (
 )
 from connector.routing.batch import overflow_order
 from connector.routing.decisions import expand, member_ids
-from connector.routing.matching import AccountRow, lead_domains
+from connector.routing.domains import AccountRow, lead_domains
 from connector.routing.rotation import Seat, pick_available
 from connector.routing.rules import compile_rules, match
 from connector.routing.teams import rotation_fingerprint

@@ -27,7 +27,8 @@ from sqlalchemy.engine import make_url
 
 import db
 from connector.core.config import ConfigError, OrgConfig
-from connector.core.errors import Conflict, DatabaseError, create_engine
+from connector.core.database import create_engine
+from connector.core.errors import Conflict, DatabaseError
 
 log = logging.getLogger(__name__)
 
@@ -282,7 +283,8 @@ def sqlalchemy_url(url: str) -> str:
 
 
 def make_engine(url: str, pool_size: int = 5) -> Engine:
-    """The engine for ``url``; its errors are ``connector.core.errors``' (see there)."""
+    """The engine for ``url`` (``connector.core.database``); its errors are
+    ``connector.core.errors``'."""
     return create_engine(
         sqlalchemy_url(url),
         pool_size=pool_size,
