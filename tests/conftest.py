@@ -11,8 +11,8 @@ from connector.core.config import OrgConfig, parse_config
 from connector.routing.teams import apply_teams
 from connector.shell.store import make_engine
 from crm_sandboxes import HubSpotSandbox, SalesforceSandbox
+from testbed.pg import DatabaseFactory, test_server
 from tests.fault_helpers import TwoOrgs, open_two_orgs
-from tests.pg import DatabaseFactory, test_server
 
 SAMPLE_YAML = """
 org: acme
@@ -61,7 +61,7 @@ def databases() -> Iterator[DatabaseFactory]:
 @pytest.fixture
 def db_url(databases: DatabaseFactory) -> Iterator[str]:
     """A fresh, migrated database for this test (dropped after it when the server is in
-    memory: see tests/pg.py)."""
+    memory: see testbed/pg.py)."""
     url = databases.new()
     yield url
     databases.release(url)

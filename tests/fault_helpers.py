@@ -35,8 +35,8 @@ from connector.intake.soap import build_outbound_message
 from connector.shell.demo import ENV, HS_PORTAL, SF_ORG_ID, hubspot_yaml, salesforce_yaml
 from crm_sandboxes import HubSpotSandbox, SalesforceSandbox
 from crm_sandboxes._server import Reply, Request
+from testbed.waiting import wait_until
 from tests.ports import free_port
-from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 # Every secret the test configs and sandboxes use: none may ever appear in a log.

@@ -18,8 +18,8 @@ from connector.shell.store import make_engine
 from connector.writeback.decisions import Dead, requests_of
 from connector.writeback.dispatch import Dispatcher, DispatchStats, finished_rows, retry_dead
 from crm_sandboxes import HubSpotSandbox, SalesforceSandbox
-from tests.crm_orgs import hubspot_org, salesforce_org
-from tests.pg import with_database
+from testbed.crm_orgs import hubspot_org, salesforce_org
+from testbed.pg import with_database
 
 
 def _states(engine: Engine, org: str) -> dict[str, int]:

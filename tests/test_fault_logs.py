@@ -26,6 +26,7 @@ import pytest
 from connector.routing.assign import Lead, Router
 from connector.routing.teams import apply_teams
 from connector.shell.store import make_engine
+from testbed.pg import DatabaseFactory
 from tests.fault_helpers import (
     ROOT,
     SECRETS,
@@ -42,7 +43,6 @@ from tests.fault_helpers import (
     service,
     soap_body,
 )
-from tests.pg import DatabaseFactory
 
 pytestmark = [pytest.mark.fault, pytest.mark.slow]
 

@@ -27,6 +27,7 @@ from sqlalchemy import text
 
 from connector.core.errors import create_engine
 from connector.shell.store import make_engine, migrate, sqlalchemy_url
+from testbed.pg import with_database
 from tests.fault_helpers import (
     PROBE,
     SF_PATH,
@@ -45,7 +46,6 @@ from tests.fault_helpers import (
     soap_body,
     wait_drained,
 )
-from tests.pg import with_database
 
 pytestmark = [
     pytest.mark.fault,

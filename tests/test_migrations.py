@@ -23,7 +23,7 @@ from connector.shell.store import (
     vacuum_warning_for,
 )
 from crm_adapters.salesforce_ids import id_key, to_18
-from tests.pg import DatabaseFactory, with_database
+from testbed.pg import DatabaseFactory, with_database
 from tests.test_route_lead import _wait_until_blocked
 
 CATALOG = {
@@ -314,7 +314,7 @@ def test_a_server_whose_autovacuum_does_not_run_is_named_in_a_warning() -> None:
 def test_the_warning_reads_the_servers_settings(engine: Engine) -> None:
     with engine.connect() as conn:
         on = conn.execute(text("SELECT current_setting('autovacuum')")).scalar_one() == "on"
-    # the embedded test server runs without autovacuum (tests/pg.py); a server given by
+    # the embedded test server runs without autovacuum (testbed/pg.py); a server given by
     # TEST_DATABASE_URL may run with or without it
     assert (vacuum_warning(engine) is None) == on
 

@@ -29,8 +29,8 @@ from connector.routing.assign import Lead, Outcome, Router, RoutingError
 from connector.routing.teams import apply_teams
 from connector.shell.reps import resolve_rep, set_away
 from connector.shell.store import make_engine
+from testbed.pg import DatabaseFactory
 from tests.clocks import WallClock
-from tests.pg import DatabaseFactory
 from tests.test_route_lead import (
     ENV,
     HEADER,

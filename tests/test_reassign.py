@@ -30,7 +30,7 @@ from connector.writeback.dispatch import Dispatcher, guard_writes
 from crm_adapters.base import OwnerWrite
 from crm_adapters.salesforce_ids import to_18
 from crm_sandboxes import SalesforceSandbox
-from tests.crm_orgs import OUTBOUND_SECRET
+from testbed.crm_orgs import OUTBOUND_SECRET
 from tests.reassign_orgs import ReOrg, counts, current_owner, outbox_rows, table_counts
 
 

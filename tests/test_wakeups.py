@@ -22,6 +22,7 @@ from connector.routing.teams import apply_teams
 from connector.shell import service as service_module
 from connector.shell.service import run_dispatch_service
 from connector.writeback.wakeups import OutboxListener, announce, listener_for
+from testbed.waiting import wait_until
 from tests.fault_helpers import (
     Proc,
     RecordingHubSpot,
@@ -34,7 +35,6 @@ from tests.fault_helpers import (
 )
 from tests.ports import free_port
 from tests.test_dispatch_memory import ORG, _org
-from tests.waiting import wait_until
 
 DEADLINE = 20.0  # a hang's limit, not a measured time
 

@@ -45,7 +45,7 @@ from connector.shell.store import (
     sqlalchemy_url,
     start_embedded,
 )
-from tests.waiting import wait_until
+from testbed.waiting import wait_until
 
 _counter = itertools.count()
 
