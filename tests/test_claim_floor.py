@@ -14,7 +14,7 @@ from connector.routing.teams import apply_teams
 from connector.shell.adapters import Adapters
 from crm_sandboxes import HubSpotSandbox
 from testbed.crm_orgs import hubspot_org
-from tests.clocks import Ticks
+from tests.helpers.clocks import Ticks
 
 
 def test_the_first_claim_and_one_every_full_every_read_from_the_start() -> None:

@@ -15,7 +15,7 @@ from connector.core.config import (
     parse_config,
     pick_org,
 )
-from tests.conftest import SAMPLE_ENV, SAMPLE_YAML
+from tests.helpers.sample_org import SAMPLE_ENV, SAMPLE_YAML
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 SECRET = SAMPLE_ENV["ACME_SF_SECRET"]

@@ -21,8 +21,8 @@ from crm_adapters.salesforce import SalesforceAdapter, SalesforceSettings
 from crm_adapters.salesforce_ids import to_18
 from crm_sandboxes import HubSpotSandbox, SalesforceSandbox, make_sandbox
 from testbed.waiting import between_stamps, wait_until
-from tests.crm_conftest_helpers import hs_settings, sf_settings
-from tests.ports import free_port
+from tests.helpers.crm_harness import hs_settings, sf_settings
+from tests.helpers.ports import free_port
 
 
 @pytest.fixture

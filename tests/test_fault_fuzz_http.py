@@ -27,7 +27,7 @@ from connector.shell.demo import ENV, SF_ORG_ID
 from connector.shell.store import make_engine
 from testbed.pg import DatabaseFactory
 from testbed.waiting import wait_until
-from tests.fault_helpers import (
+from tests.helpers.faults import (
     Proc,
     assert_clean_logs,
     connector_env,

@@ -27,7 +27,7 @@ from connector.routing.assign import Lead, Router
 from connector.routing.teams import apply_teams
 from connector.shell.store import make_engine
 from testbed.pg import DatabaseFactory
-from tests.fault_helpers import (
+from tests.helpers.faults import (
     ROOT,
     SECRETS,
     SF_PATH,

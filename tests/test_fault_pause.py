@@ -21,7 +21,7 @@ from sqlalchemy import Engine, Row, text
 from connector.routing.assign import Lead, Router
 from connector.routing.teams import apply_teams
 from testbed.waiting import wait_until
-from tests.fault_helpers import (
+from tests.helpers.faults import (
     ROOT,
     Proc,
     TwoOrgs,

@@ -28,7 +28,7 @@ from sqlalchemy import text
 from connector.core.errors import create_engine
 from connector.shell.store import make_engine, migrate, sqlalchemy_url
 from testbed.pg import with_database
-from tests.fault_helpers import (
+from tests.helpers.faults import (
     PROBE,
     SF_PATH,
     Delivery,

@@ -23,8 +23,8 @@ from connector.shell.store import (
     vacuum_warning_for,
 )
 from crm_adapters.salesforce_ids import id_key, to_18
-from testbed.pg import DatabaseFactory, with_database
-from tests.test_route_lead import _wait_until_blocked
+from testbed.pg import DatabaseFactory, blank_database
+from tests.helpers.blocking import wait_until_blocked
 
 CATALOG = {
     "columns": """
@@ -75,15 +75,6 @@ CATALOG = {
         WHERE n.nspname = 'public' ORDER BY 1, 2
     """,
 }
-
-
-def blank_database(databases: DatabaseFactory, tag: str) -> str:
-    """An empty database (no migrations), dropped with the others at the end of the session."""
-    name = f"{databases.prefix}_blank_{tag}"
-    with databases.admin.connect() as conn:
-        conn.execute(text(f"CREATE DATABASE {name}"))
-    databases.created.append(name)
-    return with_database(databases.url, name)
 
 
 @pytest.fixture
@@ -440,7 +431,7 @@ def test_other_migrators_wait_for_the_one_that_pauses(blank: Engine) -> None:
             assert paused.wait(60)
             second = threading.Thread(target=run, args=("second", engines[1], second_pauses.append))
             second.start()
-            _wait_until_blocked(blank, "SELECT pg_advisory_lock%")  # the second waits
+            wait_until_blocked(blank, "SELECT pg_advisory_lock%")  # the second waits
             holder.rollback()
         resume.set()
         first.join(60)

@@ -30,7 +30,7 @@ from crm_adapters.batching import HUBSPOT_BATCH_MAX
 from crm_sandboxes import HubSpotSandbox, SalesforceSandbox
 from testbed.crm_orgs import hubspot_org, salesforce_org
 from testbed.waiting import wait_until
-from tests.clocks import Ticks
+from tests.helpers.clocks import Ticks
 
 
 @given(st.floats(0.1, 1000), st.floats(0.05, 1.0))

@@ -30,16 +30,12 @@ from connector.routing.teams import apply_teams
 from connector.shell.reps import resolve_rep, set_away
 from connector.shell.store import make_engine
 from testbed.pg import DatabaseFactory
-from tests.clocks import WallClock
-from tests.test_route_lead import (
-    ENV,
-    HEADER,
-    MONDAY,
-    _decisions,
-    _outcome,
-    _state,
-    _wait_until_blocked,
-)
+from tests.helpers.blocking import wait_until_blocked as _wait_until_blocked
+from tests.helpers.clocks import WallClock
+from tests.helpers.routing_state import ENV, HEADER, MONDAY
+from tests.helpers.routing_state import decisions_by_lead as _decisions
+from tests.helpers.routing_state import outcome_row as _outcome
+from tests.helpers.routing_state import routing_state as _state
 
 
 def org(q_extra: str = "") -> OrgConfig:

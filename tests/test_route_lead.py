@@ -38,7 +38,7 @@ from connector.routing.teams import apply_teams
 from connector.shell.reps import resolve_rep, set_away
 from connector.shell.store import make_engine
 from testbed.pg import DatabaseFactory
-from tests.clocks import WallClock
+from tests.helpers.clocks import WallClock
 
 ENV = {"TOKEN": "unused"}
 MONDAY = datetime(2026, 12, 7, 13, 0, tzinfo=UTC)

@@ -26,8 +26,8 @@ from connector.routing.assign import (
 from connector.routing.rotation import max_lag
 from connector.routing.teams import apply_teams
 from connector.shell.store import make_engine
-from tests.clocks import WallClock
-from tests.conftest import SAMPLE_ENV, SAMPLE_YAML
+from tests.helpers.clocks import WallClock
+from tests.helpers.sample_org import SAMPLE_ENV, SAMPLE_YAML
 
 ENV = {"TOKEN": "unused"}
 

@@ -34,8 +34,8 @@ from connector.shell.demo import (
 from connector.shell.status import org_status
 from crm_sandboxes import HubSpotSandbox, SalesforceSandbox
 from testbed.waiting import wait_until
-from tests.fault_helpers import fairness_violations
-from tests.ports import free_port
+from tests.helpers.faults import fairness_violations
+from tests.helpers.ports import free_port
 
 pytestmark = pytest.mark.slow
 

@@ -23,7 +23,7 @@ from connector.shell import service as service_module
 from connector.shell.service import run_dispatch_service
 from connector.writeback.wakeups import OutboxListener, announce, listener_for
 from testbed.waiting import wait_until
-from tests.fault_helpers import (
+from tests.helpers.faults import (
     Proc,
     RecordingHubSpot,
     TwoOrgs,
@@ -33,8 +33,8 @@ from tests.fault_helpers import (
     post_hubspot,
     service,
 )
-from tests.ports import free_port
-from tests.test_dispatch_memory import ORG, _org
+from tests.helpers.memory_orgs import ORG, memory_org
+from tests.helpers.ports import free_port
 
 DEADLINE = 20.0  # a hang's limit, not a measured time
 
@@ -118,7 +118,7 @@ def test_a_dispatcher_an_hour_from_its_cycle_writes_an_announced_round(
 ) -> None:
     """The `connector dispatch` wiring: without the announcement (or without the listener)
     the owners wait for the dispatcher's next cycle, an hour away, and this test fails."""
-    org = _org(engine, "hubspot")
+    org = memory_org(engine, "hubspot")
     nudges = Nudges()
     dispatcher = org.dispatcher(spacer=Spacer(3600.0), nudge=nudges.listener(ORG))
     probe = nudges.listener(ORG)

@@ -36,9 +36,9 @@ from connector.shell.demo import ENV, HS_PORTAL, SF_ORG_ID, hubspot_yaml, salesf
 from crm_sandboxes import HubSpotSandbox, SalesforceSandbox
 from crm_sandboxes._server import Reply, Request
 from testbed.waiting import wait_until
-from tests.ports import free_port
+from tests.helpers.ports import free_port
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the project
 # Every secret the test configs and sandboxes use: none may ever appear in a log.
 SECRETS = (
     *ENV.values(),
