@@ -9,7 +9,7 @@ each kind's median and p90 in microseconds and its ratio to the faster ceiling's
 bench.assign measures), and writes
 bench/results/single.json with the load average before and after.
 
-* ``ceiling``: the one-statement ceiling (bench/ceiling.sql ``one``) on a held connection,
+* ``ceiling``: the one-statement ceiling (testbed/ceiling.sql ``one``) on a held connection,
   exactly as bench.assign's ceiling workers send it; ``ceiling_fn`` the two-statement one
   (``one_fn``: the same work in a function, no row lock on the members).
 * ``route_new_lead call``: the connector's call on a held connection, with the parameters
@@ -31,12 +31,12 @@ from pathlib import Path
 
 import psycopg
 
-from bench.harness import ENV, CeilingRouter, prepare_ceiling_fn, team_yaml
 from connector.core.config_loading import parse_config
 from connector.routing import assign
 from connector.routing.teams import apply_teams
 from connector.shell.store import make_engine
-from tests.pg import DatabaseFactory, server_url
+from testbed.harness import ENV, CeilingRouter, prepare_ceiling_fn, team_yaml
+from testbed.pg import DatabaseFactory, server_url
 
 RESULTS = Path(__file__).parent / "results"
 

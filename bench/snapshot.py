@@ -36,7 +36,7 @@ from connector.routing.teams import apply_teams
 from connector.shell.store import make_engine
 from connector.writeback.dispatch import Dispatcher
 from crm_adapters.memory import MemoryCrm
-from tests.pg import DatabaseFactory, server_url
+from testbed.pg import DatabaseFactory, server_url
 
 RESULTS = Path(__file__).parent / "results"
 INTAKE = "005000000000000AAA"

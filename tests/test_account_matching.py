@@ -24,7 +24,7 @@ from connector.shell.status import org_status
 from connector.writeback.dispatch import Dispatcher
 from crm_adapters.salesforce_ids import id_key
 from crm_sandboxes import HubSpotSandbox, SalesforceSandbox
-from tests.crm_orgs import OUTBOUND_SECRET, SF_ORG_ID
+from testbed.crm_orgs import OUTBOUND_SECRET, SF_ORG_ID
 
 DOMAIN_FIELD = "accounts: {domain_field: Domain__c}"
 SF_ENV = {"SF_ID": "sandbox-client", "SF_SECRET": "sandbox-secret", "SF_OUTBOUND": OUTBOUND_SECRET}

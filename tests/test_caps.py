@@ -18,7 +18,7 @@ from connector.routing.decisions import DecisionRecorder
 from connector.routing.rules import compile_rules
 from connector.routing.teams import apply_teams
 from connector.shell.reps import end_away, resolve_rep, set_away
-from tests.clocks import WallClock
+from tests.helpers.clocks import WallClock
 
 ENV = {"TOKEN": "unused"}
 # Monday 2026-12-07, 10:00 in New York, 16:00 in Berlin

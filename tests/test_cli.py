@@ -383,7 +383,7 @@ def test_auto_migrate_off_refuses_an_old_schema(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from tests.test_migrations import blank_database
+    from testbed.pg import blank_database
 
     cfg = tmp_path / "acme.yaml"
     cfg.write_text(CONFIG, encoding="utf-8")

@@ -12,10 +12,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import Engine, text
 
-from bench.harness import ENV, fairness, owner_counts, run, team_yaml
 from connector.core.config_loading import parse_config
 from connector.routing.teams import apply_teams
 from connector.shell.reps import resolve_rep, set_away
+from testbed.harness import ENV, fairness, owner_counts, run, team_yaml
 
 pytestmark = pytest.mark.slow
 

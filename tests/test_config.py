@@ -10,7 +10,7 @@ import pytest
 
 from connector.core.config import ConfigError, OrgConfig
 from connector.core.config_loading import config_path_from, load_configs, parse_config, pick_org
-from tests.conftest import SAMPLE_ENV, SAMPLE_YAML
+from tests.helpers.sample_org import SAMPLE_ENV, SAMPLE_YAML
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 SECRET = SAMPLE_ENV["ACME_SF_SECRET"]

@@ -28,8 +28,8 @@ from connector.routing import assign
 from connector.routing.assign import Lead, Router
 from connector.routing.teams import apply_teams
 from connector.shell.store import make_engine, sqlalchemy_url
-from tests.pg import DatabaseFactory
-from tests.waiting import wait_until
+from testbed.pg import DatabaseFactory
+from testbed.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 EMAIL = "ada.lovelace@example.com"

@@ -23,7 +23,7 @@ from connector.core.errors import DatabaseUnavailable
 from connector.routing.assign import Lead, Router
 from connector.routing.teams import apply_teams
 from crm_adapters.salesforce_ids import to_18
-from tests.fault_helpers import record_figures
+from tests.helpers.faults import record_figures
 
 pytestmark = [pytest.mark.fault, pytest.mark.slow]
 

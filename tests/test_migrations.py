@@ -31,8 +31,8 @@ from connector.shell.store import (
     vacuum_warning_for,
 )
 from crm_adapters.salesforce_ids import id_key, to_18
-from tests.pg import DatabaseFactory, with_database
-from tests.test_route_lead import _wait_until_blocked
+from testbed.pg import DatabaseFactory, blank_database
+from tests.helpers.blocking import wait_until_blocked
 
 CATALOG = {
     "columns": """
@@ -82,15 +82,6 @@ CATALOG = {
         WHERE n.nspname = 'public' ORDER BY 1, 2
     """,
 }
-
-
-def blank_database(databases: DatabaseFactory, tag: str) -> str:
-    """An empty database (no migrations), dropped with the others at the end of the session."""
-    name = f"{databases.prefix}_blank_{tag}"
-    with databases.admin.connect() as conn:
-        conn.execute(text(f"CREATE DATABASE {name}"))
-    databases.created.append(name)
-    return with_database(databases.url, name)
 
 
 @pytest.fixture
@@ -462,7 +453,7 @@ def test_a_server_whose_autovacuum_does_not_run_is_named_in_a_warning() -> None:
 def test_the_warning_reads_the_servers_settings(engine: Engine) -> None:
     with engine.connect() as conn:
         on = conn.execute(text("SELECT current_setting('autovacuum')")).scalar_one() == "on"
-    # the embedded test server runs without autovacuum (tests/pg.py); a server given by
+    # the embedded test server runs without autovacuum (testbed/pg.py); a server given by
     # TEST_DATABASE_URL may run with or without it
     assert (vacuum_warning(engine) is None) == on
 
@@ -571,7 +562,7 @@ def test_other_migrators_wait_for_the_one_that_pauses(blank: Engine) -> None:
             assert paused.wait(60)
             second = threading.Thread(target=run, args=("second", engines[1], second_pauses.append))
             second.start()
-            _wait_until_blocked(blank, "SELECT pg_advisory_lock%")  # the second waits
+            wait_until_blocked(blank, "SELECT pg_advisory_lock%")  # the second waits
             holder.rollback()
         resume.set()
         first.join(60)

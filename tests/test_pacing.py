@@ -28,9 +28,9 @@ from connector.shell.adapters import Adapters, adapter_for
 from connector.writeback.dispatch import Dispatcher
 from crm_adapters.batching import HUBSPOT_BATCH_MAX
 from crm_sandboxes import HubSpotSandbox, SalesforceSandbox
-from tests.clocks import Ticks
-from tests.crm_orgs import hubspot_org, salesforce_org
-from tests.waiting import wait_until
+from testbed.crm_orgs import hubspot_org, salesforce_org
+from testbed.waiting import wait_until
+from tests.helpers.clocks import Ticks
 
 
 @given(st.floats(0.1, 1000), st.floats(0.05, 1.0))

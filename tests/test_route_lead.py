@@ -31,8 +31,8 @@ from connector.routing.rules import compile_rules
 from connector.routing.teams import apply_teams
 from connector.shell.reps import resolve_rep, set_away
 from connector.shell.store import make_engine
-from tests.clocks import WallClock
-from tests.pg import DatabaseFactory
+from testbed.pg import DatabaseFactory
+from tests.helpers.clocks import WallClock
 
 ENV = {"TOKEN": "unused"}
 MONDAY = datetime(2026, 12, 7, 13, 0, tzinfo=UTC)

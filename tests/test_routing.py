@@ -18,7 +18,7 @@ from connector.routing.leads import MAX_FIELDS_BYTES, assigned_outcome
 from connector.routing.rotation import max_lag
 from connector.routing.teams import apply_teams
 from connector.shell.store import make_engine
-from tests.conftest import SAMPLE_ENV, SAMPLE_YAML
+from tests.helpers.sample_org import SAMPLE_ENV, SAMPLE_YAML
 
 ENV = {"TOKEN": "unused"}
 

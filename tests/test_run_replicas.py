@@ -31,9 +31,9 @@ from connector.shell.demo import (
 from connector.shell.demo_world import ENV, hubspot_yaml, salesforce_yaml
 from connector.shell.status import org_status
 from crm_sandboxes import HubSpotSandbox, SalesforceSandbox
-from tests.fault_helpers import fairness_violations
-from tests.ports import free_port
-from tests.waiting import wait_until
+from testbed.waiting import wait_until
+from tests.helpers.faults import fairness_violations
+from tests.helpers.ports import free_port
 
 pytestmark = pytest.mark.slow
 

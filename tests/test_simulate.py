@@ -41,7 +41,7 @@ from connector.shell.reps import end_away, resolve_rep, set_away
 from connector.shell.store import make_engine
 from crm_adapters.base import CrmAccount
 from crm_adapters.salesforce_ids import to_18
-from tests.pg import DatabaseFactory
+from testbed.pg import DatabaseFactory
 
 ENV = {"TOKEN": "unused"}
 T0 = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)

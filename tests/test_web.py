@@ -34,7 +34,7 @@ from connector.shell.service import serve_in_thread
 from connector.shell.store import make_engine
 from crm_adapters.base import CrmAdapter
 from crm_sandboxes import HubSpotSandbox
-from tests.waiting import wait_until
+from testbed.waiting import wait_until
 
 SF_ORG_ID = "00D5g000004ABCD"  # configured in its 15-char form; messages carry 18 chars
 SF_ORG_ID_18 = "00D5g000004ABCDEA4"

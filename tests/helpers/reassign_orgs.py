@@ -10,7 +10,7 @@ from connector.core.config import OrgConfig
 from connector.core.config_loading import parse_config
 from connector.routing.teams import apply_teams
 from crm_sandboxes import SalesforceSandbox
-from tests.crm_orgs import OUTBOUND_SECRET, SF_ORG_ID
+from testbed.crm_orgs import OUTBOUND_SECRET, SF_ORG_ID
 
 SLA = '{minutes: 30, status_field: Status, initial: ["Open - Not Contacted"]}'
 

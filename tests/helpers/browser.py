@@ -360,7 +360,7 @@ def find_browser(root: Path | None = None) -> Browser | str:
     return "; ".join(reasons)
 
 
-if __name__ == "__main__":  # python -m tests.browser: fetch now, print what was found
+if __name__ == "__main__":  # python -m tests.helpers.browser: fetch now, print what was found
     result = find_browser()
     print(result)
     sys.exit(0 if isinstance(result, Browser) else 1)

@@ -45,7 +45,7 @@ from connector.shell.store import (
     sqlalchemy_url,
     start_embedded,
 )
-from tests.waiting import wait_until
+from testbed.waiting import wait_until
 
 _counter = itertools.count()
 
@@ -185,3 +185,12 @@ class DatabaseFactory:
             for name in [*self.created, self.template]:
                 conn.execute(text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
         self.admin.dispose()
+
+
+def blank_database(databases: DatabaseFactory, tag: str) -> str:
+    """An empty database (no migrations), dropped with the others at the end of the session."""
+    name = f"{databases.prefix}_blank_{tag}"
+    with databases.admin.connect() as conn:
+        conn.execute(text(f"CREATE DATABASE {name}"))
+    databases.created.append(name)
+    return with_database(databases.url, name)

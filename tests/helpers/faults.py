@@ -36,10 +36,10 @@ from connector.intake.soap import build_outbound_message
 from connector.shell.demo_world import ENV, HS_PORTAL, SF_ORG_ID, hubspot_yaml, salesforce_yaml
 from crm_sandboxes import HubSpotSandbox, SalesforceSandbox
 from crm_sandboxes._server import Reply, Request
-from tests.ports import free_port
-from tests.waiting import wait_until
+from testbed.waiting import wait_until
+from tests.helpers.ports import free_port
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the project
 # Every secret the test configs and sandboxes use: none may ever appear in a log.
 SECRETS = (
     *ENV.values(),

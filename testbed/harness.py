@@ -4,7 +4,7 @@ Workers are separate processes (forked from a fork server), each with its own co
 released together by a barrier. Three ways to do the same work are measured side by side:
 
 * ``project``/``project_batch``: the connector's own Router (per lead, or batched);
-* ``ceiling``/``ceiling_batch``: the ONE-STATEMENT CEILING (``bench/ceiling.sql``): the same
+* ``ceiling``/``ceiling_batch``: the ONE-STATEMENT CEILING (``testbed/ceiling.sql``): the same
   work per lead (lead, team lock, pick, assignment, counts, outbox row, a compact decision
   row) as one prepared statement in autocommit, one round trip: what the project is compared
   against;
@@ -127,7 +127,7 @@ def prepare_naive(db_url: str, org: str) -> None:
 
 
 def prepare_ceiling_fn(db_url: str) -> None:
-    """The two-statement ceiling's function (bench/ceiling.sql ``one_fn_setup``)."""
+    """The two-statement ceiling's function (testbed/ceiling.sql ``one_fn_setup``)."""
     setup = db.parse_named(CEILING.read_text(encoding="utf-8"))["one_fn_setup"]
     with psycopg.connect(_libpq_url(db_url), autocommit=True) as conn:
         conn.execute(setup.encode())
