@@ -8,7 +8,8 @@ from typing import Any
 
 from sqlalchemy import Engine, text
 
-from connector.core.config import OrgConfig, parse_config
+from connector.core.config import OrgConfig
+from connector.core.config_loading import parse_config
 from connector.routing.assign import Lead, Router
 from connector.routing.teams import apply_teams
 from connector.writeback.dispatch import Dispatcher
