@@ -6,7 +6,7 @@
 Every configuration runs in a fresh database on the same server in the same run (the
 embedded PostgreSQL, or BENCH_DATABASE_URL), one team of 10 equal-weight reps, workers as
 separate processes released together. The ceiling (``ceiling``, ``ceiling_batch``) is the same
-work as one prepared statement a call (bench/ceiling.sql, see bench/harness.py); per lead
+work as one prepared statement a call (testbed/ceiling.sql, see testbed/harness.py); per lead
 there are two, one statement (``ceiling``) and two statements in a server-side function
 (``ceiling_fn``, no row lock on the members), and the project is measured against the
 faster of the two in each row. Each row also prints the CPU a lead cost in the timed part,
@@ -45,11 +45,11 @@ from typing import Any
 
 from sqlalchemy import Engine, text
 
-from bench.harness import ENV, RunResult, fairness, run, team_yaml
-from connector.core.config import parse_config
+from connector.core.config_loading import parse_config
 from connector.routing.teams import apply_teams
 from connector.shell.store import make_engine
-from tests.pg import DatabaseFactory, server_url
+from testbed.harness import ENV, RunResult, fairness, run, team_yaml
+from testbed.pg import DatabaseFactory, server_url
 
 RESULTS = Path(__file__).parent / "results"
 

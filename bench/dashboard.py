@@ -37,9 +37,9 @@ from urllib.parse import urlsplit
 from sqlalchemy import Connection, Engine, text
 
 import db
-from bench.harness import ENV
-from connector.core.config import OrgConfig, parse_config
-from connector.core.errors import create_engine
+from connector.core.config import OrgConfig
+from connector.core.config_loading import parse_config
+from connector.core.database import create_engine
 from connector.core.metrics import Metrics
 from connector.routing.teams import apply_teams
 from connector.shell.admin import create_admin_app
@@ -47,7 +47,8 @@ from connector.shell.dashboard import data
 from connector.shell.dashboard.figures import hour_slots, start_of_day
 from connector.shell.service import serve_in_thread
 from connector.shell.store import make_engine, migrate, sqlalchemy_url
-from tests.pg import DatabaseFactory, server_url, with_database
+from testbed.harness import ENV
+from testbed.pg import DatabaseFactory, server_url, with_database
 
 RESULTS = Path(__file__).parent / "results"
 ORG = "bench"

@@ -31,15 +31,16 @@ from typing import Any
 
 from sqlalchemy import Engine, text
 
-from bench.harness import ENV, team_yaml
-from connector.core.config import OrgConfig, parse_config
+from connector.core.config import OrgConfig
+from connector.core.config_loading import parse_config
 from connector.intake.accounts_sync import account_rows, store_accounts
 from connector.routing.assign import Lead, Router
-from connector.routing.matching import lead_domains
+from connector.routing.domains import lead_domains
 from connector.routing.teams import apply_teams
 from connector.shell.store import make_engine
 from crm_adapters.base import CrmAccount
-from tests.pg import DatabaseFactory, server_url
+from testbed.harness import ENV, team_yaml
+from testbed.pg import DatabaseFactory, server_url
 
 RESULTS = Path(__file__).parent / "results"
 REPS = 10

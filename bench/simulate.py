@@ -27,12 +27,13 @@ from typing import Any
 import psycopg
 
 import db
-from connector.core.config import OrgConfig, parse_config
+from connector.core.config import OrgConfig
+from connector.core.config_loading import parse_config
 from connector.routing.assign import Lead, Router
 from connector.routing.simulate import load_history, report, simulate
 from connector.routing.teams import apply_teams
 from connector.shell.store import make_engine
-from tests.pg import DatabaseFactory, server_url
+from testbed.pg import DatabaseFactory, server_url
 
 RESULTS = Path(__file__).parent / "results"
 ENV = {"BENCH_TOKEN": "unused"}

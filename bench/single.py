@@ -9,21 +9,18 @@ each kind's median and p90 in microseconds and its ratio to the faster ceiling's
 bench.assign measures), and writes
 bench/results/single.json with the load average before and after.
 
-* ``ceiling``: the one-statement ceiling (bench/ceiling.sql ``one``) on a held connection,
+* ``ceiling``: the one-statement ceiling (testbed/ceiling.sql ``one``) on a held connection,
   exactly as bench.assign's ceiling workers send it; ``ceiling_fn`` the two-statement one
   (``one_fn``: the same work in a function, no row lock on the members).
-* ``route_plain call`` / ``route_lead call``: the connector's call of each function on a held
-  connection, with the parameters ``Router`` computed once: the server's part, plus the
-  driver's.
-* ``assign (route_plain)`` / ``assign (route_lead)``: ``Router.assign``, which also matches the
-  rules, computes the parameters and takes a pooled connection; the second with route_plain
-  turned off, as before migration 0020.
+* ``route_new_lead call``: the connector's call on a held connection, with the parameters
+  ``Router`` computed once: the server's part, plus the driver's.
+* ``assign``: ``Router.assign``, which also matches the rules, computes the parameters and
+  takes a pooled connection.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import platform
@@ -34,12 +31,12 @@ from pathlib import Path
 
 import psycopg
 
-from bench.harness import ENV, CeilingRouter, prepare_ceiling_fn, team_yaml
-from connector.core.config import parse_config
+from connector.core.config_loading import parse_config
 from connector.routing import assign
 from connector.routing.teams import apply_teams
 from connector.shell.store import make_engine
-from tests.pg import DatabaseFactory, server_url
+from testbed.harness import ENV, CeilingRouter, prepare_ceiling_fn, team_yaml
+from testbed.pg import DatabaseFactory, server_url
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -54,8 +51,6 @@ def measure(calls: int) -> dict[str, list[float]]:
         apply_teams(engine, cfg)
         prepare_ceiling_fn(db_url)
         plain = assign.Router(engine, cfg)
-        general = assign.Router(engine, cfg)
-        general.single = {k: dataclasses.replace(v, plain=False) for k, v in plain.single.items()}
         libpq = db_url.replace("postgresql+psycopg://", "postgresql://", 1)
         with (
             psycopg.connect(libpq, autocommit=True) as held,
@@ -68,7 +63,7 @@ def measure(calls: int) -> dict[str, list[float]]:
             def call(sql: str) -> Callable[[str], None]:
                 def run(crm_id: str) -> None:
                     row = held.execute(sql, {**params, "crm_id": crm_id}, prepare=True).fetchone()
-                    assert row is not None and row[0] == "assigned", row
+                    assert row is not None and row[0] == "routed" and row[6][0] is not None, row
 
                 return run
 
@@ -82,10 +77,8 @@ def measure(calls: int) -> dict[str, list[float]]:
             kinds: dict[str, Callable[[str], None]] = {
                 "ceiling": ceiling.assign,
                 "ceiling_fn": ceiling.assign_fn,
-                "route_plain call": call(assign._ROUTE_PLAIN),
-                "route_lead call": call(assign._ROUTE_LEAD),
-                "assign (route_plain)": routed(plain),
-                "assign (route_lead)": routed(general),
+                "route_new_lead call": call(assign._ROUTE_LEAD),
+                "assign": routed(plain),
             }
             times: dict[str, list[float]] = {k: [] for k in kinds}
             for i in range(calls + 200):  # the first 200 rounds warm up (plans, caches)

@@ -27,7 +27,8 @@ from typing import Any
 
 from sqlalchemy import Engine, text
 
-from connector.core.config import OrgConfig, parse_config
+from connector.core.config import OrgConfig
+from connector.core.config_loading import parse_config
 from connector.core.metrics import Metrics
 from connector.intake.inbox import InboxWorker, store_events
 from connector.routing.assign import Router
@@ -35,7 +36,7 @@ from connector.routing.teams import apply_teams
 from connector.shell.store import make_engine
 from connector.writeback.dispatch import Dispatcher
 from crm_adapters.memory import MemoryCrm
-from tests.pg import DatabaseFactory, server_url
+from testbed.pg import DatabaseFactory, server_url
 
 RESULTS = Path(__file__).parent / "results"
 INTAKE = "005000000000000AAA"

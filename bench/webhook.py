@@ -50,7 +50,7 @@ from sqlalchemy import text
 
 from connector.intake.signatures import sign_v3
 from connector.shell.store import make_engine
-from tests.pg import DatabaseFactory, server_url
+from testbed.pg import DatabaseFactory, server_url
 
 RESULTS = Path(__file__).parent / "results"
 SECRET = "bench-webhook-secret"

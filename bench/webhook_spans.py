@@ -76,7 +76,7 @@ def _gc_callback(phase: str, info: dict[str, Any]) -> None:
 
 
 def instrument() -> None:
-    import connector.core.errors as e
+    import connector.core.database as e
     import connector.intake.receivers as r
 
     # Whichever of these the version under test has (main's stored through a thread hop).

@@ -44,8 +44,8 @@ from connector.shell.store import make_engine
 from connector.writeback.dispatch import Dispatcher, DispatchStats
 from crm_adapters.base import CrmAdapter, CrmRecord, OwnerWrite, WriteOutcome
 from crm_sandboxes import HubSpotSandbox, SalesforceSandbox
-from tests.crm_orgs import hubspot_org, salesforce_org
-from tests.pg import DatabaseFactory, server_url
+from testbed.crm_orgs import hubspot_org, salesforce_org
+from testbed.pg import DatabaseFactory, server_url
 
 RESULTS = Path(__file__).parent / "results"
 # Time scaled by 1/50 from a busy production org: 10 s lock wait, about 1 s per save for the

@@ -1,4 +1,9 @@
-"""Schema migrations and named SQL, loaded once from the .sql files beside this module.
+"""Schema migrations, server functions and named SQL, loaded from the .sql files beside this
+module.
+
+The schema is ``migrations/`` (versioned: tables, indexes, constraints; the first is the
+baseline, ``BASELINE``) plus ``functions/`` (functions, views and triggers as ``CREATE OR
+REPLACE``, applied in file-name order on every migrate: connector/shell/store.py).
 
 A query file holds blocks that start with ``-- name: some_name``; code refers to queries by
 name, so every statement the connector runs can be read (and reviewed) in one place.
@@ -6,6 +11,7 @@ name, so every statement the connector runs can be read (and reviewed) in one pl
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass
 from functools import cache
@@ -59,6 +65,11 @@ class Migration:
     sql: str
 
 
+#: The first versioned migration: the whole schema's tables at once. A database recorded at
+#: an earlier version was built by a migration history that no release shipped.
+BASELINE = 27
+
+
 def migrations() -> list[Migration]:
     found = []
     for path in sorted((HERE / "migrations").glob("*.sql")):
@@ -67,12 +78,33 @@ def migrations() -> list[Migration]:
             raise ValueError(f"migration file name must look like 0001_name.sql: {path.name}")
         found.append(Migration(int(m.group(1)), m.group(2), path.read_text(encoding="utf-8")))
     versions = [m.version for m in found]
-    # Unique and increasing. Gaps are allowed: branches reserve numbers (0007 and 0008 belong
-    # to work merged separately), and a database records each version it applied.
-    if len(set(versions)) != len(versions) or not versions or versions[0] != 1:
-        raise ValueError(f"migration versions must be unique and start at 1: {versions}")
+    # Unique and increasing from the baseline. Gaps are allowed: branches reserve numbers, and
+    # a database records each version it applied.
+    if len(set(versions)) != len(versions) or not versions or versions[0] != BASELINE:
+        raise ValueError(
+            f"migration versions must be unique and start at the baseline {BASELINE}: {versions}"
+        )
     return found
 
 
-def schema_sql() -> str:
-    return (HERE / "schema.sql").read_text(encoding="utf-8")
+@dataclass(frozen=True)
+class Functions:
+    name: str
+    sql: str
+
+
+def functions_digest(files: list[Functions]) -> str:
+    """One digest of the files' names and texts, in their order."""
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f"{f.name}\0{f.sql}\0".encode())
+    return h.hexdigest()
+
+
+def functions() -> list[Functions]:
+    """The files of ``functions/`` in the order they are applied (by file name: a file whose
+    SQL functions read another file's must sort after it)."""
+    return [
+        Functions(path.stem, path.read_text(encoding="utf-8"))
+        for path in sorted((HERE / "functions").glob("*.sql"))
+    ]

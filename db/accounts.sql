@@ -54,34 +54,23 @@ FROM members m JOIN teams t ON t.id = m.team_id
 WHERE t.org = :org AND t.in_config AND m.in_config
 
 -- name: record_matched
--- Leads given to their account's owner: the assignment (with the decision) and its outbox
--- row, in one statement. The member's rotation count is NOT bumped: a matched lead is not a
--- turn of the team's rotation.
-WITH picks AS (
-    SELECT *
-    FROM unnest(CAST(:lead_ids AS bigint[]), CAST(:member_ids AS bigint[]),
-                CAST(:team_ids AS bigint[]), CAST(:epochs AS integer[]),
-                CAST(:rule_indexes AS integer[]), CAST(:rule_names AS text[]),
-                CAST(:decisions AS text[]))
-         AS p (lead_id, member_id, team_id, epoch, rule_index, rule_name, decision)
-), assigned AS (
-    INSERT INTO assignments (lead_id, org, team_id, member_id, crm_user_id, epoch,
-                             rule_index, rule_name, source, account_match)
-    SELECT p.lead_id, :org, p.team_id, p.member_id, m.crm_user_id, p.epoch,
-           p.rule_index, p.rule_name, :source, p.decision::jsonb
-    FROM picks p JOIN members m ON m.id = p.member_id
-    RETURNING id, lead_id, crm_user_id
-)
-INSERT INTO outbox (org, lead_id, assignment_id, crm_object, crm_id, owner_id, parent_id,
-                    lead_received_at)
-SELECT :org, assigned.lead_id, assigned.id, l.crm_object, l.crm_id, assigned.crm_user_id,
-       l.parent_id, l.received_at
-FROM assigned JOIN leads l ON l.id = assigned.lead_id
-RETURNING lead_id
+-- Leads of one team given to their account's owner, recorded by record_assignments: the
+-- assignment (with the account decision) and its outbox row. p_turns is false: a matched
+-- lead is no turn of the team's rotation (no count, credit or caps counter moves); its
+-- routing decision is recorded with the batch's others (decisions.sql).
+SELECT record_assignments(
+    CAST(:org AS text), CAST(:crm_object AS text), CAST(:source AS text),
+    CAST(:team_id AS bigint), CAST(:epoch AS integer), false, CAST(NULL AS date),
+    CAST(NULL AS date), CAST(:lead_ids AS bigint[]), CAST(:member_ids AS bigint[]),
+    CAST(:crm_ids AS text[]), CAST(:parent_ids AS text[]), CAST(:rule_indexes AS integer[]),
+    CAST(:rule_names AS text[]), CAST(NULL AS integer[]), CAST(:decisions AS jsonb),
+    CAST(NULL AS bigint[]), CAST(NULL AS bigint[]), CAST(NULL AS bigint), CAST(NULL AS jsonb),
+    CAST(NULL AS integer[]), CAST(NULL AS bigint[]), CAST(NULL AS integer[]),
+    CAST(NULL AS text[]), CAST(NULL AS bigint[]), CAST(NULL AS text))
 
 -- name: note_fallbacks
 -- Why leads under an account_owner rule went to the rotation instead (their assignments were
--- just recorded by record_assignments in this transaction).
+-- just recorded by route_team in this transaction).
 UPDATE assignments a SET account_match = t.decision::jsonb
 FROM unnest(CAST(:lead_ids AS bigint[]), CAST(:decisions AS text[])) AS t (lead_id, decision)
 WHERE a.lead_id = t.lead_id

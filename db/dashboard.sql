@@ -27,7 +27,7 @@ GROUP BY team_id, member_id
 -- name: latency_buckets
 -- Lead received -> owner seen by the CRM (the outbox row finished as 'sent'), in seconds,
 -- per bucket since the given time: a range scan of outbox_finished. The lead's received_at is
--- on the outbox row (migration 0013); only rows written before that look their lead up, by
+-- on the outbox row; only a row without that copy looks its lead up, by
 -- primary key (a scalar subquery, evaluated only when the copy is missing, so the planner
 -- cannot turn it into a hash join that reads every lead: 1.1 s at 1,000,000 leads).
 WITH sent AS MATERIALIZED (
@@ -49,7 +49,7 @@ ORDER BY 1
 
 -- name: outbox_depth
 -- Rows by state, except 'sent' (that count grows forever; `status` has it). Claimed rows are
--- read through their lease (no index holds them by state: migration 0018).
+-- read through their lease (no index holds them by state).
 SELECT state, count(*) AS n
 FROM outbox
 WHERE org = :org

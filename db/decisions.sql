@@ -1,4 +1,5 @@
--- Named SQL for recorded routing decisions (see migrations/0009_assignment_history.sql).
+-- Named SQL for recorded routing decisions (the table routing_decisions; whole decisions are
+-- read through the view decision_details, db/functions/decisions.sql).
 
 -- name: record_decisions
 -- One row per lead, in the transaction that made the decision; a lead whose rule or team has

@@ -20,7 +20,8 @@ FROM skipped_records
 WHERE org = :org AND crm_object = :crm_object AND crm_id = :crm_id
 
 -- name: decisions
--- decision_details: routing_decisions with the pick's columns (migration 0022) folded into detail
+-- decision_details (db/functions/decisions.sql): routing_decisions with the pick's columns
+-- folded into detail
 SELECT id, kind, detail, made_at FROM decision_details WHERE lead_id = :lead_id ORDER BY id
 
 -- name: current

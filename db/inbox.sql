@@ -1,4 +1,4 @@
--- Named SQL for the intake inbox (see migrations/0005_trust.sql): pushes are stored here by
+-- Named SQL for the intake inbox (the table intake_events): pushes are stored here by
 -- record id, then read back from the CRM and routed by the verify worker.
 
 -- name: insert_events

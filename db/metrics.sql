@@ -1,7 +1,7 @@
 -- Named SQL read by the Prometheus collector at scrape time (cheap: partial indexes).
 
 -- name: outbox_gauges
--- Claimed rows through their lease (no index holds them by state: migration 0018).
+-- Claimed rows through their lease (no index holds them by state).
 SELECT org, state, count(*) AS n,
        EXTRACT(EPOCH FROM now() - min(created_at))::float8 AS oldest_age
 FROM outbox

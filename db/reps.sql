@@ -4,8 +4,8 @@
 -- A new version of each team row of the rep as the database has it (locked until the
 -- transaction ends, in name order as routers and config applies lock teams), written before
 -- the time off: the command waits for the leads already queued for those teams' locks, so
--- they are decided as they arrived, and every lead after it sees the time off (route_plain
--- reads it again under the lock, migration 0021, and hands such a lead to route_lead).
+-- they are decided as they arrived, and every lead after it sees the time off (route_team
+-- reads it under the lock, db/functions/routing.sql).
 WITH mine AS (
     SELECT t.id FROM teams t
     WHERE t.org = :org AND t.in_config

@@ -23,7 +23,7 @@ LEFT JOIN LATERAL (
 ) f ON true
 LEFT JOIN LATERAL (
     -- routing_decisions itself, not decision_details: every key read here is in detail,
-    -- except a column-stored pick's batch (migration 0022); the view would rebuild the whole
+    -- except a column-stored pick's batch; the view would rebuild the whole
     -- detail for each key read
     SELECT r.id, r.detail ->> 'at' AS at,
            COALESCE(r.batch, (r.detail ->> 'batch')::bigint) AS batch,
@@ -66,8 +66,8 @@ SELECT id, crm_user_id, name FROM members WHERE id = ANY(CAST(:ids AS bigint[]))
 -- Reassignments, which also count toward the caps, are not included.
 SELECT z.team, r.crm_user_id, (r.at AT TIME ZONE z.tz)::date AS day, count(*) AS n
 FROM (
-    -- the pick: a full record names the rep, a compact one (since 0014) its member id, in
-    -- detail or (since 0022) in a column; routing_decisions itself, not decision_details,
+    -- the pick: a full record names the rep, a compact one its member id, in
+    -- detail or in a column; routing_decisions itself, not decision_details,
     -- which would rebuild the whole detail for each key read
     SELECT d.detail ->> 'team' AS team,
            COALESCE(d.detail -> 'chosen' ->> 'crm_user_id', m.crm_user_id) AS crm_user_id,

@@ -2,7 +2,7 @@
 -- Every count is read from an index (index-only scans once VACUUM has marked the pages
 -- all-visible), never by joining leads to assignments: BENCHMARKS.md has the plans at
 -- 1,000,000 leads. A merged lead (merged_into set) is a second copy of its winner's record
--- and is not counted; merged leads are rare (migration 0006 made them), so their
+-- and is not counted; merged leads are rare, so their
 -- assignments are counted apart (leads_org_merged) and subtracted. An assignment's org is
 -- its lead's org (the router writes both from the same org).
 
@@ -35,7 +35,7 @@ ORDER BY t.name, m.position, m.crm_user_id
 
 -- name: outbox_counts
 -- One index range per state (a plain GROUP BY reads the whole table): outbox_org_state_id,
--- which leaves the claimed rows out (migration 0018), and outbox_leased for those.
+-- which leaves the claimed rows out, and outbox_leased for those.
 SELECT 'pending' AS state,
        (SELECT count(*) FROM outbox WHERE org = :org AND state = 'pending') AS n
 UNION ALL

@@ -7,42 +7,16 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine
 
-from connector.core.config import OrgConfig, parse_config
+from connector.core.config import OrgConfig
+from connector.core.config_loading import parse_config
 from connector.routing.teams import apply_teams
 from connector.shell.store import make_engine
 from crm_sandboxes import HubSpotSandbox, SalesforceSandbox
-from tests.fault_helpers import TwoOrgs, open_two_orgs
-from tests.pg import DatabaseFactory, test_server
+from testbed.pg import DatabaseFactory, test_server
+from tests.helpers.faults import TwoOrgs, open_two_orgs
+from tests.helpers.sample_org import SAMPLE_ENV, SAMPLE_YAML
 
-SAMPLE_YAML = """
-org: acme
-crm:
-  kind: salesforce
-  instance_url: https://acme.my.salesforce.com
-  auth: {method: client_credentials, client_id: "${ACME_SF_ID}", client_secret: "${ACME_SF_SECRET}"}
-  object: Lead
-  outbound_secrets: ["${ACME_OM_SECRET}"]
-intake_owner_ids: ["00G5g000001QueueAAA"]
-teams:
-  - name: na_ae
-    members:
-      - {crm_user_id: "0055g00000AbCdEAAA", name: Ada Lovelace, weight: 1}
-      - {crm_user_id: "0055g00000AbCdFAAA", name: Alan Turing, weight: 2, active: true}
-  - name: row_ae
-    members:
-      - {crm_user_id: "0055g00000AbCdGAAA", name: Grace Hopper}
-      - {crm_user_id: "0055g00000AbCdHAAA", name: Edsger Dijkstra}
-      - {crm_user_id: "0055g00000AbCdIAAA", name: Barbara Liskov}
-rules:
-  - {team: na_ae, when: {Country: [US, CA]}}
-  - {team: row_ae}
-"""
 SLOW_TIMEOUT_S = 900  # pytest-timeout for tests marked slow (pyproject: 300 for the others)
-SAMPLE_ENV = {
-    "ACME_SF_ID": "id-123",
-    "ACME_SF_SECRET": "s3cret-value",
-    "ACME_OM_SECRET": "om-url-secret-0123456789abcdef",
-}
 
 
 @pytest.fixture(scope="session")
@@ -61,7 +35,7 @@ def databases() -> Iterator[DatabaseFactory]:
 @pytest.fixture
 def db_url(databases: DatabaseFactory) -> Iterator[str]:
     """A fresh, migrated database for this test (dropped after it when the server is in
-    memory: see tests/pg.py)."""
+    memory: see testbed/pg.py)."""
     url = databases.new()
     yield url
     databases.release(url)

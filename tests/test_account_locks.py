@@ -20,10 +20,11 @@ from typing import Any
 import pytest
 from sqlalchemy import Connection, Engine, text
 
-from connector.core.config import OrgConfig, parse_config
+from connector.core.config import OrgConfig
+from connector.core.config_loading import parse_config
 from connector.core.errors import Conflict, DatabaseError
 from connector.intake.accounts_sync import account_rows, store_accounts
-from connector.routing import accounts
+from connector.routing import accounts, batch
 from connector.routing.assign import Lead, Outcome, Router
 from connector.routing.teams import apply_teams
 from crm_adapters.base import CrmAccount
@@ -76,16 +77,10 @@ def cfg(engine: Engine) -> OrgConfig:
 def _naive_match_accounts(original: Any) -> Any:
     """Record matched leads as soon as they are found, before any team lock."""
 
-    def naive(
-        self: Router,
-        conn: Connection,
-        picked: Sequence[Any],
-        leads: Any,
-        results: dict[str, Outcome],
-    ) -> Any:
-        matched, fallbacks = original(self, conn, picked, leads, results)
+    def naive(b: batch.Batch, picked: Sequence[Any], first: Any) -> Any:
+        matched, fallbacks = original(b, picked, first)
         for rows in matched.values():
-            accounts.record_matched(conn, self.cfg, "api", rows)
+            accounts.record_matched(b.conn, b.cfg, "api", rows)
         return {}, fallbacks
 
     return naive
@@ -154,7 +149,7 @@ def test_matched_and_rotated_batches_in_opposite_teams_do_not_deadlock(
 def test_the_naive_order_deadlocks(
     engine: Engine, cfg: OrgConfig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(Router, "_match_accounts", _naive_match_accounts(Router._match_accounts))
+    monkeypatch.setattr(batch, "match_accounts", _naive_match_accounts(batch.match_accounts))
     outcomes = _run_x_then_y(engine, cfg, monkeypatch)
     errors = [o for o in outcomes if isinstance(o, DatabaseError)]
     assert len(errors) == 1

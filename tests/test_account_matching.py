@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, text
 
-from connector.core.config import ConfigError, OrgConfig, parse_config
+from connector.core.config import ConfigError, OrgConfig
+from connector.core.config_loading import parse_config
 from connector.intake.poller import Poller
 from connector.routing.assign import Lead, Router
 from connector.routing.teams import apply_teams
@@ -23,7 +24,7 @@ from connector.shell.status import org_status
 from connector.writeback.dispatch import Dispatcher
 from crm_adapters.salesforce_ids import id_key
 from crm_sandboxes import HubSpotSandbox, SalesforceSandbox
-from tests.crm_orgs import OUTBOUND_SECRET, SF_ORG_ID
+from testbed.crm_orgs import OUTBOUND_SECRET, SF_ORG_ID
 
 DOMAIN_FIELD = "accounts: {domain_field: Domain__c}"
 SF_ENV = {"SF_ID": "sandbox-client", "SF_SECRET": "sandbox-secret", "SF_OUTBOUND": OUTBOUND_SECRET}

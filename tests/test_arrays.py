@@ -26,7 +26,7 @@ from connector.core.arrays import (
     send_lists_in_binary,
 )
 from connector.shell.store import make_engine
-from tests.pg import DatabaseFactory, with_database
+from testbed.pg import DatabaseFactory, with_database
 
 INT8 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 # PostgreSQL text holds any character but NUL; surrogates cannot be encoded at all
@@ -43,7 +43,7 @@ INSTANT = st.datetimes(
 @pytest.fixture(scope="module")
 def conn(databases: DatabaseFactory) -> Iterator[Connection]:
     url = databases.new()
-    engine: Engine = make_engine(url)  # through errors.create_engine, as every engine
+    engine: Engine = make_engine(url)  # through database.create_engine, as every engine
     with engine.connect() as c:
         c.execute(text("CREATE TABLE kept (v text)"))
         c.commit()

@@ -23,12 +23,13 @@ import psycopg.errors
 import pytest
 from sqlalchemy import Connection, Engine, text
 
-from connector.core.config import OrgConfig, parse_config
+from connector.core.config import OrgConfig
+from connector.core.config_loading import parse_config
 from connector.core.errors import DatabaseError
 from connector.routing.assign import Lead, Router
 from connector.routing.teams import apply_teams
-from tests.conftest import SAMPLE_ENV, SAMPLE_YAML
-from tests.test_route_lead import _in_thread, _wait_until_blocked
+from tests.helpers.blocking import in_thread, wait_until_blocked
+from tests.helpers.sample_org import SAMPLE_ENV, SAMPLE_YAML
 
 KEY = "assignments_member_id_fkey"
 MISSING = 999_999
@@ -171,9 +172,9 @@ def _concurrently(
                 started.set()
                 second(conn)
 
-        thread = _in_thread(run_second, errors)
+        thread = in_thread(run_second, errors)
         assert started.wait(30)
-        _wait_until_blocked(engine, waits)
+        wait_until_blocked(engine, waits)
         holder.commit()
         thread.join(30)
         assert not thread.is_alive()

@@ -6,7 +6,8 @@ from datetime import UTC, date, datetime, timedelta
 
 import pytest
 
-from connector.core.config import ConfigError, OrgConfig, parse_config
+from connector.core.config import ConfigError, OrgConfig
+from connector.core.config_loading import parse_config
 from connector.core.hours import parse_hours, parse_local_time
 from connector.routing.availability import (
     Candidate,

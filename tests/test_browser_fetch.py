@@ -1,4 +1,4 @@
-"""tests/browser.py: the browser tests' Chromium, found on PATH or fetched from the package
+"""tests/helpers/browser.py: the browser tests' Chromium, found on PATH or fetched from the package
 registries into the user's cache.
 
 Synthetic archives (laid out as the npm package and the PyPI wheel are, with the pinned digests
@@ -22,8 +22,8 @@ from typing import Literal
 import brotli
 import pytest
 
-from tests import browser
-from tests.browser import Browser, DigestMismatch, build_dir, registry_build
+from tests.helpers import browser
+from tests.helpers.browser import Browser, DigestMismatch, build_dir, registry_build
 
 CHROMIUM = b"#!/bin/sh\necho chromium\n"
 DRIVER = b"#!/bin/sh\necho chromedriver\n"

@@ -9,16 +9,16 @@ from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import Connection, Engine, event, text
+from sqlalchemy import Connection, Engine, text
 
-import db
-from connector.core.config import OrgConfig, parse_config
+from connector.core.config import OrgConfig
+from connector.core.config_loading import parse_config
 from connector.routing.assign import Lead, Outcome, Router
 from connector.routing.decisions import DecisionRecorder
 from connector.routing.rules import compile_rules
 from connector.routing.teams import apply_teams
 from connector.shell.reps import end_away, resolve_rep, set_away
-from tests.clocks import WallClock
+from tests.helpers.clocks import WallClock
 
 ENV = {"TOKEN": "unused"}
 # Monday 2026-12-07, 10:00 in New York, 16:00 in Berlin
@@ -117,28 +117,15 @@ def test_caps_count_per_local_day_and_week_then_overflow(engine: Engine) -> None
     assert owners(r.assign_many(leads("00Qt", 4), "api")) == ["005A", "005B", "005A", "005D"]
 
 
-def test_a_batch_whose_lock_is_taken_on_the_next_day_counts_that_days_caps(
-    engine: Engine,
-) -> None:
-    """A batch reads its team's seats with the lock (``lock_team_seats``, migration 0024),
-    for the day of the router's previous batch; the time that counts is read under the
-    lock. Here the lock is taken as midnight passes in Berlin: Ada and Bob are capped on
-    Monday, free on Tuesday, and the batch's leads are Tuesday's, so they go to them, not
-    to the overflow team, and count on Tuesday. (Reading the seats for Monday regardless
-    sends both to Dora.)"""
+def test_a_batch_counts_on_the_day_of_its_instant(engine: Engine) -> None:
+    """Caps count per local day of the instant the batch is judged at (read once, before its
+    call): Ada and Bob are capped on Monday in Berlin and free again once it is Tuesday
+    there, where the next batch's leads count."""
     clock = WallClock(datetime(2026, 12, 7, 22, 59, 59, tzinfo=UTC))  # 23:59:59 in Berlin
     r = router(engine, org(TEAMS), clock)
     assert owners(r.assign_many(leads("00Qy", 5), "api")) == ["005A", "005B"] * 2 + ["005B"]
-
-    def midnight(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        if "FROM lock_team_seats(" in statement:  # the lock is held: Tuesday in Berlin
-            clock.at = datetime(2026, 12, 7, 23, 0, 1, tzinfo=UTC)
-
-    event.listen(engine, "after_cursor_execute", midnight)
-    try:
-        got = r.assign_many(leads("00Qz", 2), "api")
-    finally:
-        event.remove(engine, "after_cursor_execute", midnight)
+    clock.at = datetime(2026, 12, 7, 23, 0, 1, tzinfo=UTC)  # Tuesday in Berlin
+    got = r.assign_many(leads("00Qz", 2), "api")
     assert [(o.team, o.owner_id) for o in got] == [("a", "005A"), ("a", "005B")]
     assert table(
         engine,
@@ -345,10 +332,24 @@ def test_a_batchs_decisions_keep_each_picks_seats_in_columns(engine: Engine) -> 
     assert all(d["seats"]["weights"] == [1] * len(d["seats"]["ids"]) for d in by_team["a"])
 
 
-def test_record_assignments_slices_each_picks_seats_from_its_set(engine: Engine) -> None:
-    """record_assignments' seat columns (migration 0022), sent directly: two candidate sets
-    that differ in members, order and weights, counts in one flat array, and a pick without a
-    set (its seat_sets entry missing), which keeps its decision as sent."""
+RECORD = text(
+    "SELECT record_assignments(CAST(:org AS text), 'Lead', 'api', CAST(:team_id AS bigint), "
+    "CAST(:epoch AS integer), true, CAST(:day AS date), CAST(:day AS date), "
+    "CAST(:lead_ids AS bigint[]), CAST(:member_ids AS bigint[]), CAST(:crm_ids AS text[]), "
+    "CAST(:parent_ids AS text[]), CAST(:rule_indexes AS integer[]), "
+    "CAST(:rule_names AS text[]), CAST(:slas AS integer[]), NULL, "
+    "CAST(:credit_ids AS bigint[]), CAST(:credit_ns AS bigint[]), CAST(:batch AS bigint), "
+    "CAST(:details AS jsonb), CAST(:detail_of AS integer[]), CAST(:seat_ids AS bigint[]), "
+    "CAST(:seat_weights AS integer[]), CAST(:seat_skips AS text[]), "
+    "CAST(:seat_counts AS bigint[]), CAST(:reason AS text))"
+)
+
+
+def test_record_assignments_records_each_pick_with_its_seats(engine: Engine) -> None:
+    """The recorder (record_assignments), called directly: each lead's seats sliced from the
+    flat skips and counts (one run of the seats' length a lead), a lead without a decision
+    position (NULL) written without one, a lead nobody took recorded unassigned with the
+    reason, the picks' counts, credits, caps counters and outbox rows."""
     cfg = org(TEAMS)
     apply_teams(engine, cfg)
     with engine.begin() as conn:
@@ -357,41 +358,35 @@ def test_record_assignments_slices_each_picks_seats_from_its_set(engine: Engine)
         leads = conn.execute(
             text(
                 "INSERT INTO leads (org, crm_object, crm_id, fields, source) "
-                "SELECT 'acme', 'Lead', x, '{}', 'api' FROM unnest(ARRAY['L1', 'L2', 'L3']) x "
-                "ORDER BY x RETURNING id"
+                "SELECT 'acme', 'Lead', x, '{}', 'api' "
+                "FROM unnest(ARRAY['L1', 'L2', 'L3', 'L4']) x ORDER BY x RETURNING id"
             )
         ).all()
-        a, b, d = ids["005A"], ids["005B"], ids["005D"]
+        a, b = ids["005A"], ids["005B"]
         conn.execute(
-            text(db.queries("routing")["record_assignments"]),
+            RECORD,
             {
                 "org": "acme",
                 "team_id": team.id,
                 "epoch": team.epoch,
-                "source": "api",
-                "crm_object": "Lead",
-                "lead_ids": [r.id for r in leads],
-                "member_ids": [b, a, a],
-                "rule_indexes": [1, 1, 1],
-                "rule_names": ["rest"] * 3,
-                "crm_ids": ["L1", "L2", "L3"],
-                "parent_ids": [None] * 3,
-                "sla_minutes": [None] * 3,
-                "details": json.dumps([{"team": "a"}, {"team": "a", "x": 1}]),
-                "detail_of": [0, 0, 1],  # L1 and L2 share one
-                "credit_ids": [],
-                "credit_ns": [],
                 "day": date(2026, 12, 7),
-                "week": date(2026, 12, 7),
+                "lead_ids": [r.id for r in leads],
+                "member_ids": [b, a, a, None],
+                "crm_ids": ["L1", "L2", "L3", "L4"],
+                "parent_ids": [None] * 4,
+                "rule_indexes": [1] * 4,
+                "rule_names": ["rest"] * 4,
+                "slas": [None] * 4,
+                "credit_ids": [b],
+                "credit_ns": [2],
                 "batch": leads[0].id,
-                "seat_sets": [2, 1],  # L3 has none
-                "count_starts": [1, 4],
-                "seat_counts": [10, 11, 12, 20, 21],
-                "set_starts": [1, 3],
-                "set_lens": [2, 3],
-                "set_ids": [a, b, d, b, a],
-                "set_weights": [5, 6, 7, 8, 9],
-                "set_skips": [None, "capped", "away", None, None],
+                "details": json.dumps([{"team": "a"}, {"team": "a", "x": 1, "sla_minutes": 5}]),
+                "detail_of": [0, 0, None, 1],  # L1 and L2 share one, L3 has none
+                "seat_ids": [a, b],
+                "seat_weights": [5, 6],
+                "seat_skips": [None, None, None, "away", None, "away", "capped", "away"],
+                "seat_counts": [10, 11, 10, 12, 11, 12, 12, 12],
+                "reason": "all_capped",
             },
         )
         got = {
@@ -403,46 +398,46 @@ def test_record_assignments_slices_each_picks_seats_from_its_set(engine: Engine)
                 )
             )
         }
+        counts = conn.execute(
+            text("SELECT crm_user_id, assigned_in_epoch, credited_in_epoch FROM members")
+        ).all()
+        outbox = conn.execute(text("SELECT crm_id, owner_id FROM outbox ORDER BY id")).all()
+        reason = conn.execute(
+            text("SELECT unassigned_reason FROM leads WHERE crm_id = 'L4'")
+        ).scalar_one()
     common = {"team": "a", "batch": leads[0].id, "epoch": team.epoch}
+    weights = {"ids": [a, b], "weights": [5, 6]}
     assert got["L1"] == {
         **common,
         "chosen_id": b,
-        "seats": {
-            "ids": [d, b, a],
-            "weights": [7, 8, 9],
-            "counts": [10, 11, 12],
-            "skips": ["away", None, None],
-        },
+        "seats": {**weights, "counts": [10, 11], "skips": [None, None]},
     }
     assert got["L2"] == {
         **common,
         "chosen_id": a,
-        "seats": {"ids": [a, b], "weights": [5, 6], "counts": [20, 21], "skips": [None, "capped"]},
+        "seats": {**weights, "counts": [10, 12], "skips": [None, "away"]},
     }
-    assert got["L3"] == {"team": "a", "x": 1}
-
-
-def test_a_grouping_made_before_the_lock_is_known_stale_after_any_other_change() -> None:
-    """The router reuses a team's grouping made before its lock only while the recorder's
-    change count has not moved: stamping the batch's instant and taking the grouped leads
-    do not move it; anything else added to a decision does (here, away by command)."""
-    cfg = org(TEAMS)
-    rec = DecisionRecorder(cfg, compile_rules(cfg.rules))
-    for lead_id in (1, 2):
-        rec.started(lead_id, "api", {"Country": "US"})
-    before = rec.changes
-    grouped = rec.group_picked("a", [(1, 1), (2, 1)])
-    rec.judged_at([1, 2], MONDAY, 1)
-    rec.away_by_command(2, [])  # nobody away: nothing added
-    assert rec.changes == before
-    rec.away_by_command(2, ["005A"])
-    assert rec.changes > before
-    rec.take(grouped)
-    assert not rec._by_lead  # both taken, none left to flush
+    assert "L3" not in got
+    assert got["L4"] == {
+        "team": "a",
+        "x": 1,
+        "outcome": "unassigned",
+        "reason": "all_capped",
+        "batch": leads[0].id,
+        "epoch": None,
+        "chosen_id": None,
+        "seats": {**weights, "counts": [12, 12], "skips": ["capped", "away"]},
+    }
+    assert sorted(tuple(r) for r in counts if r[0] in ("005A", "005B")) == [
+        ("005A", 2, 0),
+        ("005B", 1, 2),
+    ]
+    assert [tuple(r) for r in outbox] == [("L1", "005B"), ("L2", "005A"), ("L3", "005A")]
+    assert reason == "all_capped"
 
 
 def test_a_batchs_decisions_are_sent_once_per_distinct_content(engine: Engine) -> None:
-    """record_assignments receives each distinct decision once (DecisionRecorder.take): the
+    """route_team receives each distinct decision once (DecisionRecorder.shared): the
     US leads of team a share one, the German leads another (their own rule's trace), and the
     leads that overflowed from a keep their own (overflow_from). Read back, every decision
     holds what its lead's decision says."""
@@ -461,8 +456,9 @@ def test_a_batchs_decisions_are_sent_once_per_distinct_content(engine: Engine) -
     finally:
         Connection.execute = execute  # type: ignore[method-assign]
     assert owners(got) == ["005D", "005D", "005A", "005B", "005A", "005B", "005B", "005D", "005D"]
-    # team a: five picks, one decision; team de: two German leads (one) and two overflowed
-    assert sorted(sent) == [(1, [0] * 5), (3, [0, 0, 1, 2])]
+    # team a: seven leads (five placed, two go on), one decision; team de: two German leads
+    # (one decision) and the two that overflowed (their own)
+    assert sorted(sent) == [(1, [0] * 7), (3, [0, 0, 1, 2])]
     with engine.connect() as conn:
         rows = conn.execute(
             text(
@@ -495,11 +491,11 @@ def _six_leads(cfg: OrgConfig, grouped_first: bool) -> tuple[str, list[int], lis
     grouped = rec.group_picked("a", picks) if grouped_first else None
     rec.judged_at([1, 2, 3, 4, 5, 6], MONDAY, 1)
     grouped = grouped or rec.group_picked("a", picks)
-    return rec.take(grouped), grouped.positions, grouped.slas
+    return rec.shared(grouped), grouped.positions, grouped.slas
 
 
 @pytest.mark.parametrize("grouped_first", [False, True], ids=["under the lock", "before it"])
-def test_take_shares_only_decisions_with_nothing_of_their_own(grouped_first: bool) -> None:
+def test_shared_holds_once_the_decisions_with_nothing_of_their_own(grouped_first: bool) -> None:
     cfg = org(TEAMS)
     details, positions, slas = _six_leads(cfg, grouped_first)
     parts = json.loads(details)
@@ -513,4 +509,4 @@ def test_take_shares_only_decisions_with_nothing_of_their_own(grouped_first: boo
     # the same text whichever side of the lock the grouping was made
     assert (details, positions, slas) == _six_leads(cfg, not grouped_first)
     rec = DecisionRecorder(cfg, compile_rules(cfg.rules))
-    assert rec.take(rec.group_picked("a", [])) == "[]"
+    assert rec.shared(rec.group_picked("a", [])) == "[]"

@@ -13,8 +13,8 @@ from connector.routing.assign import Router
 from connector.routing.teams import apply_teams
 from connector.shell.adapters import Adapters
 from crm_sandboxes import HubSpotSandbox
-from tests.clocks import Ticks
-from tests.crm_orgs import hubspot_org
+from testbed.crm_orgs import hubspot_org
+from tests.helpers.clocks import Ticks
 
 
 def test_the_first_claim_and_one_every_full_every_read_from_the_start() -> None:

@@ -12,10 +12,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import Engine, text
 
-from bench.harness import ENV, fairness, owner_counts, run, team_yaml
-from connector.core.config import parse_config
+from connector.core.config_loading import parse_config
 from connector.routing.teams import apply_teams
 from connector.shell.reps import resolve_rep, set_away
+from testbed.harness import ENV, fairness, owner_counts, run, team_yaml
 
 pytestmark = pytest.mark.slow
 
@@ -83,12 +83,9 @@ def _function_calls(engine: Engine, names: tuple[str, ...], least: int) -> dict[
 
 
 def test_batches_of_a_plain_team_are_fair_under_32_processes(engine: Engine, db_url: str) -> None:
-    """Batches of a team of equal reps take route_plain_batch (migration 0025): the lock, the
-    picks and the records in one call. Every rep's count is within one of every other's, and
-    (where the server lets this test count plpgsql calls: a superuser) every batch was
-    decided by that call: one call a batch, and no batch went on to the general path, which
-    would call lock_team_seats for it (the batch's time read before the call is the router's
-    last time read)."""
+    """Batches of a team of equal reps: every rep's count is within one of every other's,
+    and (where the server lets this test count plpgsql calls: a superuser) every batch was
+    decided by one route_team call, which made its picks with one rotation_picks call."""
     yaml_text = team_yaml(10)
     _prepare(engine, yaml_text)
     with engine.connect() as c:
@@ -105,8 +102,9 @@ def test_batches_of_a_plain_team_are_fair_under_32_processes(engine: Engine, db_
     if counted:
         # each worker's share of the leads (312 or 313) in 7 batches of 50 or fewer
         batches = WORKERS * 7
-        calls = _function_calls(engine, ("route_plain_batch", "lock_team_seats"), batches)
-        assert calls == {"route_plain_batch": batches}, calls
+        names = ("route_team", "rotation_picks", "record_assignments", "route_new_lead")
+        calls = _function_calls(engine, names, batches)
+        assert calls == {n: batches for n in names[:3]}, calls
 
 
 def test_checker_catches_the_naive_rotation(engine: Engine, db_url: str) -> None:

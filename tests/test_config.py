@@ -1,4 +1,5 @@
-"""connector.core.config: parsing, env references, refusals and the messages that explain them."""
+"""connector.core.config and config_loading: parsing, env references, refusals and the messages
+that explain them."""
 
 from __future__ import annotations
 
@@ -7,15 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from connector.core.config import (
-    ConfigError,
-    OrgConfig,
-    config_path_from,
-    load_configs,
-    parse_config,
-    pick_org,
-)
-from tests.conftest import SAMPLE_ENV, SAMPLE_YAML
+from connector.core.config import ConfigError, OrgConfig
+from connector.core.config_loading import config_path_from, load_configs, parse_config, pick_org
+from tests.helpers.sample_org import SAMPLE_ENV, SAMPLE_YAML
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG_DOC = ROOT / "docs" / "configuration.md"

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from crm_adapters.base import OwnerWrite
 from crm_adapters.batching import backoff_delay, plan_batches
 from crm_adapters.ratelimit import MAX_HOLD_S, RollingWindowLimiter
-from tests.clocks import Ticks
+from tests.helpers.clocks import Ticks
 
 
 def _writes(parents: Sequence[str | None]) -> list[OwnerWrite]:

@@ -36,7 +36,7 @@ from crm_adapters.salesforce import (
     classify_salesforce_record_error,
 )
 from crm_sandboxes import HubSpotSandbox
-from tests.crm_conftest_helpers import hs_settings
+from tests.helpers.crm_harness import hs_settings
 
 
 def _kind(err: CrmError) -> str:

@@ -23,8 +23,8 @@ from crm_adapters.base import (
 from crm_adapters.batching import plan_batches
 from crm_adapters.memory import MemoryCrm
 from crm_sandboxes import HubSpotSandbox, SalesforceSandbox
-from tests.crm_conftest_helpers import Harness, hs_sandbox, sf_sandbox
-from tests.waiting import between_stamps, wait_until
+from testbed.waiting import between_stamps, wait_until
+from tests.helpers.crm_harness import Harness, hs_sandbox, sf_sandbox
 
 __all__ = ["hs_sandbox", "sf_sandbox"]
 

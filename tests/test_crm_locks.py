@@ -13,7 +13,7 @@ from crm_adapters.base import OwnerWrite
 from crm_adapters.batching import plan_batches
 from crm_adapters.salesforce import SalesforceAdapter, classify_salesforce_exception
 from crm_sandboxes import SalesforceSandbox
-from tests.crm_conftest_helpers import sf_settings
+from tests.helpers.crm_harness import sf_settings
 
 
 @pytest.fixture

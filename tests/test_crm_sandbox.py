@@ -20,9 +20,9 @@ from crm_adapters.hubspot import HubSpotAdapter, HubSpotSettings
 from crm_adapters.salesforce import SalesforceAdapter, SalesforceSettings
 from crm_adapters.salesforce_ids import to_18
 from crm_sandboxes import HubSpotSandbox, SalesforceSandbox, make_sandbox
-from tests.crm_conftest_helpers import hs_settings, sf_settings
-from tests.ports import free_port
-from tests.waiting import between_stamps, wait_until
+from testbed.waiting import between_stamps, wait_until
+from tests.helpers.crm_harness import hs_settings, sf_settings
+from tests.helpers.ports import free_port
 
 
 @pytest.fixture
@@ -240,7 +240,7 @@ def test_adapter_for_builds_each_crm_from_its_config(
     sf: SalesforceSandbox, hs: HubSpotSandbox
 ) -> None:
     from connector.shell.adapters import adapter_for
-    from tests.crm_orgs import hubspot_org, salesforce_org
+    from testbed.crm_orgs import hubspot_org, salesforce_org
 
     sfa = adapter_for(salesforce_org(sf, [to_18("005000000000001")]))
     assert isinstance(sfa, SalesforceAdapter) and sfa.check_owners([]) == {}

@@ -17,7 +17,7 @@ from connector.shell.admin import create_admin_app
 from connector.shell.dashboard import security
 from connector.shell.service import serve_in_thread
 from crm_sandboxes import SalesforceSandbox
-from tests.dashboard_world import ORG, World, build_world, dead_row, outbox_states
+from tests.helpers.dashboard_world import ORG, World, build_world, dead_row, outbox_states
 
 TOKEN = "admin-token-for-the-dashboard-0123"
 

@@ -5,7 +5,7 @@ accessible name and all text has a contrast of at least 4.5:1.
 
 The browser is the system's Chromium and chromedriver when both are on PATH (Debian's
 packages, as CI installs them); otherwise a headless Chromium and its chromedriver fetched
-from the npm registry and PyPI into the user's cache (tests/browser.py: pinned, verified, no
+from the npm registry and PyPI into the user's cache (tests/helpers/browser.py: pinned, verified, no
 root needed), and failing that Chrome for Testing from Selenium Manager. When none works these
 tests skip, saying why; with REQUIRE_BROWSER=1 (CI) that is a failure. Screenshots go to
 $DASHBOARD_SCREENSHOTS (default: a new temporary directory)."""
@@ -30,9 +30,9 @@ from connector.shell.cli import main as cli_main
 from connector.shell.dashboard.figures import start_of_day
 from connector.shell.service import serve_in_thread
 from crm_sandboxes import SalesforceSandbox
-from tests.a11y import RGB, blend, contrast_ratio, parse_color
-from tests.browser import Browser, find_browser
-from tests.dashboard_world import ORG, World, build_world, dead_row, outbox_states
+from tests.helpers.a11y import RGB, blend, contrast_ratio, parse_color
+from tests.helpers.browser import Browser, find_browser
+from tests.helpers.dashboard_world import ORG, World, build_world, dead_row, outbox_states
 
 # The first run on a machine without a browser fetches one (about 120 MB from the npm registry
 # and PyPI) inside the first test that needs it: that may take minutes on a slow line.
@@ -89,7 +89,7 @@ def shots() -> Path:
 
 @functools.cache
 def browser_paths() -> Browser | str:
-    """The browser and its driver, or why there is none (tests/browser.py: on PATH, else the
+    """The browser and its driver, or why there is none (tests/helpers/browser.py: on PATH, else the
     package registries' build, fetched once into the user's cache, else Selenium Manager)."""
     return find_browser()
 

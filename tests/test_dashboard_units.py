@@ -10,7 +10,7 @@ import pytest
 
 from connector.core import charts
 from connector.shell.dashboard import figures, security
-from tests.a11y import blend, contrast_ratio, parse_color, relative_luminance
+from tests.helpers.a11y import blend, contrast_ratio, parse_color, relative_luminance
 
 # --- charts ---------------------------------------------------------------------------------
 
@@ -225,7 +225,7 @@ def test_bearer() -> None:
     assert not security.bearer_ok(None, "Bearer ")
 
 
-# --- contrast (tests/a11y.py, used by the browser tests) -------------------------------------
+# --- contrast (tests/helpers/a11y.py, used by the browser tests) -----------------------------
 
 
 def test_parse_color() -> None:

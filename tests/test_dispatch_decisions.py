@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from connector.writeback.decisions import (
+from connector.writeback.outcomes import (
     NOT_FOUND,
     ORG_LIMIT_PAUSE_S,
     Claimed,

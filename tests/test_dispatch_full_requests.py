@@ -18,10 +18,10 @@ import pytest
 from sqlalchemy import Engine, event
 
 from connector.writeback import dispatch
-from connector.writeback.decisions import Claimed, Sent, plan_round, requests_of
 from connector.writeback.dispatch import Dispatcher, DispatchStats
+from connector.writeback.outcomes import Claimed, Sent, plan_round, requests_of
 from crm_adapters.memory import ServedRequest
-from tests.test_dispatch_memory import ORG, Org, _org
+from tests.helpers.memory_orgs import ORG, MemoryOrg, memory_org
 
 MAX_BATCH = 200
 
@@ -108,13 +108,13 @@ def skewed(n: int, parents: list[str]) -> list[str | None]:
     return [parents[0]] * heavy + [rest[i % len(rest)] for i in range(n - heavy)]
 
 
-def route_skewed(o: Org, n: int, parents: int = 50) -> list[str]:
+def route_skewed(o: MemoryOrg, n: int, parents: int = 50) -> list[str]:
     """n records over `parents` Accounts as the benchmark spreads them, routed in one batch."""
     return o.route(n, skewed(n, [o.crm.add_parent() for _ in range(parents)]))
 
 
 def interleaved(
-    o: Org, dispatchers: list[Dispatcher], pick: Callable[[], bool] = lambda: True
+    o: MemoryOrg, dispatchers: list[Dispatcher], pick: Callable[[], bool] = lambda: True
 ) -> DispatchStats:
     """Drain with the dispatchers taking turns at the top level; while any write request is
     in flight, an idle dispatcher runs a whole round when ``pick()`` says so (every time by
@@ -147,7 +147,7 @@ def interleaved(
     return total
 
 
-def assert_exactly_once(o: Org, ids: list[str]) -> None:
+def assert_exactly_once(o: MemoryOrg, ids: list[str]) -> None:
     written = o.crm.written_ids()
     assert sorted(written) == sorted(ids)  # every record written, none twice
     assert o.states() == {"sent": len(ids)}
@@ -156,7 +156,7 @@ def assert_exactly_once(o: Org, ids: list[str]) -> None:
 
 @pytest.mark.parametrize("n", [2000, 2050])
 def test_two_dispatchers_send_every_request_full_but_one(engine: Engine, n: int) -> None:
-    o = _org(engine)
+    o = memory_org(engine)
     ids = route_skewed(o, n)
     stats = interleaved(o, [o.dispatcher(), o.dispatcher()])
     sizes = [len(r.record_ids) for r in sorted(o.crm.write_requests(), key=lambda r: r.seq)]
@@ -168,7 +168,7 @@ def test_two_dispatchers_send_every_request_full_but_one(engine: Engine, n: int)
 def test_the_old_policy_sends_a_partial_request_mid_run(engine: Engine) -> None:
     """The same schedule with the policy before hold_tail: a claim made while another is in
     flight got more than one request's worth of rows and sent its remainder half empty."""
-    o = _org(engine)
+    o = memory_org(engine)
     ids = route_skewed(o, 2000)
     old = [
         OldPolicyDispatcher(engine, ORG, o.crm, intake_owner_ids=o.cfg.intake_owner_ids)
@@ -184,7 +184,7 @@ def test_the_old_policy_sends_a_partial_request_mid_run(engine: Engine) -> None:
 def test_full_requests_hold_for_any_interleaving(engine: Engine, seed: int) -> None:
     """Rounds nested into a random subset of write requests (three dispatchers, smaller
     requests so each claim spans many): still one partial request at most."""
-    o = _org(engine, max_batch=25)
+    o = memory_org(engine, max_batch=25)
     parents = [o.crm.add_parent() for _ in range(13)]
     ids = o.route(515, skewed(515, parents))
     rng = random.Random(seed)
@@ -196,7 +196,7 @@ def test_full_requests_hold_for_any_interleaving(engine: Engine, seed: int) -> N
 
 def test_two_dispatcher_threads_drain_in_full_requests(engine: Engine) -> None:
     """The production shape: two threads, each draining until nothing is left."""
-    o = _org(engine)
+    o = memory_org(engine)
     ids = route_skewed(o, 2000)
     total = DispatchStats()
     lock = threading.Lock()
@@ -223,7 +223,7 @@ def test_a_claim_finishing_during_ours_does_not_make_ours_the_tail(
     claim statement, which therefore skipped P1. Asked before the claim, "others in flight"
     is still yes and A holds its partial request; asked after, A takes itself for the last
     one standing and sends 3 rows as the tail, then P1's rows go out in a second partial."""
-    o = _org(engine, max_batch=5)
+    o = memory_org(engine, max_batch=5)
     p1, p2 = o.crm.add_parent(), o.crm.add_parent()
     o.route(4, [p1])
     o.route(3, [p2])
@@ -258,7 +258,7 @@ def test_a_claim_finishing_during_ours_does_not_make_ours_the_tail(
 
 
 def test_a_lone_row_goes_out_at_once(engine: Engine) -> None:
-    o = _org(engine)
+    o = memory_org(engine)
     a, b = o.dispatcher(), o.dispatcher()
     (rid,) = o.route(1)
     assert b.run_once().requests == 1  # one row, one request, no waiting for more
@@ -270,7 +270,7 @@ def test_a_lone_row_goes_out_at_once(engine: Engine) -> None:
 def test_a_row_arriving_during_a_write_waits_only_for_that_claim(engine: Engine) -> None:
     """A lone row is held while another claim is in flight, and the first round after that
     claim finished sends it (no timer involved)."""
-    o = _org(engine)
+    o = memory_org(engine)
     a, b = o.dispatcher(), o.dispatcher()
     (first,) = o.route(1)
     late: list[str] = []

@@ -9,121 +9,17 @@ from __future__ import annotations
 
 import math
 import threading
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
 from sqlalchemy import Engine, text
 
-from connector.core.config import OrgConfig, parse_config
 from connector.core.floor import ClaimFloor
-from connector.routing.assign import Lead, Router
-from connector.routing.teams import apply_teams
 from connector.writeback.dispatch import Claimed, Dispatcher, retry_dead
 from crm_adapters.base import PermanentError, RetryableError
 from crm_adapters.memory import MemoryCrm, ServedRequest
-from tests.clocks import Ticks
-
-ORG = "mem"
-
-
-def _config(crm: MemoryCrm, reps: list[str], intake: list[str]) -> OrgConfig:
-    members = "\n".join(
-        f'      - {{crm_user_id: "{r}", name: "Rep {i}"}}' for i, r in enumerate(reps)
-    )
-    if crm.kind == "salesforce":
-        crm_yaml = """  kind: salesforce
-  instance_url: https://mem.my.salesforce.com
-  auth: {method: client_credentials, client_id: "${ID}", client_secret: "${SECRET}"}
-  object: Contact
-  outbound_secrets: ["${OM}"]"""
-    else:
-        crm_yaml = """  kind: hubspot
-  base_url: https://api.hubapi.com
-  auth: {access_token: "${SECRET}"}
-  object: contacts
-  webhook_secrets: ["${OM}"]
-  portal_id: 1"""
-    text_ = f"""
-org: {ORG}
-crm:
-{crm_yaml}
-intake_owner_ids: {intake}
-teams:
-  - name: ae
-    members:
-{members}
-rules:
-  - {{team: ae}}
-"""
-    env = {"ID": "id", "SECRET": "secret-value", "OM": "om-secret-0123456789abcdef"}
-    return parse_config(text_, f"{ORG}.yaml", env)
-
-
-@dataclass
-class Org:
-    """An org routed in Postgres whose CRM is a MemoryCrm."""
-
-    engine: Engine
-    crm: MemoryCrm
-    cfg: OrgConfig
-    reps: list[str]
-    intake: str
-
-    def route(self, n: int, parents: list[str | None] | None = None) -> list[str]:
-        """n new records owned by the intake user, assigned; parents cycle over `parents`."""
-        cycle = parents or [None]
-        ids = [self.crm.add_record(self.intake, cycle[i % len(cycle)]) for i in range(n)]
-        leads = []
-        for rid, i in zip(ids, range(n), strict=True):
-            parent = cycle[i % len(cycle)]
-            leads.append(Lead(rid, {"AccountId": parent} if parent else {}))
-        Router(self.engine, self.cfg).assign_many(leads, "import")
-        return ids
-
-    def dispatcher(self, **kw: Any) -> Dispatcher:
-        kw.setdefault("rng", lambda: 0.0)  # no jitter: retries are due at once
-        return Dispatcher(
-            self.engine, ORG, self.crm, intake_owner_ids=self.cfg.intake_owner_ids, **kw
-        )
-
-    def rows(self) -> dict[str, dict[str, Any]]:
-        """crm_id -> the outbox row's state, attempts, last_error, found_owner, due_in_s."""
-        with self.engine.connect() as conn:
-            return {
-                r.crm_id: dict(r._mapping)
-                for r in conn.execute(
-                    text(
-                        "SELECT crm_id, state, attempts, last_error, found_owner, owner_id, "
-                        "extract(epoch FROM available_at - now()) AS due_in_s "
-                        "FROM outbox WHERE org = :o"
-                    ),
-                    {"o": ORG},
-                )
-            }
-
-    def states(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for r in self.rows().values():
-            out[r["state"]] = out.get(r["state"], 0) + 1
-        return out
-
-    def paused_for(self) -> float | None:
-        with self.engine.connect() as conn:
-            v = conn.execute(
-                text("SELECT extract(epoch FROM until - now()) FROM org_pauses WHERE org = :o"),
-                {"o": ORG},
-            ).scalar()
-        return None if v is None else float(v)
-
-
-def _org(engine: Engine, kind: str = "salesforce", max_batch: int | None = None) -> Org:
-    crm = MemoryCrm(kind, max_batch=max_batch)
-    reps = [crm.add_user() for _ in range(3)]
-    intake = crm.add_user()
-    cfg = _config(crm, reps, [intake])
-    apply_teams(engine, cfg)
-    return Org(engine, crm, cfg, reps, intake)
+from tests.helpers.clocks import Ticks
+from tests.helpers.memory_orgs import ORG, MemoryOrg, memory_org
 
 
 def _ops(crm: MemoryCrm) -> list[str]:
@@ -131,8 +27,8 @@ def _ops(crm: MemoryCrm) -> list[str]:
 
 
 @pytest.fixture
-def org(engine: Engine) -> Org:
-    return _org(engine)
+def org(engine: Engine) -> MemoryOrg:
+    return memory_org(engine)
 
 
 # -- the happy paths -----------------------------------------------------------------------
@@ -140,7 +36,7 @@ def org(engine: Engine) -> Org:
 
 @pytest.mark.parametrize("kind", ["salesforce", "hubspot"])
 def test_every_owner_reaches_the_crm_in_full_requests(engine: Engine, kind: str) -> None:
-    o = _org(engine, kind)
+    o = memory_org(engine, kind)
     parents = [o.crm.add_parent() for _ in range(7)] if kind == "salesforce" else [None]
     ids = o.route(450, parents)
     stats = o.dispatcher().drain(timeout=30)
@@ -156,7 +52,7 @@ def test_every_owner_reaches_the_crm_in_full_requests(engine: Engine, kind: str)
     assert o.crm.overlaps == []
 
 
-def test_a_record_that_already_has_our_owner_is_sent_without_a_write(org: Org) -> None:
+def test_a_record_that_already_has_our_owner_is_sent_without_a_write(org: MemoryOrg) -> None:
     (rid,) = org.route(1)
     org.crm.person_edit(rid, org.rows()[rid]["owner_id"])
     stats = org.dispatcher().run_once()
@@ -165,7 +61,7 @@ def test_a_record_that_already_has_our_owner_is_sent_without_a_write(org: Org) -
     assert org.crm.write_requests() == []
 
 
-def test_a_person_owner_supersedes_ours_and_is_never_written(org: Org) -> None:
+def test_a_person_owner_supersedes_ours_and_is_never_written(org: MemoryOrg) -> None:
     keep, mine = org.route(2)
     person = org.crm.add_user()
     org.crm.person_edit(keep, person)
@@ -179,7 +75,7 @@ def test_a_person_owner_supersedes_ours_and_is_never_written(org: Org) -> None:
     assert (stats.superseded, stats.sent) == (1, 1)
 
 
-def test_an_intake_owned_record_is_written(org: Org) -> None:
+def test_an_intake_owned_record_is_written(org: MemoryOrg) -> None:
     (rid,) = org.route(1)
     assert org.crm.owner_of(rid) == org.intake
     org.dispatcher().run_once()
@@ -189,7 +85,7 @@ def test_an_intake_owned_record_is_written(org: Org) -> None:
 # -- per-record failures ---------------------------------------------------------------------
 
 
-def test_a_deleted_record_is_dead_as_not_found_without_a_write(org: Org) -> None:
+def test_a_deleted_record_is_dead_as_not_found_without_a_write(org: MemoryOrg) -> None:
     gone, ok = org.route(2)
     org.crm.delete(gone)
     org.dispatcher().run_once()
@@ -198,7 +94,7 @@ def test_a_deleted_record_is_dead_as_not_found_without_a_write(org: Org) -> None
     assert org.crm.written_ids() == [ok]
 
 
-def test_a_locked_parent_retries_its_children_then_sends_them(org: Org) -> None:
+def test_a_locked_parent_retries_its_children_then_sends_them(org: MemoryOrg) -> None:
     busy, free = org.crm.add_parent(), org.crm.add_parent()
     ids = org.route(6, [busy, free])
     org.crm.lock_parent(busy, times=1)
@@ -215,7 +111,7 @@ def test_a_locked_parent_retries_its_children_then_sends_them(org: Org) -> None:
     assert [rows[rid]["attempts"] for rid in locked] == [2, 2, 2]
 
 
-def test_an_inactive_owner_is_dead_with_the_crms_reason(org: Org) -> None:
+def test_an_inactive_owner_is_dead_with_the_crms_reason(org: MemoryOrg) -> None:
     ids = org.route(3)
     owners = org.rows()
     gone_rep = owners[ids[0]]["owner_id"]
@@ -231,7 +127,7 @@ def test_an_inactive_owner_is_dead_with_the_crms_reason(org: Org) -> None:
             assert rows[rid]["state"] == "sent"
 
 
-def test_a_record_error_that_keeps_recurring_dies_when_attempts_run_out(org: Org) -> None:
+def test_a_record_error_that_keeps_recurring_dies_when_attempts_run_out(org: MemoryOrg) -> None:
     stuck, ok = org.route(2)
     org.crm.fail_records([stuck], RetryableError("UNABLE_TO_LOCK_ROW", "busy"))
     org.dispatcher(max_attempts=3).drain(timeout=30)
@@ -242,7 +138,7 @@ def test_a_record_error_that_keeps_recurring_dies_when_attempts_run_out(org: Org
     assert org.crm.written_ids().count(stuck) == 3
 
 
-def test_a_poisoned_record_is_dead_and_its_batch_mates_are_sent(org: Org) -> None:
+def test_a_poisoned_record_is_dead_and_its_batch_mates_are_sent(org: MemoryOrg) -> None:
     bad, *good = org.route(4)
     org.crm.poison([bad])
     org.dispatcher().run_once()
@@ -255,7 +151,7 @@ def test_a_poisoned_record_is_dead_and_its_batch_mates_are_sent(org: Org) -> Non
 # -- whole-request failures ------------------------------------------------------------------
 
 
-def test_an_outage_longer_than_the_attempts_dead_letters_nothing(org: Org) -> None:
+def test_an_outage_longer_than_the_attempts_dead_letters_nothing(org: MemoryOrg) -> None:
     ids = org.route(5)
     org.crm.fail_transient(times=4)
     stats = org.dispatcher(max_attempts=2).drain(timeout=30)
@@ -266,7 +162,7 @@ def test_an_outage_longer_than_the_attempts_dead_letters_nothing(org: Org) -> No
     assert len(org.crm.write_requests()) == 5
 
 
-def test_a_rate_limit_waits_its_retry_after_without_pausing_the_org(org: Org) -> None:
+def test_a_rate_limit_waits_its_retry_after_without_pausing_the_org(org: MemoryOrg) -> None:
     ids = org.route(3)
     org.crm.fail_rate_limited(3600.0, scope="request")
     stats = org.dispatcher().run_once()
@@ -278,7 +174,7 @@ def test_a_rate_limit_waits_its_retry_after_without_pausing_the_org(org: Org) ->
     assert org.dispatcher().run_once().claimed == 0  # not due yet
 
 
-def test_an_org_rate_limit_pauses_every_write_of_the_org(org: Org) -> None:
+def test_an_org_rate_limit_pauses_every_write_of_the_org(org: MemoryOrg) -> None:
     ids = org.route(3)
     org.crm.fail_rate_limited(900.0, scope="org")
     org.dispatcher().run_once()
@@ -290,7 +186,7 @@ def test_an_org_rate_limit_pauses_every_write_of_the_org(org: Org) -> None:
     assert org.rows()[more[0]]["state"] == "pending"
 
 
-def test_refused_credentials_pause_the_org_and_keep_the_rows(org: Org) -> None:
+def test_refused_credentials_pause_the_org_and_keep_the_rows(org: MemoryOrg) -> None:
     ids = org.route(3)
     org.crm.fail_auth()
     stats = org.dispatcher(auth_pause_seconds=120, max_attempts=1).run_once()
@@ -300,7 +196,7 @@ def test_refused_credentials_pause_the_org_and_keep_the_rows(org: Org) -> None:
     assert {org.rows()[r]["state"] for r in ids} == {"pending"}
 
 
-def test_a_request_refused_as_permanent_kills_its_rows(org: Org) -> None:
+def test_a_request_refused_as_permanent_kills_its_rows(org: MemoryOrg) -> None:
     ids = org.route(3)
     org.crm.fail_requests(PermanentError("400", "malformed request"))
     org.dispatcher().run_once()
@@ -309,7 +205,7 @@ def test_a_request_refused_as_permanent_kills_its_rows(org: Org) -> None:
     assert all(rows[r]["last_error"] == "400: malformed request" for r in ids)
 
 
-def test_an_adapter_bug_is_retried_until_the_attempts_run_out(org: Org) -> None:
+def test_an_adapter_bug_is_retried_until_the_attempts_run_out(org: MemoryOrg) -> None:
     (rid,) = org.route(1)
     org.crm.fail_requests(RuntimeError("adapter bug"), times=None)
     stats = org.dispatcher(max_attempts=2).drain(timeout=30)
@@ -320,7 +216,7 @@ def test_an_adapter_bug_is_retried_until_the_attempts_run_out(org: Org) -> None:
 
 
 def test_a_failed_owner_read_is_a_whole_request_failure_and_nothing_is_written(
-    org: Org,
+    org: MemoryOrg,
 ) -> None:
     ids = org.route(3)
     org.crm.fail_transient(op="fetch_records")
@@ -331,7 +227,7 @@ def test_a_failed_owner_read_is_a_whole_request_failure_and_nothing_is_written(
 
 
 def test_a_failure_mid_claim_retries_the_rest_and_keeps_what_was_sent(engine: Engine) -> None:
-    o = _org(engine, max_batch=10)
+    o = memory_org(engine, max_batch=10)
     ids = o.route(25)
     o.crm.fail_transient(after=1)  # the second write request of the claim fails
     stats = o.dispatcher(claim_limit=100).run_once()
@@ -343,7 +239,7 @@ def test_a_failure_mid_claim_retries_the_rest_and_keeps_what_was_sent(engine: En
     assert _ops(o.crm) == ["fetch_records", "write_owners", "fetch_records", "write_owners"]
 
 
-def test_rows_the_owner_read_settled_keep_their_state_when_the_write_fails(org: Org) -> None:
+def test_rows_the_owner_read_settled_keep_their_state_when_the_write_fails(org: MemoryOrg) -> None:
     """Superseded, already-ours and missing rows of a request are final even if the write
     of the request's other rows then fails: the failure covers only what it left undecided."""
     person_owned, ours, gone, pending = org.route(4)
@@ -365,7 +261,7 @@ def test_rows_the_owner_read_settled_keep_their_state_when_the_write_fails(org: 
 # -- leases and concurrency ------------------------------------------------------------------
 
 
-def test_an_expired_lease_sends_nothing_and_leaves_the_rows_to_the_rescue(org: Org) -> None:
+def test_an_expired_lease_sends_nothing_and_leaves_the_rows_to_the_rescue(org: MemoryOrg) -> None:
     ids = org.route(4)
     stats = org.dispatcher(lease_seconds=0).run_once()
     assert stats.claimed == 4 and stats.stale == 4
@@ -403,7 +299,7 @@ def test_no_parent_is_in_two_write_requests_at_once(engine: Engine, naive: bool)
     Parents are interleaved, so A's claim holds every parent: the real claim gives B nothing
     to send, the naive one sends B's rows of the same Accounts at the same time (the overlap
     Salesforce answers with UNABLE_TO_LOCK_ROW)."""
-    o = _org(engine, max_batch=5)
+    o = memory_org(engine, max_batch=5)
     parents = [o.crm.add_parent() for _ in range(3)]
     o.route(30, parents)
     a = o.dispatcher(claim_limit=6)
@@ -434,7 +330,7 @@ def test_no_parent_is_in_two_write_requests_at_once(engine: Engine, naive: bool)
 def test_dispatchers_write_other_parents_concurrently(engine: Engine) -> None:
     """With Accounts in blocks, B does send while A's write is in flight, and still no
     Account is in both."""
-    o = _org(engine, max_batch=5)
+    o = memory_org(engine, max_batch=5)
     p1, p2, p3, p4 = (o.crm.add_parent() for _ in range(4))
     o.route(5, [p1])
     o.route(5, [p2])
@@ -461,7 +357,7 @@ def test_dispatchers_write_other_parents_concurrently(engine: Engine) -> None:
 # again on their own (full_every: an hour): what they claim is what the floor let them see.
 
 
-def _floored(org: Org, clock: Ticks | None = None, **kw: Any) -> Dispatcher:
+def _floored(org: MemoryOrg, clock: Ticks | None = None, **kw: Any) -> Dispatcher:
     d = org.dispatcher(**kw)
     d.floor = ClaimFloor(lag=0, full_every=3600, clock=clock or Ticks())
     return d
@@ -470,7 +366,7 @@ def _floored(org: Org, clock: Ticks | None = None, **kw: Any) -> Dispatcher:
 def test_rows_a_claim_skipped_for_a_parent_in_flight_are_claimed_once_it_lands(
     engine: Engine,
 ) -> None:
-    o = _org(engine, max_batch=2)
+    o = memory_org(engine, max_batch=2)
     busy = o.crm.add_parent()
     o.route(1, [busy])
     assert len(o.dispatcher().claim("b")) == 1  # b's write to `busy` is in flight
@@ -484,7 +380,7 @@ def test_rows_a_claim_skipped_for_a_parent_in_flight_are_claimed_once_it_lands(
 
 
 def test_a_partial_request_given_back_is_claimed_by_the_next_claim(engine: Engine) -> None:
-    o = _org(engine, max_batch=2)
+    o = memory_org(engine, max_batch=2)
     o.route(1)
     other = o.dispatcher()
     other.claim("other")  # another claim in flight: a partial request waits (hold_tail)
@@ -498,7 +394,7 @@ def test_a_partial_request_given_back_is_claimed_by_the_next_claim(engine: Engin
     assert {c.crm_id for c in a.claim("a-2")} == {given_back, *more}
 
 
-def test_a_retried_row_comes_back_without_waiting_for_a_full_claim(org: Org) -> None:
+def test_a_retried_row_comes_back_without_waiting_for_a_full_claim(org: MemoryOrg) -> None:
     first = org.route(3)
     org.crm.fail_transient(times=1)
     a = _floored(org, backoff_base=0.0)
@@ -509,7 +405,7 @@ def test_a_retried_row_comes_back_without_waiting_for_a_full_claim(org: Org) -> 
     assert sorted(org.crm.written_ids()) == sorted(first + later)
 
 
-def test_a_row_requeued_below_the_floor_is_claimed_by_the_next_full_claim(org: Org) -> None:
+def test_a_row_requeued_below_the_floor_is_claimed_by_the_next_full_claim(org: MemoryOrg) -> None:
     clock = Ticks()
     a = _floored(org, clock)
     (gone,) = org.route(1)
@@ -525,7 +421,7 @@ def test_a_row_requeued_below_the_floor_is_claimed_by_the_next_full_claim(org: O
     assert org.rows()[gone]["state"] == "dead"  # still gone: dead again, with the reason
 
 
-def test_an_expired_lease_is_freed_by_the_next_claim(org: Org) -> None:
+def test_an_expired_lease_is_freed_by_the_next_claim(org: MemoryOrg) -> None:
     a = _floored(org)
     assert a.run_once().claimed == 0  # its first claim (a full one) is behind it
     ids = org.route(2)
@@ -536,7 +432,7 @@ def test_an_expired_lease_is_freed_by_the_next_claim(org: Org) -> None:
 
 
 def test_a_claim_frees_the_leases_ended_since_the_previous_one_and_a_full_claim_all(
-    org: Org,
+    org: MemoryOrg,
 ) -> None:
     clock = Ticks()
     a = _floored(org, clock)
@@ -557,7 +453,7 @@ def test_a_claim_frees_the_leases_ended_since_the_previous_one_and_a_full_claim_
     assert org.states() == {"sent": 1}
 
 
-def test_a_paused_org_is_not_read_from_the_start_on_every_poll(org: Org) -> None:
+def test_a_paused_org_is_not_read_from_the_start_on_every_poll(org: MemoryOrg) -> None:
     org.route(2)
     with org.engine.begin() as conn:
         conn.execute(
@@ -574,7 +470,7 @@ def test_a_paused_org_is_not_read_from_the_start_on_every_poll(org: Org) -> None
     assert org.states() == {"pending": 2}
 
 
-def test_each_thread_running_a_dispatcher_keeps_its_own_floor(org: Org) -> None:
+def test_each_thread_running_a_dispatcher_keeps_its_own_floor(org: MemoryOrg) -> None:
     """`connector dispatch --concurrency N` runs one Dispatcher in N threads."""
     d = org.dispatcher()
     seen: list[ClaimFloor] = []
@@ -584,7 +480,7 @@ def test_each_thread_running_a_dispatcher_keeps_its_own_floor(org: Org) -> None:
     assert d.floor is d.floor and seen[0] is not d.floor
 
 
-def _land(o: Org) -> None:
+def _land(o: MemoryOrg) -> None:
     """Every claim in flight finishes (as its dispatcher would, once its writes landed)."""
     with o.engine.begin() as conn:
         conn.execute(
@@ -595,7 +491,7 @@ def _land(o: Org) -> None:
         )
 
 
-def _ids(o: Org, crm_ids: list[str]) -> list[int]:
+def _ids(o: MemoryOrg, crm_ids: list[str]) -> list[int]:
     with o.engine.connect() as conn:
         return [
             int(r.id)

@@ -11,12 +11,8 @@ from sqlalchemy import Engine, text
 
 import db
 from connector.core.config import OrgConfig
-from connector.core.errors import (
-    AsyncPool,
-    DatabaseError,
-    DatabaseUnavailable,
-    async_pool_for,
-)
+from connector.core.database import AsyncPool, async_pool_for
+from connector.core.errors import DatabaseError, DatabaseUnavailable
 from connector.intake.inbox import EventWriter, _Delivery, count_new, store_events_now
 from connector.shell.store import make_engine
 

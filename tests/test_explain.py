@@ -18,8 +18,8 @@ from connector.shell.retention import purge
 from connector.shell.service import serve_in_thread
 from connector.writeback.dispatch import Dispatcher
 from crm_sandboxes import SalesforceSandbox
-from tests.crm_orgs import OUTBOUND_SECRET, SF_ORG_ID
-from tests.reassign_orgs import ReOrg
+from testbed.crm_orgs import OUTBOUND_SECRET, SF_ORG_ID
+from tests.helpers.reassign_orgs import ReOrg
 
 SOAP_HEADERS = {"Content-Type": "text/xml; charset=utf-8", "SOAPAction": '""'}
 

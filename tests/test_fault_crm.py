@@ -21,7 +21,7 @@ from sqlalchemy import Engine, text
 from connector.core.config import OrgConfig
 from connector.routing.assign import Lead, Router
 from connector.routing.teams import apply_teams
-from tests.fault_helpers import (
+from tests.helpers.faults import (
     Proc,
     RecordingHubSpot,
     RecordingSalesforce,

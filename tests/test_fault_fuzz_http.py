@@ -23,9 +23,11 @@ from sqlalchemy import Engine, text
 
 from connector.intake.signatures import sign_v3
 from connector.intake.soap import build_outbound_message
-from connector.shell.demo import ENV, SF_ORG_ID
+from connector.shell.demo_world import ENV, SF_ORG_ID
 from connector.shell.store import make_engine
-from tests.fault_helpers import (
+from testbed.pg import DatabaseFactory
+from testbed.waiting import wait_until
+from tests.helpers.faults import (
     Proc,
     assert_clean_logs,
     connector_env,
@@ -33,8 +35,6 @@ from tests.fault_helpers import (
     record_figures,
     service,
 )
-from tests.pg import DatabaseFactory
-from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.fault, pytest.mark.slow]
 

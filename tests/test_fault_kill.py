@@ -22,7 +22,7 @@ import httpx
 import pytest
 from sqlalchemy import Engine
 
-from tests.fault_helpers import (
+from tests.helpers.faults import (
     SF_PATH,
     Delivery,
     Proc,

@@ -26,7 +26,8 @@ import pytest
 from connector.routing.assign import Lead, Router
 from connector.routing.teams import apply_teams
 from connector.shell.store import make_engine
-from tests.fault_helpers import (
+from testbed.pg import DatabaseFactory
+from tests.helpers.faults import (
     ROOT,
     SECRETS,
     SF_PATH,
@@ -42,7 +43,6 @@ from tests.fault_helpers import (
     service,
     soap_body,
 )
-from tests.pg import DatabaseFactory
 
 pytestmark = [pytest.mark.fault, pytest.mark.slow]
 

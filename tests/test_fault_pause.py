@@ -20,7 +20,8 @@ from sqlalchemy import Engine, Row, text
 
 from connector.routing.assign import Lead, Router
 from connector.routing.teams import apply_teams
-from tests.fault_helpers import (
+from testbed.waiting import wait_until
+from tests.helpers.faults import (
     ROOT,
     Proc,
     TwoOrgs,
@@ -30,7 +31,6 @@ from tests.fault_helpers import (
     lead_email,
     record_figures,
 )
-from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.fault, pytest.mark.slow]
 

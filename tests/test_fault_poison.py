@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, text
 
-from tests.fault_helpers import (
+from tests.helpers.faults import (
     ROOT,
     TwoOrgs,
     assert_clean_logs,

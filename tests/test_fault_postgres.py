@@ -25,9 +25,10 @@ import httpx
 import pytest
 from sqlalchemy import text
 
-from connector.core.errors import create_engine
+from connector.core.database import create_engine
 from connector.shell.store import make_engine, migrate, sqlalchemy_url
-from tests.fault_helpers import (
+from testbed.pg import with_database
+from tests.helpers.faults import (
     PROBE,
     SF_PATH,
     Delivery,
@@ -45,7 +46,6 @@ from tests.fault_helpers import (
     soap_body,
     wait_drained,
 )
-from tests.pg import with_database
 
 pytestmark = [
     pytest.mark.fault,

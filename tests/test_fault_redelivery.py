@@ -18,7 +18,7 @@ import httpx
 import pytest
 from sqlalchemy import Engine, text
 
-from tests.fault_helpers import (
+from tests.helpers.faults import (
     SF_PATH,
     TwoOrgs,
     assert_clean_logs,

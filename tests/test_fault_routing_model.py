@@ -17,12 +17,13 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 from sqlalchemy import Engine, text
 
-from connector.core.config import OrgConfig, parse_config
+from connector.core.config import OrgConfig
+from connector.core.config_loading import parse_config
 from connector.core.errors import DatabaseUnavailable
 from connector.routing.assign import Lead, Router
 from connector.routing.teams import apply_teams
 from crm_adapters.salesforce_ids import to_18
-from tests.fault_helpers import record_figures
+from tests.helpers.faults import record_figures
 
 pytestmark = [pytest.mark.fault, pytest.mark.slow]
 

@@ -31,7 +31,7 @@ from connector.intake.http_server import (
     read_body,
     receiver_config,
 )
-from tests.waiting import wait_until
+from testbed.waiting import wait_until
 
 HEADER_TIMEOUT = 0.4
 BODY_TIMEOUT = 0.6

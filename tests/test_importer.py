@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from connector.core.crm_kinds import SALESFORCE
 from connector.intake.importer import Rejected, detect_format, parse_csv, parse_jsonl, read_file
 from connector.routing.assign import Lead
 
@@ -186,7 +187,7 @@ def test_salesforce_rows_need_salesforce_ids() -> None:
         '{"Id": "000000000000000BAA"}\n'  # the suffix marks a digit upper case
         '{"Id": "00Q5g00000LmAb!"}\n'
     )
-    rows = list(parse_jsonl(io.StringIO(text, newline=None), "Id", salesforce_ids=True))
+    rows = list(parse_jsonl(io.StringIO(text, newline=None), "Id", ids=SALESFORCE))
     assert [(n, r.reason if isinstance(r, Rejected) else r.crm_id) for n, r in rows] == [
         (1, "00Q5g00000LmAbC"),
         (2, "00q5g00000lmabceav"),  # the router stores its 18-character form
@@ -198,7 +199,7 @@ def test_salesforce_rows_need_salesforce_ids() -> None:
     # other CRMs' ids are not checked
     assert jsonl('{"Id": "00Q1"}\n') == [(1, Lead("00Q1", {"Id": "00Q1"}))]
     csv_text = "Id,Country\n00Q1,US\n00Q5g00000LmAbC,US\n"
-    csv_rows_sf = list(parse_csv(io.StringIO(csv_text, newline=""), "Id", salesforce_ids=True))
+    csv_rows_sf = list(parse_csv(io.StringIO(csv_text, newline=""), "Id", ids=SALESFORCE))
     assert csv_rows_sf == [
         (2, Rejected(2, "not a Salesforce id")),
         (3, Lead("00Q5g00000LmAbC", {"Id": "00Q5g00000LmAbC", "Country": "US"})),

@@ -8,7 +8,7 @@ import pytest
 
 from connector.intake.accounts_sync import BEGINNING, account_rows, refresh_window
 from connector.routing.accounts import Seat, seat_for
-from connector.routing.matching import (
+from connector.routing.domains import (
     AccountDecision,
     AccountRow,
     Rep,

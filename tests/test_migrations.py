@@ -1,4 +1,6 @@
-"""Migrations: they build exactly db/schema.sql, are idempotent, and safe to run at once."""
+"""Migrations: the baseline plus db/functions/ build the schema a database at 0027 moves to
+with nothing lost; migrate is idempotent, drops what the files no longer define, and is safe
+to run at once."""
 
 from __future__ import annotations
 
@@ -8,14 +10,20 @@ import random
 import string
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from sqlalchemy import Engine, text
 
 import db
+from connector.core.config import ConfigError
+from connector.core.config_loading import parse_config
 from connector.core.errors import Conflict, DatabaseUnavailable
+from connector.routing.assign import Lead, Router
+from connector.routing.teams import apply_teams
 from connector.shell.store import (
+    functions_behind,
     make_engine,
     migrate,
     pending_migrations,
@@ -23,8 +31,8 @@ from connector.shell.store import (
     vacuum_warning_for,
 )
 from crm_adapters.salesforce_ids import id_key, to_18
-from tests.pg import DatabaseFactory, with_database
-from tests.test_route_lead import _wait_until_blocked
+from testbed.pg import DatabaseFactory, blank_database
+from tests.helpers.blocking import wait_until_blocked
 
 CATALOG = {
     "columns": """
@@ -65,7 +73,6 @@ CATALOG = {
         JOIN pg_namespace n ON n.oid = c.relnamespace
         WHERE n.nspname = 'public' AND NOT t.tgisinternal ORDER BY 1, 2
     """,
-    # a function replaced by a migration must read the same in db/schema.sql
     "functions": """
         SELECT p.proname, pg_get_function_arguments(p.oid),
                pg_get_function_result(p.oid), l.lanname, p.provolatile, p.proisstrict,
@@ -75,15 +82,6 @@ CATALOG = {
         WHERE n.nspname = 'public' ORDER BY 1, 2
     """,
 }
-
-
-def blank_database(databases: DatabaseFactory, tag: str) -> str:
-    """An empty database (no migrations), dropped with the others at the end of the session."""
-    name = f"{databases.prefix}_blank_{tag}"
-    with databases.admin.connect() as conn:
-        conn.execute(text(f"CREATE DATABASE {name}"))
-    databases.created.append(name)
-    return with_database(databases.url, name)
 
 
 @pytest.fixture
@@ -98,38 +96,295 @@ def catalog(engine: Engine) -> dict[str, list[tuple[Any, ...]]]:
         return {k: [tuple(r) for r in conn.execute(text(q))] for k, q in CATALOG.items()}
 
 
-def test_migrations_produce_schema_sql(databases: DatabaseFactory, blank: Engine) -> None:
-    migrated = blank
-    assert migrate(migrated) == [m.version for m in db.migrations()]
-    from_file = make_engine(blank_database(databases, "from_schema_sql"), pool_size=1)
+FIXTURE_0027 = Path(__file__).parent / "fixtures" / "schema_0027.sql"
+
+
+def database_at_0027(databases: DatabaseFactory, tag: str) -> Engine:
+    """A database as the migrations 0001-0027 left it, functions and all, built from the
+    frozen db/schema.sql of that version, with versions 1..27 recorded as the migrator
+    recorded them (one schema_migrations row each)."""
+    engine = make_engine(blank_database(databases, tag), pool_size=1)
+    with engine.begin() as conn:
+        conn.exec_driver_sql(FIXTURE_0027.read_text(encoding="utf-8"))
+    return engine
+
+
+# One or more rows in every table that holds data, as routing, the inbox, the outbox, the
+# account refresh, reassignment and the CLI write them.
+SEED_0027 = """
+INSERT INTO teams (id, org, name, epoch, fingerprint, in_config) VALUES
+    (1, 'acme', 't', 3, 'fp-t', true), (2, 'acme', 'old', 1, '', false);
+INSERT INTO members (id, team_id, crm_user_id, name, weight, active, in_config, position,
+                     assigned_in_epoch, credited_in_epoch) VALUES
+    (1, 1, '005A', 'Rep 005A', 1, true, true, 0, 2, 1),
+    (2, 1, '005B', 'Rep 005B', 1, true, true, 1, 1, 0),
+    (3, 2, '005C', 'Grace', 2, false, false, 0, 0, 0);
+INSERT INTO leads (id, org, crm_object, crm_id, fields, parent_id, source, received_at,
+                   unassigned_reason, merged_into) VALUES
+    (1, 'acme', 'Lead', '00Q5g00000LmAbCEAV', '{"Country": "US"}', NULL,
+     'salesforce_outbound', '2026-11-30T09:00:00Z', NULL, NULL),
+    (2, 'acme', 'Lead', '00Q5g00000LmXyZEAV', '{"Country": "US"}', '0015g00000AcMeQAAV',
+     'import', '2026-11-30T09:01:00Z', NULL, NULL),
+    (3, 'acme', 'Lead', '00Q3', '{"Country": "FR"}', NULL, 'api', '2026-11-30T09:02:00Z',
+     'no rule matched', NULL),
+    (4, 'acme', 'Lead', '00Q5g00000LmAbCEAV', '{}', NULL, 'poll', '2026-11-30T09:03:00Z',
+     NULL, 1),
+    (5, 'globex', 'contacts', '101', '{"country": "US"}', NULL, 'hubspot_webhook',
+     '2026-11-30T09:04:00Z', NULL, NULL);
+INSERT INTO assignments (id, lead_id, org, team_id, member_id, crm_user_id, epoch, rule_index,
+                         rule_name, source, assigned_at, account_match, reason, note,
+                         sla_due_at) VALUES
+    (1, 1, 'acme', 1, 1, '005A', 3, 0, 'us', 'salesforce_outbound', '2026-11-30T09:00:01Z',
+     NULL, 'routed', NULL, '2026-11-30T10:00:00Z'),
+    (2, 2, 'acme', 1, 2, '005B', 3, 1, 'accounts', 'import', '2026-11-30T09:01:01Z',
+     '{"result": "matched", "account": "0015g00000AcMeQAAV"}', 'reassigned', 'by hand', NULL);
+INSERT INTO assignment_history (id, assignment_id, lead_id, org, team_id, member_id,
+                                crm_user_id, epoch, reason, note, assigned_at, ended_at,
+                                ended_reason) VALUES
+    (1, 2, 2, 'acme', 1, 1, '005A', 3, 'routed', NULL, '2026-11-30T09:01:01Z',
+     '2026-11-30T09:30:00Z', 'reassigned');
+INSERT INTO outbox (id, org, lead_id, assignment_id, crm_object, crm_id, owner_id, parent_id,
+                    state, attempts, available_at, claimed_by, lease_until, last_error,
+                    created_at, finished_at, found_owner, replaces_owners,
+                    lead_received_at) VALUES
+    (1, 'acme', 1, 1, 'Lead', '00Q5g00000LmAbCEAV', '005A', NULL, 'sent', 1,
+     '2026-11-30T09:00:01Z', NULL, NULL, NULL, '2026-11-30T09:00:01Z',
+     '2026-11-30T09:00:02Z', NULL, '{}', '2026-11-30T09:00:00Z'),
+    (2, 'acme', 2, 2, 'Lead', '00Q5g00000LmXyZEAV', '005B', '0015g00000AcMeQAAV', 'claimed',
+     2, '2026-11-30T09:31:00Z', 'worker-1', '2026-11-30T09:32:00Z', 'timeout',
+     '2026-11-30T09:30:00Z', NULL, NULL, '{005A}', '2026-11-30T09:01:00Z'),
+    (3, 'acme', 2, 2, 'Lead', '00Q5g00000LmXyZEAV', '005A', NULL, 'superseded', 1,
+     '2026-11-30T09:01:01Z', NULL, NULL, NULL, '2026-11-30T09:01:01Z',
+     '2026-11-30T09:20:00Z', '005Z', '{}', NULL);
+INSERT INTO routing_decisions (id, org, lead_id, kind, detail, made_at, batch, epoch,
+                               chosen_id, seat_ids, seat_weights, seat_counts,
+                               seat_skips) VALUES
+    (1, 'acme', 1, 'route', '{"rules": [0], "team": "t"}', '2026-11-30T09:00:01Z', 7, 3, 1,
+     '{1,2}', '{1,1}', '{1,1}', '{NULL,NULL}'),
+    (2, 'acme', 3, 'route', '{"rules": [], "values": {"Country": "FR"}}',
+     '2026-11-30T09:02:00Z', NULL, NULL, NULL, NULL, NULL, NULL, NULL),
+    (3, 'acme', 2, 'reassign', '{"to": "005B"}', '2026-11-30T09:30:00Z', NULL, NULL, NULL,
+     NULL, NULL, NULL, NULL);
+INSERT INTO intake_events (id, org, source, event_key, crm_object, crm_id, state, attempts,
+                           available_at, claimed_by, lease_until, last_error, received_at,
+                           finished_at) VALUES
+    (1, 'acme', 'salesforce_outbound', 'n-1', 'Lead', '00Q5g00000LmAbCEAV', 'done', 1,
+     '2026-11-30T08:59:59Z', NULL, NULL, NULL, '2026-11-30T08:59:59Z', '2026-11-30T09:00:01Z'),
+    (2, 'globex', 'hubspot_webhook', '7:1:101', 'contacts', '102', 'pending', 0,
+     '2026-11-30T09:05:00Z', NULL, NULL, NULL, '2026-11-30T09:05:00Z', NULL),
+    (3, 'acme', 'salesforce_outbound', 'n-2', 'Lead', '00Q9', 'claimed', 3,
+     '2026-11-30T09:06:00Z', 'worker-2', '2026-11-30T09:07:00Z', 'CRM down',
+     '2026-11-30T09:05:30Z', NULL);
+INSERT INTO skipped_records (org, crm_object, crm_id, reason, owner_found, source, times,
+                             first_seen_at, last_seen_at) VALUES
+    ('acme', 'Lead', '00Q7', 'owned_by_person', '005Q', 'salesforce_outbound', 2,
+     '2026-11-29T00:00:00Z', '2026-11-30T00:00:00Z');
+INSERT INTO org_pauses (org, until, reason, updated_at) VALUES
+    ('globex', '2026-12-01T00:00:00Z', 'DAILY limit', '2026-11-30T09:00:00Z');
+INSERT INTO poll_watermarks (org, watermark, updated_at) VALUES
+    ('acme', '2026-11-30T09:00:00Z', '2026-11-30T09:00:05Z');
+INSERT INTO member_load (member_id, period, starts_on, assigned) VALUES
+    (1, 'day', '2026-11-30', 2), (1, 'week', '2026-11-30', 2), (2, 'day', '2026-11-30', 1);
+INSERT INTO rep_time_off (org, crm_user_id, starts_at, until, reason, set_at) VALUES
+    ('acme', '005C', '2026-11-01T00:00:00Z', '2026-11-02T00:00:00Z', 'holiday',
+     '2026-10-30T00:00:00Z');
+INSERT INTO crm_accounts (org, crm_id, owner_id, modified_at, synced_at) VALUES
+    ('acme', '0015g00000AcMeQAAV', '005B', '2026-11-29T00:00:00Z', '2026-11-30T00:00:00Z');
+INSERT INTO crm_account_domains (org, domain, crm_id) VALUES
+    ('acme', 'acme.example', '0015g00000AcMeQAAV');
+INSERT INTO account_watermarks (org, watermark, updated_at) VALUES
+    ('acme', '2026-11-29T00:00:00Z', '2026-11-30T00:00:00Z');
+SELECT setval(pg_get_serial_sequence(t, 'id'), 100)
+FROM unnest(ARRAY['teams', 'members', 'leads', 'assignments', 'assignment_history', 'outbox',
+                  'routing_decisions', 'intake_events']) AS t;
+"""
+
+
+def stored_rows(engine: Engine) -> dict[str, list[str]]:
+    """Every row of every table but the migrator's own, as JSON text, per table."""
+    with engine.connect() as conn:
+        tables = conn.execute(
+            text(
+                "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'"
+                " AND table_type = 'BASE TABLE'"
+                " AND table_name NOT IN ('schema_migrations', 'schema_functions')"
+            )
+        ).scalars()
+        return {
+            t: sorted(conn.execute(text(f"SELECT CAST(to_jsonb(r) AS text) FROM {t} r")).scalars())
+            for t in sorted(tables)
+        }
+
+
+ROUTING_YAML = """
+org: acme
+crm:
+  kind: salesforce
+  instance_url: https://x.my.salesforce.com
+  auth: {method: session, access_token: "${TOKEN}"}
+  object: Lead
+teams:
+  - name: t
+    members:
+      - {crm_user_id: "005A", name: "Rep 005A", weight: 1}
+      - {crm_user_id: "005B", name: "Rep 005B", weight: 1}
+rules:
+  - {team: t, when: {Country: US}}
+"""
+
+
+def test_a_database_at_0027_moves_to_the_new_layout_with_nothing_lost(
+    databases: DatabaseFactory, blank: Engine
+) -> None:
+    """A database built by the migrations 0001-0027, with data: migrate applies no versioned
+    migration, keeps every row, and leaves the catalog of a database migrated from nothing;
+    routing then works on it."""
+    fresh = blank
+    assert migrate(fresh) == [db.BASELINE]
+    old = database_at_0027(databases, "at_0027")
     try:
-        with from_file.begin() as conn:
-            conn.exec_driver_sql(db.schema_sql())
-        expected, got = catalog(from_file), catalog(migrated)
-        assert pending_migrations(from_file) == []
+        with old.begin() as conn:
+            conn.exec_driver_sql(SEED_0027)
+        before = stored_rows(old)
+        assert [t for t, rows in before.items() if not rows] == []  # every table holds data
+        assert pending_migrations(old) == []
+        assert functions_behind(old)
+        assert migrate(old) == []
+        assert not functions_behind(old)
+        assert stored_rows(old) == before
+        expected, got = catalog(fresh), catalog(old)
+        for key in CATALOG:
+            assert got[key] == expected[key], f"{key} differ between a fresh database and 0027's"
+        assert got["versions"] == [(db.BASELINE, "baseline")]
+        # the comparison looks at something: every table, the unique lead constraint, the
+        # functions, the view and the trigger
+        tables = {r[0] for r in got["relations"] if r[1] == "r"}
+        assert {"schema_migrations", "teams", "members", "leads", "assignments"} <= tables
+        assert ("assignments", "assignments_lead_id_key", "u", "UNIQUE (lead_id)") in got[
+            "constraints"
+        ]
+        assert {
+            "salesforce_id_18",
+            "rotation_picks",
+            "record_assignments",
+            "route_team",
+            "route_new_lead",
+            "team_seats",
+            "members_add_key",
+        } == {r[0] for r in got["functions"]}
+        assert [r[0] for r in got["views"]] == ["decision_details"]
+        assert [r[:2] for r in got["triggers"]] == [("members", "members_add_key")]
+
+        cfg = parse_config(ROUTING_YAML, "acme.yaml", {"TOKEN": "unused"})
+        apply_teams(old, cfg)
+        router = Router(old, cfg)
+        one = router.assign(Lead("00Q10", {"Country": "US"}), "api")
+        batch = router.assign_many([Lead(f"00Q{i}", {"Country": "US"}) for i in (11, 12)], "api")
+        assert [o.status for o in [one, *batch]] == ["assigned"] * 3
+        assert {o.owner_id for o in [one, *batch]} == {"005A", "005B"}
+        with old.connect() as conn:
+            new = conn.execute(
+                text(
+                    "SELECT count(*) FROM assignments a JOIN outbox o ON o.assignment_id = a.id"
+                    " WHERE a.id > 100"
+                )
+            ).scalar()
+            assert new == 3  # after the old rows' ids: the sequences came along
+            details = conn.execute(text("SELECT count(*) FROM decision_details")).scalar()
+            assert details == 6
     finally:
-        from_file.dispose()
-    for key in CATALOG:
-        assert got[key] == expected[key], f"{key} differ between migrations and db/schema.sql"
-    # the comparison looks at something: every table and the unique lead constraint
-    tables = {r[0] for r in got["relations"] if r[1] == "r"}
-    assert {"schema_migrations", "teams", "members", "leads", "assignments", "outbox"} <= tables
-    assert ("assignments", "assignments_lead_id_key", "u", "UNIQUE (lead_id)") in got["constraints"]
-    assert {"route_lead", "rotation_pick", "rotation_pick_plain"} <= {
-        r[0] for r in got["functions"]
-    }
-    assert "decision_details" in {r[0] for r in got["views"]}
-    assert ("members", "members_add_key") in {r[:2] for r in got["triggers"]}
+        old.dispose()
 
 
 def test_migrate_is_idempotent(blank: Engine) -> None:
     versions = [m.version for m in db.migrations()]
     assert pending_migrations(blank) == versions
+    assert functions_behind(blank)
     assert migrate(blank) == versions
     before = catalog(blank)
     assert migrate(blank) == []
     assert pending_migrations(blank) == []
     assert catalog(blank) == before
+
+
+def test_a_database_before_the_baseline_is_refused(blank: Engine) -> None:
+    q = db.queries("migrate")
+    with blank.begin() as conn:
+        conn.execute(text(q["create_version_table"]))
+        for version in range(1, 20):
+            conn.execute(text(q["record"]), {"version": version, "name": f"m{version}"})
+    with pytest.raises(ConfigError) as exc:
+        migrate(blank)
+    assert str(exc.value) == (
+        "this database's schema is at version 19, before the baseline 0027 (no release"
+        " shipped it): build a new database"
+    )
+    with blank.connect() as conn:  # nothing was applied
+        assert conn.execute(text("SELECT to_regclass('leads')")).scalar() is None
+
+
+EXTRA = db.Functions(
+    "zz_extra",
+    """
+    CREATE OR REPLACE FUNCTION zz_gone(a integer) RETURNS integer LANGUAGE sql AS 'SELECT a';
+    CREATE OR REPLACE FUNCTION zz_gone_trigger() RETURNS trigger LANGUAGE plpgsql
+    AS $$ BEGIN RETURN NULL; END $$;
+    CREATE OR REPLACE TRIGGER zz_gone AFTER UPDATE ON teams
+    FOR EACH ROW EXECUTE FUNCTION zz_gone_trigger();
+    CREATE OR REPLACE VIEW zz_gone_view AS SELECT zz_gone(1) AS one;
+    """,
+)
+
+
+def server_code(engine: Engine) -> set[str]:
+    got = catalog(engine)
+    return {r[0] for k in ("functions", "views") for r in got[k]} | {r[1] for r in got["triggers"]}
+
+
+def test_what_the_files_no_longer_define_is_dropped(
+    blank: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    files = db.functions()
+    monkeypatch.setattr(db, "functions", lambda: [*files, EXTRA])
+    assert migrate(blank) == [db.BASELINE]
+    defined = server_code(blank)
+    assert {"zz_gone", "zz_gone_trigger", "zz_gone_view"} <= defined
+    monkeypatch.setattr(db, "functions", lambda: files)
+    assert functions_behind(blank)  # a process that does not migrate refuses to start
+    assert migrate(blank) == []
+    assert not functions_behind(blank)
+    assert defined - server_code(blank) == {"zz_gone", "zz_gone_trigger", "zz_gone_view"}
+    # the same holds for an overload the files never defined
+    with blank.begin() as conn:
+        conn.execute(
+            text("CREATE FUNCTION route_team(x integer) RETURNS integer AS 'SELECT x' LANGUAGE sql")
+        )
+    migrate(blank)
+    with blank.connect() as conn:
+        assert (
+            conn.execute(text("SELECT count(*) FROM pg_proc WHERE proname = 'route_team'")).scalar()
+            == 1
+        )
+
+
+def test_an_extensions_functions_are_left_alone(blank: Engine) -> None:
+    assert migrate(blank) == [db.BASELINE]
+    with blank.begin() as conn:
+        available = set(conn.execute(text("SELECT name FROM pg_available_extensions")).scalars())
+        names = [n for n in ("pg_trgm", "citext", "hstore", "btree_gist") if n in available]
+        if not names:
+            pytest.skip("this server has none of the contrib extensions the test knows")
+        conn.execute(text(f"CREATE EXTENSION {names[0]} SCHEMA public"))
+    count = text(
+        "SELECT count(*) FROM pg_depend d WHERE d.deptype = 'e'"
+        " AND d.classid = CAST('pg_proc' AS regclass)"
+    )
+    with blank.connect() as conn:
+        before = conn.execute(count).scalar()
+    assert before
+    assert migrate(blank) == []
+    with blank.connect() as conn:
+        assert conn.execute(count).scalar() == before
 
 
 def _migrate_worker(url: str, barrier: Any, out: Any) -> None:
@@ -167,122 +422,6 @@ def test_concurrent_migrate_on_a_blank_database(blank: Engine) -> None:
         )
 
 
-# --- 0006: canonical Salesforce ids -----------------------------------------------------------
-
-ID15 = "00Q5g00000LmAbC"
-ID18 = "00Q5g00000LmAbCEAV"
-OTHER15, OTHER18 = "00Q5g00000LmXyZ", "00Q5g00000LmXyZEAV"
-ACCOUNT15, ACCOUNT18 = "0015g00000AcMeQ", "0015g00000AcMeQAAV"
-MERGE_REASON = "merged into lead 2: same record by its 15- and 18-character ids"
-
-
-def migrate_below(engine: Engine, version: int) -> None:
-    """Apply, and record, only the migrations numbered below ``version``."""
-    q = db.queries("migrate")
-    with engine.begin() as conn:
-        conn.execute(text(q["create_version_table"]))
-        for m in db.migrations():
-            if m.version < version:
-                conn.exec_driver_sql(m.sql)
-                conn.execute(text(q["record"]), {"version": m.version, "name": m.name})
-
-
-SEED_BEFORE_0006 = """
-INSERT INTO teams (id, org, name, epoch) VALUES (1, 'acme', 't', 2);
-INSERT INTO members (id, team_id, crm_user_id, name, weight, position, assigned_in_epoch) VALUES
-    (1, 1, '005A', 'Ada', 1, 0, 1),
-    (2, 1, '005B', 'Alan', 1, 1, 2);
-INSERT INTO leads (id, org, crm_object, crm_id, fields, parent_id, source) VALUES
-    -- lead 1, by its 18-character id, was assigned AFTER lead 2 (its 15-character id)
-    (1, 'acme', 'Lead', :id18, '{}', NULL, 'salesforce_outbound'),
-    (2, 'acme', 'Lead', :id15, '{}', :account15, 'import'),
-    -- the same record again, case-folded, assigned in an earlier epoch
-    (3, 'acme', 'Lead', upper(:id18), '{}', NULL, 'poll'),
-    -- another record, twice, never assigned
-    (4, 'acme', 'Lead', :other15, '{}', NULL, 'import'),
-    (5, 'acme', 'Lead', '00Q1', '{}', NULL, 'api'),
-    (6, 'acme', 'Lead', :other18, '{}', NULL, 'poll'),
-    -- HubSpot: a 15-digit id looks like a Salesforce id, and must stay as it is
-    (7, 'globex', 'contacts', '000000000000001', '{}', '000000000000002', 'hubspot_webhook');
-INSERT INTO assignments (id, lead_id, org, team_id, member_id, crm_user_id, epoch, rule_index,
-                         rule_name, source, assigned_at) VALUES
-    (1, 1, 'acme', 1, 2, '005B', 2, 0, 'r', 'salesforce_outbound', '2024-01-01T10:00:05Z'),
-    (2, 2, 'acme', 1, 1, '005A', 2, 0, 'r', 'import', '2024-01-01T10:00:00Z'),
-    (3, 3, 'acme', 1, 2, '005B', 1, 0, 'r', 'poll', '2024-01-01T10:00:09Z'),
-    (5, 5, 'acme', 1, 2, '005B', 2, 0, 'r', 'api', '2024-01-01T10:00:07Z');
-INSERT INTO outbox (id, org, lead_id, assignment_id, crm_object, crm_id, owner_id, parent_id,
-                    state) VALUES
-    (1, 'acme', 1, 1, 'Lead', :id18, '005B', NULL, 'pending'),
-    (2, 'acme', 2, 2, 'Lead', :id15, '005A', :account15, 'pending'),
-    (3, 'acme', 3, 3, 'Lead', upper(:id18), '005B', NULL, 'sent'),
-    (5, 'acme', 5, 5, 'Lead', '00Q1', '005B', NULL, 'pending');
-"""
-
-
-def test_0006_converts_salesforce_ids_and_merges_duplicates(blank: Engine) -> None:
-    migrate_below(blank, 6)
-    params = {
-        "id15": ID15,
-        "id18": ID18,
-        "other15": OTHER15,
-        "other18": OTHER18,
-        "account15": ACCOUNT15,
-    }
-    with blank.begin() as conn:
-        for statement in SEED_BEFORE_0006.split(";"):
-            if statement.strip():
-                conn.execute(text(statement), params)
-
-    assert migrate(blank) == [m.version for m in db.migrations() if m.version >= 6]
-
-    with blank.connect() as conn:
-        leads = {
-            r.id: (r.crm_id, r.parent_id, r.merged_into)
-            for r in conn.execute(text("SELECT * FROM leads"))
-        }
-        outbox = {
-            r.id: (r.crm_id, r.parent_id, r.state, r.last_error, r.finished_at is not None)
-            for r in conn.execute(text("SELECT * FROM outbox"))
-        }
-        members = {
-            r[0]: r[1]
-            for r in conn.execute(text("SELECT crm_user_id, assigned_in_epoch FROM members"))
-        }
-        live = conn.execute(
-            text("SELECT id FROM leads WHERE org = 'acme' AND merged_into IS NULL ORDER BY id")
-        ).scalars()
-        live_ids = list(live)
-    assert leads == {
-        1: (ID18, None, 2),  # assigned after lead 2: merged into it
-        2: (ID18, ACCOUNT18, None),  # the earliest assignment wins
-        3: (ID18, None, 2),
-        4: (OTHER18, None, None),  # none assigned: the lowest id wins
-        5: ("00Q1", None, None),  # not a Salesforce id: as it was
-        6: (OTHER18, None, 4),
-        7: ("000000000000001", "000000000000002", None),  # HubSpot: untouched
-    }
-    assert live_ids == [2, 4, 5]
-    assert outbox == {
-        1: (ID18, None, "superseded", MERGE_REASON, True),
-        2: (ID18, ACCOUNT18, "pending", None, False),
-        3: (ID18, None, "sent", None, False),  # already written: history stays
-        5: ("00Q1", None, "pending", None, False),
-    }
-    # lead 1's assignment (epoch 2, the current one) no longer counts for 005B; lead 3's was
-    # made in epoch 1 and was never in the count
-    assert members == {"005A": 1, "005B": 1}
-
-    with blank.begin() as conn:
-        # one live lead per record: a repeat is a no-op, as routing expects
-        insert = text(
-            "INSERT INTO leads (org, crm_object, crm_id, fields, source) "
-            "VALUES ('acme', 'Lead', :crm_id, '{}', 'api') "
-            "ON CONFLICT (org, crm_object, crm_id) WHERE merged_into IS NULL DO NOTHING "
-            "RETURNING id"
-        )
-        assert conn.execute(insert, {"crm_id": ID18}).all() == []
-
-
 def test_sql_salesforce_id_18_matches_python(engine: Engine) -> None:
     rng = random.Random(18)
     alphabet = string.ascii_letters + string.digits
@@ -314,58 +453,40 @@ def test_a_server_whose_autovacuum_does_not_run_is_named_in_a_warning() -> None:
 def test_the_warning_reads_the_servers_settings(engine: Engine) -> None:
     with engine.connect() as conn:
         on = conn.execute(text("SELECT current_setting('autovacuum')")).scalar_one() == "on"
-    # the embedded test server runs without autovacuum (tests/pg.py); a server given by
+    # the embedded test server runs without autovacuum (testbed/pg.py); a server given by
     # TEST_DATABASE_URL may run with or without it
     assert (vacuum_warning(engine) is None) == on
 
 
-# --- 0026 and 0027: assignments' member key on member_keys -----------------------------------
+# --- the functions step under the advisory lock and the lock timeout ------------------------
+
+# A transaction that wrote to members (a routing transaction left open) holds the table's ROW
+# EXCLUSIVE lock; the functions step's CREATE OR REPLACE TRIGGER on members waits for it.
+HOLD_MEMBERS = "UPDATE members SET name = name WHERE false"
 
 
-def test_0026_gives_every_stored_member_its_key_and_0027_validates(blank: Engine) -> None:
-    migrate_below(blank, 26)
-    with blank.begin() as conn:
+def obsolete_function(engine: Engine) -> None:
+    with engine.begin() as conn:
         conn.execute(
-            text(
-                "INSERT INTO teams (id, org, name) VALUES (1, 'acme', 't');"
-                " INSERT INTO members (id, team_id, crm_user_id, name, weight, position)"
-                " VALUES (1, 1, '005A', 'Ada', 1, 0), (2, 1, '005B', 'Alan', 1, 1);"
-                " INSERT INTO leads (id, org, crm_object, crm_id, fields, source)"
-                " VALUES (1, 'acme', 'Lead', '00Q1', '{}', 'api');"
-                " INSERT INTO assignments (lead_id, org, team_id, member_id, crm_user_id, epoch,"
-                " rule_index, rule_name, source) VALUES (1, 'acme', 1, 1, '005A', 0, 0, 'r', 'api')"
-            )
+            text("CREATE FUNCTION zz_obsolete() RETURNS integer AS 'SELECT 1' LANGUAGE sql")
         )
-    assert migrate(blank)[:2] == [26, 27]
-    with blank.connect() as conn:
-        keys = conn.execute(text("SELECT id FROM member_keys ORDER BY id")).scalars().all()
-        assert keys == [1, 2]  # Alan, whom no assignment names, gets his key too
-        key = conn.execute(
-            text(
-                "SELECT confrelid::regclass::text, convalidated FROM pg_constraint"
-                " WHERE conname = 'assignments_member_id_fkey'"
-            )
-        ).one()
-    assert tuple(key) == ("member_keys", True)
-    with blank.begin() as conn:  # a member added later gets its key from the trigger
-        conn.execute(
-            text(
-                "INSERT INTO members (id, team_id, crm_user_id, name, weight, position)"
-                " VALUES (3, 1, '005C', 'Grace', 1, 2)"
-            )
-        )
-        assert conn.execute(text("SELECT count(*) FROM member_keys WHERE id = 3")).scalar() == 1
 
 
-def test_a_migration_kept_waiting_by_a_long_transaction_is_tried_again(
+def has_obsolete_function(engine: Engine) -> bool:
+    with engine.connect() as conn:
+        return conn.execute(text("SELECT to_regproc('zz_obsolete')")).scalar() is not None
+
+
+def test_the_functions_step_kept_waiting_by_a_long_transaction_is_tried_again(
     blank: Engine, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """0026 locks members; a transaction that read members holds it off. Each attempt waits
+    """A transaction that wrote to members holds the functions step off. Each attempt waits
     at most the lock timeout (routing queued behind it moves again in the pause), then the
-    migration is tried again once the long transaction has ended."""
-    migrate_below(blank, 26)
+    step is tried again once the long transaction has ended."""
+    migrate(blank)
+    obsolete_function(blank)
     with blank.connect() as holder:
-        holder.execute(text("SELECT count(*) FROM members")).scalar_one()  # its lock, held
+        holder.execute(text(HOLD_MEMBERS))  # its lock, held
         pauses: list[float] = []
 
         def sleep(seconds: float) -> None:
@@ -375,29 +496,30 @@ def test_a_migration_kept_waiting_by_a_long_transaction_is_tried_again(
 
         with caplog.at_level(logging.WARNING, logger="connector.shell.store"):
             applied = migrate(blank, lock_timeout_s=0.2, pause_s=7.0, sleep=sleep)
-    assert applied[:2] == [26, 27]
+    assert applied == []
     assert pauses == [7.0, 7.0]
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert (
         warned
         == [
-            "migration 0026_member_keys: a table it changes stayed locked by another session"
-            " for 0.2s (a long transaction?); trying again in 7s"
+            "server functions (db/functions): a table it changes stayed locked by another"
+            " session for 0.2s (a long transaction?); trying again in 7s"
         ]
         * 2
     )
-    assert pending_migrations(blank) == []
+    assert not has_obsolete_function(blank)
 
 
-def test_a_migration_gives_up_once_it_has_waited_its_patience(blank: Engine) -> None:
+def test_the_functions_step_gives_up_once_it_has_waited_its_patience(blank: Engine) -> None:
     pauses: list[float] = []
 
     def clock() -> float:  # time passes in the pauses only: the 0.2 s waits count as 0.2
         return sum(pauses)
 
-    migrate_below(blank, 26)
+    migrate(blank)
+    obsolete_function(blank)
     with blank.connect() as holder:
-        holder.execute(text("SELECT count(*) FROM members")).scalar_one()
+        holder.execute(text(HOLD_MEMBERS))
         with pytest.raises(Conflict) as exc:
             migrate(
                 blank,
@@ -411,14 +533,14 @@ def test_a_migration_gives_up_once_it_has_waited_its_patience(blank: Engine) -> 
     assert exc.value.sqlstate == "55P03"
     # the first wait began at -0.2; a third attempt would start at 2.2 and a fourth at 3.2
     assert pauses == [1.0, 1.0]
-    assert pending_migrations(blank)[:2] == [26, 27]  # nothing of it stayed
+    assert has_obsolete_function(blank)  # nothing of the step stayed
 
 
 def test_other_migrators_wait_for_the_one_that_pauses(blank: Engine) -> None:
-    """While a migrator pauses between attempts, it keeps the migrations' advisory lock, so
-    another migrator waits for that lock instead of taking its own turn at the table lock
-    (where routing would queue behind it again)."""
-    migrate_below(blank, 26)
+    """While a migrator pauses between attempts of its functions step, it keeps the
+    migrations' advisory lock, so another migrator waits for that lock instead of taking its
+    own turn at the table lock (where routing would queue behind it again)."""
+    migrate(blank)
     url = blank.url.render_as_string(hide_password=False)
     engines = [make_engine(url, pool_size=1) for _ in range(2)]
     paused, resume = threading.Event(), threading.Event()
@@ -434,13 +556,13 @@ def test_other_migrators_wait_for_the_one_that_pauses(blank: Engine) -> None:
 
     try:
         with blank.connect() as holder:
-            holder.execute(text("SELECT count(*) FROM members")).scalar_one()
+            holder.execute(text(HOLD_MEMBERS))
             first = threading.Thread(target=run, args=("first", engines[0], first_sleep))
             first.start()
             assert paused.wait(60)
             second = threading.Thread(target=run, args=("second", engines[1], second_pauses.append))
             second.start()
-            _wait_until_blocked(blank, "SELECT pg_advisory_lock%")  # the second waits
+            wait_until_blocked(blank, "SELECT pg_advisory_lock%")  # the second waits
             holder.rollback()
         resume.set()
         first.join(60)
@@ -449,14 +571,15 @@ def test_other_migrators_wait_for_the_one_that_pauses(blank: Engine) -> None:
         resume.set()
         for e in engines:
             e.dispose()
-    assert results == {"first": [26, 27], "second": []}
+    assert results == {"first": [], "second": []}
     assert second_pauses == []  # it never waited for the table
 
 
 def test_a_migrator_whose_connection_dies_leaves_no_lock_behind(blank: Engine) -> None:
-    """The server ends the migrating session during a pause: migrate raises, holds no
-    advisory lock afterwards, and the next run applies everything."""
-    migrate_below(blank, 26)
+    """The server ends the migrating session during a pause of its functions step: migrate
+    raises, holds no advisory lock afterwards, and the next run applies the step."""
+    migrate(blank)
+    obsolete_function(blank)
     held = text(
         "SELECT l.pid FROM pg_locks l JOIN pg_database d ON d.oid = l.database"
         " WHERE d.datname = current_database() AND l.locktype = 'advisory' AND l.granted"
@@ -465,7 +588,7 @@ def test_a_migrator_whose_connection_dies_leaves_no_lock_behind(blank: Engine) -
     migrator = make_engine(url, pool_size=1)
     try:
         with blank.connect() as holder:
-            holder.execute(text("SELECT count(*) FROM members")).scalar_one()
+            holder.execute(text(HOLD_MEMBERS))
 
             def end_the_migrators_session(seconds: float) -> None:
                 with make_engine(url, pool_size=1).connect() as admin:
@@ -479,6 +602,8 @@ def test_a_migrator_whose_connection_dies_leaves_no_lock_behind(blank: Engine) -
             holder.rollback()
         with blank.connect() as conn:
             assert conn.execute(held).scalars().all() == []
-        assert migrate(migrator)[:2] == [26, 27]
+        assert has_obsolete_function(blank)
+        assert migrate(migrator) == []
+        assert not has_obsolete_function(blank)
     finally:
         migrator.dispose()

@@ -37,10 +37,10 @@ def test_a_name_defined_twice_is_refused() -> None:
     "name",
     [
         "insert_leads",
-        "record_assignments",
+        "lock_teams",
+        "route_team",
+        "route_new_lead",
         "team_candidates",
-        "lock_team_seats",
-        "route_plain_batch",
     ],
 )
 def test_a_batchs_statements_fit_psycopgs_query_cache(name: str) -> None:
@@ -49,6 +49,6 @@ def test_a_batchs_statements_fit_psycopgs_query_cache(name: str) -> None:
     # these under the team's lock. As the driver receives them: SQLAlchemy's %(name)s form.
     compiled = text(db.queries("routing")[name]).compile(dialect=psycopg.dialect())
     sql = str(compiled)
-    assert "%(lead_ids)s" in sql or name != "record_assignments"
+    assert "%(lead_ids)s" in sql or name != "route_team"
     assert len(sql.encode()) <= 4096, len(sql.encode())
     assert len(compiled.params) <= 50

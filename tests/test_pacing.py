@@ -12,13 +12,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 from sqlalchemy import Engine, text
 
+from connector.core.crm_kinds import org_pacing
 from connector.core.metrics import Metrics
 from connector.core.pacing import (
     CALLS_PER_CYCLE,
     NOMINAL_CALLS_PER_S,
     Nudges,
     Spacer,
-    org_pacing,
     pacing_for,
 )
 from connector.intake.inbox import InboxWorker, store_events
@@ -28,9 +28,9 @@ from connector.shell.adapters import Adapters, adapter_for
 from connector.writeback.dispatch import Dispatcher
 from crm_adapters.batching import HUBSPOT_BATCH_MAX
 from crm_sandboxes import HubSpotSandbox, SalesforceSandbox
-from tests.clocks import Ticks
-from tests.crm_orgs import hubspot_org, salesforce_org
-from tests.waiting import wait_until
+from testbed.crm_orgs import hubspot_org, salesforce_org
+from testbed.waiting import wait_until
+from tests.helpers.clocks import Ticks
 
 
 @given(st.floats(0.1, 1000), st.floats(0.05, 1.0))

@@ -16,8 +16,8 @@ from connector.routing.teams import apply_teams
 from connector.shell.adapters import adapter_for
 from connector.shell.store import make_engine
 from crm_sandboxes import SalesforceSandbox
-from tests.crm_orgs import salesforce_org
-from tests.waiting import wait_until
+from testbed.crm_orgs import salesforce_org
+from testbed.waiting import wait_until
 
 
 @pytest.fixture

@@ -30,8 +30,8 @@ from connector.writeback.dispatch import Dispatcher, guard_writes
 from crm_adapters.base import OwnerWrite
 from crm_adapters.salesforce_ids import to_18
 from crm_sandboxes import SalesforceSandbox
-from tests.crm_orgs import OUTBOUND_SECRET
-from tests.reassign_orgs import ReOrg, counts, current_owner, outbox_rows, table_counts
+from testbed.crm_orgs import OUTBOUND_SECRET
+from tests.helpers.reassign_orgs import ReOrg, counts, current_owner, outbox_rows, table_counts
 
 
 def route(engine: Engine, org: ReOrg, countries: list[str]) -> list[str]:
@@ -346,7 +346,7 @@ def _worker(
     barrier: Any,
     out: Any,
 ) -> None:
-    from connector.core.config import parse_config
+    from connector.core.config_loading import parse_config
 
     cfg = parse_config(yaml_text, "acme.yaml", env)
     engine = make_engine(db_url, pool_size=1)

@@ -1,44 +1,38 @@
-"""The single-lead call (migrations 0014 and 0019, connector/routing/single.py) on real Postgres.
+"""The router's server calls (``route_new_lead``, ``route_team``; connector/routing/calls.py) on
+real Postgres.
 
-* ``rotation_pick`` (plpgsql) picks exactly as ``pick_available`` does (the Python reference),
-  checked with Hypothesis over random teams, availability, caps and catch-up, pick by pick;
-  ``rotation_pick_plain`` (SQL, for a team with nothing blocked or capped and no catch-up)
-  returns exactly what ``rotation_pick`` returns there.
-* ``route_lead`` reads the members AFTER it waits for the team lock with a fresh snapshot
-  (the function is VOLATILE), so a waiter sees what the lock holder committed.
-* A sequence of leads through the single call and through the general path (the Router
-  without single teams) leaves the same outcomes, decisions, counts and caps counters.
+* A call reads the members AFTER it waits for the team lock, with a fresh snapshot (the
+  functions are VOLATILE), so a waiter sees what the lock holder committed: counts, members
+  added, time off set, a team retired (nothing of its lead is kept).
+* A sequence of leads one call at a time (``route_new_lead``) and as batches of one through the
+  batch's plan (``route_team``) leaves the same outcomes, decisions, counts and caps
+  counters. (tests/test_rotation_sql.py holds the server's picks to ``pick_available``.)
 """
 
 from __future__ import annotations
 
-import dataclasses
-import itertools
 import json
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 from sqlalchemy import Connection, Engine, text
 
 import db
-from connector.core.config import OrgConfig, parse_config
-from connector.routing import assign as assign_module
+from connector.core.config import OrgConfig
+from connector.core.config_loading import parse_config
 from connector.routing.assign import Lead, Outcome, Router, RoutingError
+from connector.routing.calls import TraceCache, config_blocked, team_inputs
 from connector.routing.decisions import expand, trace_rules
 from connector.routing.reassign import deactivate_rep, reassign_lead
-from connector.routing.rotation import Seat, pick_available
 from connector.routing.rules import compile_rules
-from connector.routing.single import TraceCache, config_blocked, team_inputs
 from connector.routing.teams import apply_teams
 from connector.shell.reps import resolve_rep, set_away
 from connector.shell.store import make_engine
-from tests.clocks import WallClock
-from tests.pg import DatabaseFactory
+from testbed.pg import DatabaseFactory
+from tests.helpers.clocks import WallClock
 
 ENV = {"TOKEN": "unused"}
 MONDAY = datetime(2026, 12, 7, 13, 0, tzinfo=UTC)
@@ -50,273 +44,6 @@ crm:
   instance_url: https://x.my.salesforce.com
   auth: {method: session, access_token: "${TOKEN}"}
 """
-
-PICK = text(
-    "SELECT member_id, cand_ids, cand_skips, credit_ids, credit_ns FROM rotation_pick("
-    "CAST(:ids AS bigint[]), CAST(:weights AS integer[]), CAST(:turns AS bigint[]), "
-    "CAST(:positions AS integer[]), CAST(:blocked AS text[]), CAST(:room AS integer[]), "
-    "CAST(:k AS integer), CAST(:recent AS bigint[]))"
-)
-
-
-@st.composite
-def team_states(draw: st.DrawFn) -> dict[str, Any]:
-    n = draw(st.integers(0, 6))
-    ids = [100 + i for i in range(n)]
-    return {
-        "ids": ids,
-        "weights": draw(st.lists(st.integers(1, 5), min_size=n, max_size=n)),
-        "turns": draw(st.lists(st.integers(0, 12), min_size=n, max_size=n)),
-        "positions": draw(st.permutations(list(range(n)))),
-        "blocked": draw(
-            st.lists(st.sampled_from([None, None, "away", "off_shift"]), min_size=n, max_size=n)
-        ),
-        "room": draw(st.lists(st.sampled_from([None, None, 0, 1, 2]), min_size=n, max_size=n)),
-        "k": draw(st.sampled_from([None, 1, 2, 3])),
-        "recent": draw(st.lists(st.sampled_from(ids), max_size=4)) if ids else [],
-    }
-
-
-def python_pick(s: dict[str, Any]) -> tuple[int | None, list[tuple[int, str | None]], dict]:
-    seats = [
-        Seat(i, w, t, p)
-        for i, w, t, p in zip(s["ids"], s["weights"], s["turns"], s["positions"], strict=True)
-    ]
-    blocked = {i: b for i, b in zip(s["ids"], s["blocked"], strict=True) if b}
-    room = dict(zip(s["ids"], s["room"], strict=True))
-    picks = pick_available(seats, blocked, room, 1, max_in_a_row=s["k"], recent=s["recent"])
-    turn = picks.turns[0]
-    return turn.member_id, list(turn.candidates), picks.credited
-
-
-def sql_pick(conn: Connection, s: dict[str, Any]) -> tuple[int | None, list, dict]:
-    r = conn.execute(PICK, s).one()
-    return (
-        r.member_id,
-        list(zip(r.cand_ids, r.cand_skips, strict=True)),
-        dict(zip(r.credit_ids, r.credit_ns, strict=True)),
-    )
-
-
-@pytest.fixture
-def conn(engine: Engine) -> Iterator[Connection]:
-    with engine.connect() as c:
-        yield c
-
-
-@settings(
-    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
-@given(team_states())
-def test_rotation_pick_matches_pick_available(conn: Connection, s: dict[str, Any]) -> None:
-    assert sql_pick(conn, s) == python_pick(s)
-
-
-@settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
-@given(team_states(), st.data())
-def test_rotation_pick_matches_pick_by_pick(
-    conn: Connection, s: dict[str, Any], data: st.DataObject
-) -> None:
-    """Twenty leads in a row, availability and caps changing between them: the state each
-    pick leaves (turns, credits, room, the latest owners) feeds the next, on both sides."""
-    for _ in range(20):
-        got = sql_pick(conn, s)
-        assert got == python_pick(s)
-        member, _, credited = got
-        turns = dict(zip(s["ids"], s["turns"], strict=True))
-        for m, n in credited.items():
-            turns[m] += n
-        if member is not None:
-            turns[member] += 1
-            i = s["ids"].index(member)
-            if s["room"][i] is not None:
-                s["room"][i] -= 1
-            s["recent"] = [member, *s["recent"]][:4]
-        s["turns"] = [turns[i] for i in s["ids"]]
-        n = len(s["ids"])
-        s["blocked"] = data.draw(
-            st.lists(
-                st.sampled_from([None, None, None, "away", "off_shift"]), min_size=n, max_size=n
-            )
-        )
-
-
-PICK_ALL = text(
-    "SELECT member_id, cand_ids, cand_skips, credit_ids, credit_ns, cand_weights, cand_turns "
-    "FROM rotation_pick(CAST(:ids AS bigint[]), CAST(:weights AS integer[]), "
-    "CAST(:turns AS bigint[]), CAST(:positions AS integer[]), CAST(:blocked AS text[]), "
-    "CAST(:room AS integer[]), CAST(:k AS integer), CAST(:recent AS bigint[]))"
-)
-PICK_PLAIN = text(
-    "SELECT member_id, cand_ids, cand_skips, credit_ids, credit_ns, cand_weights, cand_turns "
-    "FROM rotation_pick_plain(CAST(:ids AS bigint[]), CAST(:weights AS integer[]), "
-    "CAST(:turns AS bigint[]), CAST(:positions AS integer[]))"
-)
-
-
-@st.composite
-def plain_states(draw: st.DrawFn) -> dict[str, Any]:
-    """Teams route_lead sends to rotation_pick_plain: nobody blocked or capped, no catch-up
-    (room left under a cap is allowed). Turns range wide, so they need not come from one
-    history: ties, released and unreleased seats in any mix."""
-    n = draw(st.integers(0, 8))
-    ids = draw(st.lists(st.integers(1, 10**12), min_size=n, max_size=n, unique=True))
-    return {
-        "ids": ids,
-        "weights": draw(st.lists(st.integers(1, 7), min_size=n, max_size=n)),
-        "turns": draw(st.lists(st.integers(0, 60), min_size=n, max_size=n)),
-        "positions": draw(st.lists(st.integers(0, 3), min_size=n, max_size=n)),
-        "blocked": [None] * n,
-        "room": draw(st.lists(st.sampled_from([None, 1, 5]), min_size=n, max_size=n)),
-        "k": None,
-        "recent": [],
-    }
-
-
-@settings(
-    max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
-@given(plain_states())
-def test_rotation_pick_plain_matches_rotation_pick(conn: Connection, s: dict[str, Any]) -> None:
-    """The plain rotation's SQL pick (migration 0019) returns exactly what rotation_pick
-    returns for the same seats, every column, and picks as pick_available does. Positions
-    may repeat, so the id breaks ties in the seats' order on both sides."""
-    plain = tuple(conn.execute(PICK_PLAIN, s).one())
-    assert plain == tuple(conn.execute(PICK_ALL, s).one())
-    assert plain[0] == python_pick(s)[0]
-
-
-def plain_team(n: int) -> OrgConfig:
-    """One plain team of ``n`` reps (no caps, no catch-up, no hours) that takes every lead."""
-    members = "".join(
-        f'      - {{crm_user_id: "005P{i:02d}", name: Rep{i:02d}}}\n' for i in range(n)
-    )
-    return parse_config(
-        HEADER
-        + f"teams:\n  - name: p\n    members:\n{members}rules:\n  - {{name: all, team: p}}\n",
-        "p.yaml",
-        ENV,
-    )
-
-
-@st.composite
-def plain_seats(draw: st.DrawFn) -> list[tuple[int, int, int, bool, int]]:
-    """Eight reps' (weight, turns, position, active, credited turns): ties, repeated
-    positions, released and unreleased seats, inactive reps and credits an earlier
-    route_lead gave in any mix."""
-    seat = st.tuples(
-        st.integers(1, 7), st.integers(0, 60), st.integers(0, 3), st.booleans(), st.integers(0, 4)
-    )
-    return draw(st.lists(seat, min_size=8, max_size=8))
-
-
-@settings(
-    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
-@given(plain_seats())
-def test_route_plain_picks_and_records_as_rotation_pick_plain(
-    engine: Engine, seats: list[tuple[int, int, int, bool, int]]
-) -> None:
-    """route_plain (migration 0021) reads the seats in one pass and orders the pick itself;
-    for any team it picks the rep rotation_pick_plain picks over the active seats (None:
-    it hands the lead to route_lead), and records the seats as route_lead does: the
-    rotation's seats in its order, then the inactive reps by position."""
-    cfg = plain_team(8)
-    apply_teams(engine, cfg)
-    params = Router(engine, cfg, clock=WallClock(MONDAY))._single_params(Lead("00Qh1", {}), "api")
-    assert params is not None
-    with engine.connect() as c:
-        c.begin()
-        ids = c.execute(text("SELECT id FROM members ORDER BY crm_user_id")).scalars().all()
-        for member_id, (weight, turns, position, active, credited) in zip(ids, seats, strict=True):
-            c.execute(
-                text(
-                    "UPDATE members SET weight = :w, assigned_in_epoch = :t, position = :p, "
-                    "active = :a, credited_in_epoch = :c WHERE id = :id"
-                ),
-                {
-                    "w": weight,
-                    "t": turns,
-                    "p": position,
-                    "a": active,
-                    "c": credited,
-                    "id": member_id,
-                },
-            )
-        on = [(i, s) for i, s in zip(ids, seats, strict=True) if s[3]]
-        state = {
-            "ids": [i for i, _ in on],
-            "weights": [s[0] for _, s in on],
-            "turns": [s[1] + s[4] for _, s in on],  # a seat's turns count its credits
-            "positions": [s[2] for _, s in on],
-        }
-        want = c.execute(PICK_PLAIN, state).one()
-        row = c.execute(assign_module._SQL["route_plain"], params).one()
-        if want.member_id is None:  # no active rep: route_lead records the lead unassigned
-            assert row.status == "route_lead"
-            return
-        assert row.status == "assigned"
-        owner = c.execute(
-            text("SELECT member_id FROM assignments WHERE lead_id = :l"), {"l": row.lead_id}
-        ).scalar_one()
-        assert owner == want.member_id
-        inactive = sorted(
-            ((s[2], i) for i, s in zip(ids, seats, strict=True) if not s[3]), key=lambda x: x
-        )
-        assert row.cand_ids == list(want.cand_ids) + [i for _, i in inactive]
-        assert row.cand_skips == [None] * len(on) + ["inactive"] * len(inactive)
-        seats_recorded = _decision_of(c, "00Qh1")["seats"]
-        by_id = dict(zip(ids, seats, strict=True))
-        assert seats_recorded["weights"] == [by_id[i][0] for i in row.cand_ids]
-        assert seats_recorded["counts"] == [by_id[i][1] + by_id[i][4] for i in row.cand_ids]
-        c.rollback()
-
-
-def test_rotation_pick_plain_follows_the_weighted_schedule(conn: Connection) -> None:
-    """Weights 3, 1, 1 from zero turns: 25 picks in a row give each seat its share of every
-    prefix within one turn, and the heavy seat 15 of 25."""
-    s: dict[str, Any] = {
-        "ids": [7, 8, 9],
-        "weights": [1, 3, 1],
-        "turns": [0, 0, 0],
-        "positions": [0, 1, 2],
-    }
-    got = []
-    for _ in range(25):
-        pick = conn.execute(PICK_PLAIN, s).one().member_id
-        got.append(pick)
-        s["turns"][s["ids"].index(pick)] += 1
-        done = len(got)
-        for i, w in zip(s["ids"], s["weights"], strict=True):
-            assert abs(got.count(i) - done * w / 5) < 1, (done, got)
-    assert s["turns"] == [5, 15, 5]
-
-
-def test_rotation_pick_lets_a_heavy_rep_run_like_pick_available(conn: Connection) -> None:
-    """Weights 1, 1, 5 with K = 1 after the light rep's time away (migration 0016): the
-    heavy rep gets its runs, the returning rep at most one in a row, on both sides."""
-    s: dict[str, Any] = {
-        "ids": [100, 101, 102],
-        "weights": [1, 1, 5],
-        "turns": [0, 2, 11],
-        "positions": [0, 1, 2],
-        "blocked": [None, None, None],
-        "room": [None, None, None],
-        "k": 1,
-        "recent": [102, 102, 102, 101],
-    }
-    picks = []
-    for _ in range(24):
-        member, _, credited = got = sql_pick(conn, s)
-        assert got == python_pick(s) and not credited and member is not None
-        picks.append(member)
-        s["turns"][s["ids"].index(member)] += 1
-        s["recent"] = [member, *s["recent"]][:4]
-    assert s["turns"] == [5, 5, 27]  # everyone within one of 37 * w / 7
-    pairs = list(itertools.pairwise(picks))
-    assert (102, 102) in pairs and (100, 100) not in pairs
 
 
 def org(extra: str = "", p_extra: str = "") -> OrgConfig:
@@ -455,7 +182,11 @@ def test_a_waiter_reads_what_the_lock_holder_committed(engine: Engine) -> None:
     apply_teams(engine, cfg)
     r = Router(engine, cfg, clock=WallClock(MONDAY))
     first, second = _behind_a_holder(
-        engine, r, Lead("00Qw1", {"Country": "DE"}), Lead("00Qw2", {"Country": "DE"}), "route_lead"
+        engine,
+        r,
+        Lead("00Qw1", {"Country": "DE"}),
+        Lead("00Qw2", {"Country": "DE"}),
+        "route_new_lead",
     )
     # Fay (weight 3 of 5) is owed both of the first two leads
     assert (first.owner_id, second.status, second.owner_id) == ("005F", "assigned", "005F")
@@ -484,11 +215,11 @@ def _decisions(engine: Engine) -> list[tuple[str, dict[str, Any]]]:
         # the lead's own id (a lead id is drawn even for an insert that conflicts or is
         # rolled back, so ids differ between paths that try the insert a different number
         # of times)
-        if "batch" in detail:
+        if detail.get("batch") is not None:
             detail["batch"] = leads[detail["batch"]]
         if "seats" in detail:
             detail["seats"]["ids"] = [users[i] for i in detail["seats"]["ids"]]
-        if "chosen_id" in detail:
+        if detail.get("chosen_id") is not None:
             detail["chosen_id"] = users[detail["chosen_id"]]
         out.append((crm_id, detail))
     return out
@@ -523,6 +254,11 @@ def _outcome(o: Outcome, users: dict[int, str]) -> tuple[Any, ...]:
     return (o.crm_id, o.status, o.team, o.owner_id, o.owner_name, o.reason, cands)
 
 
+def _one_lead_batches(r: Router) -> None:
+    """Every lead of ``r`` through the batch's plan (``route_team``), never ``route_new_lead``."""
+    r._single_params = lambda lead, source: None  # type: ignore[method-assign]
+
+
 def _run(engine: Engine, path: str) -> tuple[list[tuple[Any, ...]], Any, Any]:
     cfg = org()
     # Max was in team p and is dropped: his row stays (in_config false), never a seat
@@ -530,10 +266,8 @@ def _run(engine: Engine, path: str) -> tuple[list[tuple[Any, ...]], Any, Any]:
     apply_teams(engine, cfg)
     clock = WallClock(MONDAY)
     r = Router(engine, cfg, clock=clock)
-    if path == "route_lead":  # no lead of a plain team takes route_plain
-        r.single = {k: dataclasses.replace(v, plain=False) for k, v in r.single.items()}
-    elif path == "general":
-        r.single = {}  # every lead through the general path
+    if path == "batch":
+        _one_lead_batches(r)
     outcomes: list[Outcome] = []
     for i in range(70):
         if i == 20:  # time off set from the command line, read under the lock
@@ -556,53 +290,26 @@ def _run(engine: Engine, path: str) -> tuple[list[tuple[Any, ...]], Any, Any]:
     return [_outcome(o, users) for o in outcomes], _decisions(engine), _state(engine)
 
 
-def test_single_call_and_general_path_record_the_same(
-    databases: DatabaseFactory, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The same leads through route_plain (team p's leads, while none of its reps is away),
-    through route_lead only, and through the general path: the same outcomes, decisions,
-    counts, caps counters, assignments and outbox rows."""
-    plain: list[str] = []  # what each route_plain call answered
-    real = assign_module.one_statement
-
-    def spy(engine: Engine, sql: str, params: Any) -> Any:
-        if sql is not assign_module._ROUTE_PLAIN:
-            return real(engine, sql, params)
-        try:
-            row = real(engine, sql, params)
-        except Exception:
-            plain.append("error")
-            raise
-        plain.append(row[0] if row else "none")
-        return row
-
-    monkeypatch.setattr(assign_module, "one_statement", spy)
-    engines = [make_engine(databases.new(), pool_size=2) for _ in range(3)]
+def test_single_call_and_batch_plan_record_the_same(databases: DatabaseFactory) -> None:
+    """The same leads one ``route_new_lead`` call each and as batches of one (insert, then
+    ``route_team``): the same outcomes, decisions, counts, caps counters, assignments and
+    outbox rows, with every policy of the scenario deciding some lead."""
+    engines = [make_engine(databases.new(), pool_size=2) for _ in range(2)]
     try:
-        single = _run(engines[0], "route_plain")
-        answered = list(plain)
-        by_function = _run(engines[1], "route_lead")
-        general = _run(engines[2], "general")
+        single = _run(engines[0], "single")
+        batch = _run(engines[1], "batch")
     finally:
         for e in engines:
             e.dispose()
-    # team p's 18 new leads and 4 repeats sent as FR (a lead every 23 minutes from Monday
-    # 13:00 UTC): route_lead took those that came while Lou was off shift (before 08:00 or
-    # after 16:00 UTC: blocked by the config, so never sent to route_plain), which include
-    # the 2 that came while Hal was away by command; route_plain assigned the other 7 new
-    # ones and handed on the 2 repeats it was sent, having written nothing for them
-    assert (answered.count("assigned"), answered.count("route_lead")) == (7, 2), answered
-    assert plain == answered  # the other two runs never took route_plain
-    assert by_function == single
-    assert single[0] == general[0]
+    assert single[0] == batch[0]
     statuses = {o[1] for o in single[0]}
     assert statuses == {"assigned", "unassigned", "duplicate"}, statuses
     reasons = {o[5] for o in single[0] if o[1] == "unassigned"}
     skips = {r for o in single[0] for _, r in o[6]}
     assert {"away", "off_shift", "capped", "inactive"} <= skips, skips
     assert reasons, "the scenario should leave some lead unassigned"
-    assert single[1] == general[1]
-    assert single[2] == general[2]
+    assert single[1] == batch[1]
+    assert single[2] == batch[2]
 
 
 @pytest.mark.parametrize("single", [True, False], ids=["single call", "general path"])
@@ -617,7 +324,7 @@ def test_a_repeat_is_a_duplicate_even_when_its_team_left_the_database(
     apply_teams(engine, cfg)
     r = Router(engine, cfg, clock=WallClock(MONDAY))
     if not single:
-        r.single = {}
+        _one_lead_batches(r)
     first = r.assign(Lead("00Qgone01", {"Country": "US"}), "api")
     assert first.status == "assigned"
     with engine.begin() as c:
@@ -652,9 +359,8 @@ def _catch_up_owners(engine: Engine, single: bool) -> list[str | None]:
     apply_teams(engine, cfg)
     clock = WallClock(MONDAY)
     r = Router(engine, cfg, clock=clock)
-    assert set(r.single) == {"j"}
     if not single:
-        r.single = {}
+        _one_lead_batches(r)
     set_away(engine, cfg, resolve_rep(cfg, "Rae"), clock.at + timedelta(hours=1), None, clock.at)
     owners = []
     for i in range(12):
@@ -667,8 +373,7 @@ def _catch_up_owners(engine: Engine, single: bool) -> list[str | None]:
 
 def test_the_single_call_reads_catch_ups_latest_owners(databases: DatabaseFactory) -> None:
     """catch_up {max_in_a_row: 1}: Rae comes back two turns behind and makes them up one
-    lead at a time, never twice in a row, on the single call (which reads the team's latest
-    owners by a loop of their own, migration 0019) as on the general path."""
+    lead at a time, never twice in a row, one call a lead as in batches of one."""
     got = []
     for single in (True, False):
         engine = make_engine(databases.new(), pool_size=2)
@@ -681,22 +386,6 @@ def test_the_single_call_reads_catch_ups_latest_owners(databases: DatabaseFactor
     assert back == ["005R", "005P", "005R", "005Q", "005R", "005P"], back
 
 
-def _spy_plain(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """What each route_plain call in autocommit (``Router.assign``) answered: its status."""
-    answered: list[str] = []
-    real = assign_module.one_statement
-
-    def spy(engine: Engine, sql: str, params: Any) -> Any:
-        if sql is not assign_module._ROUTE_PLAIN:
-            return real(engine, sql, params)
-        row = real(engine, sql, params)
-        answered.append(row[0] if row else "none")
-        return row
-
-    monkeypatch.setattr(assign_module, "one_statement", spy)
-    return answered
-
-
 def _lead_rows(engine: Engine) -> dict[str, int]:
     with engine.connect() as c:
         return {
@@ -705,40 +394,45 @@ def _lead_rows(engine: Engine) -> dict[str, int]:
         }
 
 
-def test_route_plain_waiter_reads_what_the_lock_holder_committed(
-    engine: Engine, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """route_plain's first statement takes its snapshot before it waits for the team lock;
-    it reads the members in a second statement, whose snapshot is taken under the lock
-    (migration 0021). The holder's pick (Hal, weight 2 of 4) is committed while the waiter
-    waits: read with the first snapshot Hal would be owed the lead again; read with the
-    second, Ida is."""
-    answered = _spy_plain(monkeypatch)
+def test_a_batch_waiting_for_the_lock_reads_what_the_holder_committed(engine: Engine) -> None:
+    """A batch's ``route_team`` call waits for the team lock, then reads the members in a new
+    statement, with a snapshot taken under the lock. The holder's pick (Hal, weight 2 of 4)
+    is committed while the batch waits: read with a snapshot from before the wait, Hal would
+    be owed the first lead again; read after it, Ida and Kim are owed the batch's two."""
     cfg = org()
     apply_teams(engine, cfg)
     r = Router(engine, cfg, clock=WallClock(MONDAY))
-    held, waiting = Lead("00Qpw1", {"Country": "FR"}), Lead("00Qpw2", {"Country": "FR"})
-    first, second = _behind_a_holder(engine, r, held, waiting, "route_plain")
-    assert answered == ["assigned"]
-    assert (first.owner_id, second.status, second.owner_id) == ("005H", "assigned", "005I")
+    got: list[list[Outcome]] = []
+    errors: list[BaseException] = []
+    with engine.connect() as holder:
+        holder.begin()
+        first = r.assign_in(holder, [Lead("00Qpw1", {"Country": "FR"})], "api")[0]
+        batch = [Lead("00Qpw2", {"Country": "FR"}), Lead("00Qpw3", {"Country": "FR"})]
+        waiter = _in_thread(lambda: got.append(r.assign_many(batch, "api")), errors)
+        _wait_until_blocked(engine, "%FROM route_team(%")
+        holder.commit()
+        waiter.join(timeout=30)
+    assert errors == []
+    assert first.owner_id == "005H"
+    # Hal (2), Ida, Kim and Lou (1 each): after Hal's first lead, Ida's turn, then Hal's
+    assert [o.owner_id for o in got[0]] == ["005I", "005H"]
     with engine.connect() as c:
         counts = dict(c.execute(text("SELECT crm_user_id, assigned_in_epoch FROM members")).all())
         detail = _decision_of(c, "00Qpw2")
-    assert (counts["005H"], counts["005I"], counts["005K"]) == (1, 1, 0)
-    assert detail["seats"]["counts"][:3] == [1, 0, 0]  # Hal, Ida, Kim as the waiter saw them
+    assert (counts["005H"], counts["005I"], counts["005K"]) == (2, 1, 0)
+    assert detail["seats"]["counts"][:3] == [1, 0, 0]  # Hal, Ida, Kim as the batch saw them
 
 
 @pytest.mark.parametrize("in_transaction", [False, True], ids=["autocommit", "in a transaction"])
-def test_route_plain_reads_a_team_that_changed_while_it_waited(
-    engine: Engine, monkeypatch: pytest.MonkeyPatch, in_transaction: bool
+def test_a_call_reads_a_team_that_changed_while_it_waited(
+    engine: Engine, in_transaction: bool
 ) -> None:
     """A config apply may add members while a lead waits for its team's lock, which a
-    snapshot taken before the wait cannot see. route_plain reads the members in a second
-    statement, with a fresh snapshot taken under the lock (migration 0021), so it decides
+    snapshot taken before the wait cannot see. route_team reads the members in a statement
+    of its own, with a fresh snapshot taken under the lock, so it decides
     among every member: the new one (Lee) is a candidate, and the lead is stored once. In
     the caller's transaction (the inbox's, the poller's) that transaction goes on and
     commits."""
-    answered = _spy_plain(monkeypatch)
     cfg = org()
     apply_teams(engine, cfg)
     r = Router(engine, cfg, clock=WallClock(MONDAY))
@@ -758,10 +452,9 @@ def test_route_plain_reads_a_team_that_changed_while_it_waited(
         lead = Lead("00Qpc1", {"Country": "FR"})
         waiter = threading.Thread(target=_assign_one, args=(engine, r, lead, in_transaction, got))
         waiter.start()
-        _wait_until_blocked(engine, "%FROM route_plain(%")
+        _wait_until_blocked(engine, "%FROM route_new_lead(%")
         holder.commit()
         waiter.join(timeout=30)
-    assert answered == ([] if in_transaction else ["assigned"])
     with engine.connect() as c:
         users = dict(c.execute(text("SELECT id, crm_user_id FROM members")).all())
     # Lee (weight 5 of 9) is owed the first lead of the rotation
@@ -776,15 +469,13 @@ def test_route_plain_reads_a_team_that_changed_while_it_waited(
 
 
 @pytest.mark.parametrize("in_transaction", [False, True], ids=["autocommit", "in a transaction"])
-def test_route_plain_hands_a_lead_to_route_lead_when_a_rep_went_away_while_it_waited(
-    engine: Engine, monkeypatch: pytest.MonkeyPatch, in_transaction: bool
+def test_a_call_sees_a_rep_who_went_away_while_it_waited(
+    engine: Engine, in_transaction: bool
 ) -> None:
     """Time off stored while the lead waits for its team's lock (here by a writer that does
-    not take the team's lock, as `connector rep away` does): route_plain's second statement
-    sees it, writes nothing, takes its lead row back and answers 'route_lead', which
-    decides the lead with Ida away: Hal again (weight 2), not Ida, who was owed it. The lead
-    is stored once, in autocommit and in the caller's transaction."""
-    answered = _spy_plain(monkeypatch)
+    not take the team's lock, as `connector rep away` does): the call reads it under the
+    lock and decides the lead with Ida away: Hal again (weight 2), not Ida, who was owed it.
+    The lead is stored once, in autocommit and in the caller's transaction."""
     cfg = org()
     apply_teams(engine, cfg)
     r = Router(engine, cfg, clock=WallClock(MONDAY))
@@ -797,13 +488,12 @@ def test_route_plain_hands_a_lead_to_route_lead_when_a_rep_went_away_while_it_wa
         r,
         Lead("00Qpt1", {"Country": "FR"}),
         Lead("00Qpt2", {"Country": "FR"}),
-        "route_plain",
+        "route_new_lead",
         lambda holder: holder.execute(
             time_off, {"start": MONDAY - timedelta(hours=1), "until": MONDAY + timedelta(hours=1)}
         ),
         in_transaction,
     )
-    assert answered == ([] if in_transaction else ["route_lead"])
     assert first.owner_id == "005H"
     assert (second.status, second.owner_id) == ("assigned", "005H")
     assert _lead_rows(engine) == {
@@ -816,13 +506,12 @@ def test_route_plain_hands_a_lead_to_route_lead_when_a_rep_went_away_while_it_wa
 
 @pytest.mark.parametrize("in_transaction", [False, True], ids=["autocommit", "in a transaction"])
 def test_a_lead_whose_team_was_retired_while_it_waited_is_not_stored(
-    engine: Engine, monkeypatch: pytest.MonkeyPatch, in_transaction: bool
+    engine: Engine, in_transaction: bool
 ) -> None:
     """A config apply retires the team (in_config false) while a lead waits for its lock:
-    route_plain's lock finds no team, so its second statement writes nothing and it deletes
-    the lead row it stored; route_lead then finds no team and the Router says so. Nothing
-    of the lead is left, in autocommit and in the caller's transaction."""
-    answered = _spy_plain(monkeypatch)
+    route_team's lock finds no team and writes nothing, route_new_lead deletes the lead row it
+    stored, and the Router says so. Nothing of the lead is left, in autocommit and in the
+    caller's transaction."""
     cfg = org()
     apply_teams(engine, cfg)
     r = Router(engine, cfg, clock=WallClock(MONDAY))
@@ -832,13 +521,12 @@ def test_a_lead_whose_team_was_retired_while_it_waited_is_not_stored(
             r,
             Lead("00Qpr1", {"Country": "FR"}),
             Lead("00Qpr2", {"Country": "FR"}),
-            "route_plain",
+            "route_new_lead",
             lambda holder: holder.execute(
                 text("UPDATE teams SET in_config = false WHERE name = 'p'")
             ),
             in_transaction,
         )
-    assert answered == ([] if in_transaction else ["route_lead"])
     assert _lead_rows(engine) == {
         "leads": 1,
         "assignments": 1,
@@ -847,12 +535,8 @@ def test_a_lead_whose_team_was_retired_while_it_waited_is_not_stored(
     }
 
 
-def test_route_plain_hands_a_team_without_active_members_to_route_lead(
-    engine: Engine, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """No active member: route_plain writes nothing and answers 'route_lead', which records
-    the lead as unassigned with its reason, once."""
-    answered = _spy_plain(monkeypatch)
+def test_a_team_without_active_members_leaves_its_lead_unassigned(engine: Engine) -> None:
+    """No active member: the lead is recorded unassigned with its reason, once."""
     cfg = org()
     apply_teams(engine, cfg)
     with engine.begin() as c:
@@ -864,7 +548,6 @@ def test_route_plain_hands_a_team_without_active_members_to_route_lead(
         )
     r = Router(engine, cfg, clock=WallClock(MONDAY))
     got = r.assign(Lead("00Qpn1", {"Country": "FR"}), "api")
-    assert answered == ["route_lead"]
     assert (got.status, got.reason) == ("unassigned", "no_active_member")
     assert _lead_rows(engine) == {
         "leads": 1,
@@ -881,9 +564,7 @@ def test_a_deactivation_takes_the_team_lock_before_the_members(engine: Engine) -
     """A lead being assigned holds its team's lock, then updates a member. `connector rep
     deactivate` used to update the member row first and take the team lock after: with a
     lead in between, each waited for the other (a deadlock, one of them aborted). Now the
-    deactivation waits for the team lock first, and both finish. (At 20:00 UTC Lou is off
-    shift, so the leads take route_lead, which reads no member row before it updates one:
-    route_plain, which updates one member row only, would do as well.)"""
+    deactivation waits for the team lock first, and both finish."""
     cfg = org()
     apply_teams(engine, cfg)
     r = Router(engine, cfg, clock=WallClock(MONDAY + timedelta(hours=7)))
@@ -904,14 +585,10 @@ def test_a_deactivation_takes_the_team_lock_before_the_members(engine: Engine) -
     assert active is False
 
 
-def test_rep_away_waits_for_the_leads_already_waiting_for_its_team(
-    engine: Engine, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_rep_away_waits_for_the_leads_already_waiting_for_its_team(engine: Engine) -> None:
     """`connector rep away` writes the rep's team rows before the time off, so it commits
     only after the leads already waiting for the team lock, never while one of them waits
-    with a snapshot that cannot see it (route_plain's is taken before its wait). Once it has
-    returned, no lead goes to the rep."""
-    answered = _spy_plain(monkeypatch)
+    with a snapshot that cannot see it. Once it has returned, no lead goes to the rep."""
     cfg = org()
     apply_teams(engine, cfg)
     clock = WallClock(MONDAY)
@@ -932,14 +609,13 @@ def test_rep_away_waits_for_the_leads_already_waiting_for_its_team(
         assert not done.wait(1.0)
 
     held, waiting = Lead("00Qpa1", {"Country": "FR"}), Lead("00Qpa2", {"Country": "FR"})
-    first, second = _behind_a_holder(engine, r, held, waiting, "route_plain", meanwhile)
+    first, second = _behind_a_holder(engine, r, held, waiting, "route_new_lead", meanwhile)
     setter.join(timeout=30)
     assert done.is_set()
     # the waiting lead was decided before the time off, as its place in the queue says
     assert (first.owner_id, second.owner_id) == ("005H", "005I")
     later = [r.assign(Lead(f"00Qpa{i}", {"Country": "FR"}), "api") for i in range(3, 7)]
     assert "005I" not in {o.owner_id for o in later}
-    assert answered == ["assigned"] + ["route_lead"] * 4
 
 
 def team_of_two(member: str, team_keys: str = "") -> OrgConfig:
@@ -958,26 +634,6 @@ rules:
         "t.yaml",
         ENV,
     )
-
-
-@pytest.mark.parametrize(
-    ("members", "team_keys", "plain"),
-    [
-        ('{crm_user_id: "005A", name: Ada}', "", True),
-        ('{crm_user_id: "005A", name: Ada, caps: {per_week: 9}}', "", False),
-        ('{crm_user_id: "005A", name: Ada}', "caps: {per_day: 3}", False),
-        ('{crm_user_id: "005A", name: Ada}', "catch_up: {max_in_a_row: 1}", False),
-        # hours and time off block at some instants only: plain_call checks each call
-        (
-            '{crm_user_id: "005A", name: Ada, hours: {timezone: UTC, mon-fri: "09:00-17:00"}}',
-            "",
-            True,
-        ),
-    ],
-    ids=["plain", "member caps", "team caps", "catch-up", "hours"],
-)
-def test_which_teams_are_plain(members: str, team_keys: str, plain: bool) -> None:
-    assert team_inputs(team_of_two(members, team_keys).teams[0]).plain is plain
 
 
 @pytest.mark.parametrize(
@@ -1041,14 +697,20 @@ rules:
     for f in ({"Country": 1}, {"Country": True}, fields, {"Country": "US"}, fields):
         for source in ("api", "poll"):
             tried, values = trace_rules(rules, f)
-            want = {"source": source, "rules": tried, "values": values, "at": MONDAY.isoformat()}
-            assert cache.detail(source, f, MONDAY) == json.dumps(want)
+            want = {
+                "source": source,
+                "rules": tried,
+                "values": values,
+                "at": MONDAY.isoformat(),
+                "team": "t",
+            }
+            assert cache.detail(source, f, MONDAY, '"team": "t"') == json.dumps(want)
     assert len(cache._text) <= 3  # bounded
     long = {"Country": "x" * 5000}  # a trace this long is written, not kept
     cache._text.clear()
     tried, values = trace_rules(rules, long)
-    want = {"source": "api", "rules": tried, "values": values, "at": MONDAY.isoformat()}
-    assert cache.detail("api", long, MONDAY) == json.dumps(want) and not cache._text
+    want = {"source": "api", "rules": tried, "values": values, "at": MONDAY.isoformat(), "n": 1}
+    assert cache.detail("api", long, MONDAY, '"n": 1') == json.dumps(want) and not cache._text
 
 
 OVERFLOW = """

@@ -5,29 +5,20 @@ from __future__ import annotations
 import multiprocessing as mp
 import threading
 from collections import Counter
-from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from sqlalchemy import Engine, text
 
-from connector.core.config import OrgConfig, parse_config
+from connector.core.config import OrgConfig
+from connector.core.config_loading import parse_config
 from connector.intake.importer import ingest_file
-from connector.routing import assign as assign_module
-from connector.routing.assign import (
-    MAX_FIELDS_BYTES,
-    Lead,
-    LeadError,
-    Outcome,
-    Router,
-    _assigned,
-    validate_lead,
-)
+from connector.routing.assign import Lead, LeadError, Outcome, Router, validate_lead
+from connector.routing.leads import MAX_FIELDS_BYTES, assigned_outcome
 from connector.routing.rotation import max_lag
 from connector.routing.teams import apply_teams
 from connector.shell.store import make_engine
-from tests.clocks import WallClock
-from tests.conftest import SAMPLE_ENV, SAMPLE_YAML
+from tests.helpers.sample_org import SAMPLE_ENV, SAMPLE_YAML
 
 ENV = {"TOKEN": "unused"}
 
@@ -504,7 +495,7 @@ def test_a_batch_builds_its_outcomes_as_outcome_does() -> None:
     """Assigned outcomes are built without Outcome's __init__ (a batch builds 500): every
     field set, equal to the one __init__ builds; a field added to Outcome fails this."""
     cands = ((1, None), (2, "away"))
-    fast = _assigned("00Q1", "t", "005A", "Ann", cands)
+    fast = assigned_outcome("00Q1", "t", "005A", "Ann", cands)
     slow = Outcome("00Q1", "assigned", "t", "005A", "Ann", candidates=cands)
     assert fast == slow
     assert vars(fast) == vars(slow)
@@ -543,33 +534,3 @@ def test_deferred_outcomes_are_built_after_the_commit_from_what_was_routed(
     assert [(o.status, o.owner_id) for o in again] == [("duplicate", o) for o in owners]
     with engine.connect() as conn:
         assert router.assign_in_deferred(conn, [], "import")() == []
-
-
-def test_lock_team_seats_answers_as_lock_team_and_team_candidates(engine: Engine) -> None:
-    """lock_team_seats (migration 0024) is lock_team and team_candidates in one call: the
-    same member rows, with the team's id and epoch on each; no row for a team not in the
-    database; one row with the member columns NULL for a team with no configured member."""
-    cfg = cfg_of([("005A", 2, True), ("005B", 1, False), ("005C", 1, True)])
-    apply_teams(engine, cfg)
-    monday = datetime(2026, 12, 7, 15, 0, tzinfo=UTC)
-    router = Router(engine, cfg, clock=WallClock(monday))
-    router.assign_many([Lead(f"00Qls{i}", {"Country": "US"}) for i in range(3)], "api")
-    sql = assign_module._SQL
-    day = {"org": "acme", "day": "2026-12-07", "week": "2026-12-07"}  # that Monday's loads
-    with engine.begin() as c:
-        rows = c.execute(sql["lock_team_seats"], {**day, "name": "t"}).all()
-        team = c.execute(sql["lock_team"], {"org": "acme", "name": "t"}).one()
-        want = c.execute(sql["team_candidates"], {**day, "team_id": team.id}).all()
-        assert {(r.team_id, r.epoch) for r in rows} == {(team.id, team.epoch)}
-        assert [tuple(r)[2:] for r in rows] == [tuple(r) for r in want]
-        # 005A twice (weight 2), 005C once, the inactive 005B never
-        assert [(r.turns, r.day_count, r.week_count) for r in rows] == [
-            (2, 2, 2),
-            (0, 0, 0),
-            (1, 1, 1),
-        ]
-        assert c.execute(sql["lock_team_seats"], {**day, "name": "nope"}).all() == []
-        c.execute(text("UPDATE members SET in_config = false"))
-        (empty,) = c.execute(sql["lock_team_seats"], {**day, "name": "t"}).all()
-        assert (empty.team_id, empty.epoch) == (team.id, team.epoch)
-        assert empty.id is None and empty.turns is None

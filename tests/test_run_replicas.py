@@ -20,22 +20,20 @@ import httpx
 import pytest
 from sqlalchemy import Engine, text
 
-from connector.core.config import load_configs
+from connector.core.config_loading import load_configs
 from connector.shell.demo import (
-    ENV,
     Sent,
     crm_mismatches,
-    hubspot_yaml,
-    salesforce_yaml,
     send_hubspot,
     send_soap,
     wait_until_done,
 )
+from connector.shell.demo_world import ENV, hubspot_yaml, salesforce_yaml
 from connector.shell.status import org_status
 from crm_sandboxes import HubSpotSandbox, SalesforceSandbox
-from tests.fault_helpers import fairness_violations
-from tests.ports import free_port
-from tests.waiting import wait_until
+from testbed.waiting import wait_until
+from tests.helpers.faults import fairness_violations
+from tests.helpers.ports import free_port
 
 pytestmark = pytest.mark.slow
 

@@ -17,7 +17,8 @@ import pytest
 from sqlalchemy import Engine, text
 
 import connector.routing.simulate as simulate_module
-from connector.core.config import OrgConfig, parse_config
+from connector.core.config import OrgConfig
+from connector.core.config_loading import parse_config
 from connector.intake.accounts_sync import account_rows, store_accounts
 from connector.routing.assign import Lead, Router
 from connector.routing.availability import Candidate
@@ -40,7 +41,7 @@ from connector.shell.reps import end_away, resolve_rep, set_away
 from connector.shell.store import make_engine
 from crm_adapters.base import CrmAccount
 from crm_adapters.salesforce_ids import to_18
-from tests.pg import DatabaseFactory
+from testbed.pg import DatabaseFactory
 
 ENV = {"TOKEN": "unused"}
 T0 = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)

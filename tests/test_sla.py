@@ -17,7 +17,7 @@ from connector.shell.explain import format_explanation, load_explanation
 from connector.writeback.dispatch import Dispatcher
 from crm_adapters.base import CrmRecord
 from crm_sandboxes import SalesforceSandbox
-from tests.reassign_orgs import SLA, ReOrg, counts, current_owner
+from tests.helpers.reassign_orgs import SLA, ReOrg, counts, current_owner
 
 OPEN = "Open - Not Contacted"
 

@@ -8,11 +8,12 @@ from typing import Any
 from sqlalchemy import Engine, text
 
 import db
-from connector.core.config import OrgConfig, parse_config
+from connector.core.config import OrgConfig
+from connector.core.config_loading import parse_config
 from connector.routing.assign import Lead, Router
 from connector.routing.teams import apply_teams
 from connector.shell.status import org_status
-from tests.conftest import SAMPLE_ENV, SAMPLE_YAML
+from tests.helpers.sample_org import SAMPLE_ENV, SAMPLE_YAML
 
 # The queries status.sql had before it counted from indexes: the reference.
 REFERENCE_LEADS = """

@@ -30,7 +30,7 @@ from connector.shell.status import org_status
 from connector.writeback.dispatch import Dispatcher, finished_rows, retry_dead
 from crm_adapters.salesforce_ids import to_18
 from crm_sandboxes import HubSpotSandbox, SalesforceSandbox
-from tests.crm_orgs import (
+from testbed.crm_orgs import (
     HS_WEBHOOK_SECRET,
     OUTBOUND_SECRET,
     PORTAL_ID,
@@ -38,7 +38,7 @@ from tests.crm_orgs import (
     hubspot_org,
     salesforce_org,
 )
-from tests.waiting import wait_until
+from testbed.waiting import wait_until
 
 SOAP_HEADERS = {"Content-Type": "text/xml; charset=utf-8", "SOAPAction": '""'}
 

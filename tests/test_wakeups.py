@@ -15,14 +15,16 @@ import psycopg
 import pytest
 from sqlalchemy import Engine, text
 
-from connector.core.errors import create_engine
-from connector.core.pacing import Nudges, Spacer, org_pacing
+from connector.core.crm_kinds import org_pacing
+from connector.core.database import create_engine
+from connector.core.pacing import Nudges, Spacer
 from connector.routing.assign import Lead, Router
 from connector.routing.teams import apply_teams
 from connector.shell import service as service_module
 from connector.shell.service import run_dispatch_service
 from connector.writeback.wakeups import OutboxListener, announce, listener_for
-from tests.fault_helpers import (
+from testbed.waiting import wait_until
+from tests.helpers.faults import (
     Proc,
     RecordingHubSpot,
     TwoOrgs,
@@ -32,9 +34,8 @@ from tests.fault_helpers import (
     post_hubspot,
     service,
 )
-from tests.ports import free_port
-from tests.test_dispatch_memory import ORG, _org
-from tests.waiting import wait_until
+from tests.helpers.memory_orgs import ORG, memory_org
+from tests.helpers.ports import free_port
 
 DEADLINE = 20.0  # a hang's limit, not a measured time
 
@@ -118,7 +119,7 @@ def test_a_dispatcher_an_hour_from_its_cycle_writes_an_announced_round(
 ) -> None:
     """The `connector dispatch` wiring: without the announcement (or without the listener)
     the owners wait for the dispatcher's next cycle, an hour away, and this test fails."""
-    org = _org(engine, "hubspot")
+    org = memory_org(engine, "hubspot")
     nudges = Nudges()
     dispatcher = org.dispatcher(spacer=Spacer(3600.0), nudge=nudges.listener(ORG))
     probe = nudges.listener(ORG)

@@ -19,7 +19,8 @@ import httpx
 import pytest
 from sqlalchemy import Engine, text
 
-from connector.core.config import OrgConfig, SalesforceCrm, parse_config
+from connector.core.config import OrgConfig, SalesforceCrm
+from connector.core.config_loading import parse_config
 from connector.core.errors import Conflict, DatabaseError, DatabaseUnavailable
 from connector.core.metrics import Metrics
 from connector.intake.receivers import create_app, db_errors
@@ -33,7 +34,7 @@ from connector.shell.service import serve_in_thread
 from connector.shell.store import make_engine
 from crm_adapters.base import CrmAdapter
 from crm_sandboxes import HubSpotSandbox
-from tests.waiting import wait_until
+from testbed.waiting import wait_until
 
 SF_ORG_ID = "00D5g000004ABCD"  # configured in its 15-char form; messages carry 18 chars
 SF_ORG_ID_18 = "00D5g000004ABCDEA4"

@@ -1,7 +1,7 @@
 """How list parameters travel to PostgreSQL: as binary arrays, flat lists of ints, strs and
 instants (and lists of nothing but NULLs) packed in one pass.
 
-Every connection an engine of ``errors.create_engine`` opens sends a Python list as a binary
+Every connection an engine of ``database.create_engine`` opens sends a Python list as a binary
 array (``send_lists_in_binary``). psycopg's own default is the text form, which it builds
 element by element with a quoting check per element; its binary dumper still dumps element by
 element in Python and scans the list first to size its ints. A batch of 500 leads sends about

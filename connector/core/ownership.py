@@ -8,7 +8,7 @@ form: Salesforce's 15- and 18-character forms of an id are equal.
 from __future__ import annotations
 
 from connector.core.config import OrgConfig
-from crm_adapters.salesforce_ids import id_key as salesforce_id_key
+from connector.core.crm_kinds import crm_kind
 
 __all__ = ["intake_keys", "is_unrouted", "owner_key"]
 
@@ -17,7 +17,7 @@ def owner_key(kind: str, owner_id: str) -> str:
     """The form two CRM ids (owners, records) are compared in (Salesforce: the 15- and
     18-character forms are equal)."""
     owner_id = owner_id.strip()
-    return salesforce_id_key(owner_id) if kind == "salesforce" else owner_id
+    return crm_kind(kind).id_key(owner_id)
 
 
 def intake_keys(cfg: OrgConfig) -> frozenset[str]:

@@ -29,9 +29,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from connector.core.config import HubSpotCrm, SalesforceCrm
-from crm_adapters.batching import HUBSPOT_BATCH_MAX
-
 __all__ = [
     "CALLS_PER_CYCLE",
     "NOMINAL_CALLS_PER_S",
@@ -39,7 +36,6 @@ __all__ = [
     "Nudges",
     "Pacing",
     "Spacer",
-    "org_pacing",
     "pacing_for",
 ]
 
@@ -68,14 +64,6 @@ def pacing_for(calls_per_s: float, share: float = SHARE, read_unit: int = 1) -> 
     if not calls_per_s > 0 or not 0 < share <= 1:
         raise ValueError("calls_per_s must be > 0 and share in (0, 1]")
     return Pacing(cycle_s=CALLS_PER_CYCLE / (calls_per_s * share), read_unit=read_unit)
-
-
-def org_pacing(crm: SalesforceCrm | HubSpotCrm) -> Pacing:
-    """HubSpot: from its ``limit_per_10s``, whole batch reads; Salesforce: from the nominal
-    budget (its reads are queries of up to a few hundred ids, its budget counts per day)."""
-    if isinstance(crm, HubSpotCrm):
-        return pacing_for(crm.limit_per_10s / 10.0, read_unit=HUBSPOT_BATCH_MAX)
-    return pacing_for(NOMINAL_CALLS_PER_S)
 
 
 class Nudges:

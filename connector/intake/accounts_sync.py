@@ -24,7 +24,7 @@ from sqlalchemy import Connection, Engine, TextClause, text
 import db
 from connector.core.config import OrgConfig
 from connector.core.ownership import owner_key
-from connector.routing.matching import account_domains
+from connector.routing.domains import account_domains
 from crm_adapters.base import AccountSource, CrmAccount
 
 log = logging.getLogger(__name__)

@@ -20,12 +20,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, TextIO
 
+from connector.core.crm_kinds import CrmKind, crm_kind
 from connector.core.errors import UsageError
 from connector.intake.inbox import read_unrouted, record_skips
 from connector.intake.verify import Verdict
 from connector.routing.assign import Lead, LeadError, Outcome, Router, validate_lead
 from crm_adapters.base import CrmAdapter
-from crm_adapters.salesforce_ids import is_id
 
 Format = Literal["jsonl", "csv"]
 
@@ -80,7 +80,7 @@ def detect_format(path: Path) -> Format:
 
 
 def parse_jsonl(
-    lines: Iterable[str], id_field: str, salesforce_ids: bool = False
+    lines: Iterable[str], id_field: str, ids: CrmKind | None = None
 ) -> Iterator[tuple[int, Lead | Rejected]]:
     """Yield (line number, lead or rejection) for each non-blank line."""
     for number, line in enumerate(lines, start=1):
@@ -94,11 +94,11 @@ def parse_jsonl(
         if not isinstance(obj, dict):
             yield number, Rejected(number, "expected a JSON object")
             continue
-        yield number, _to_lead(number, obj, id_field, salesforce_ids)
+        yield number, _to_lead(number, obj, id_field, ids)
 
 
 def parse_csv(
-    stream: TextIO, id_field: str, salesforce_ids: bool = False
+    stream: TextIO, id_field: str, ids: CrmKind | None = None
 ) -> Iterator[tuple[int, Lead | Rejected]]:
     """Yield (line number, lead or rejection) for each data row; empty cells are missing."""
     reader = csv.reader(stream)
@@ -128,11 +128,11 @@ def parse_csv(
             yield line, Rejected(line, f"expected {len(header)} cells, found {len(row)}")
             continue
         obj = {k: (v if v.strip() else None) for k, v in zip(header, row, strict=True)}
-        yield line, _to_lead(line, obj, id_field, salesforce_ids)
+        yield line, _to_lead(line, obj, id_field, ids)
 
 
 def _to_lead(
-    line: int, obj: Mapping[str, object], id_field: str, salesforce_ids: bool
+    line: int, obj: Mapping[str, object], id_field: str, ids: CrmKind | None
 ) -> Lead | Rejected:
     try:
         lead = validate_lead(obj.get(id_field), obj)
@@ -141,13 +141,13 @@ def _to_lead(
             f"{exc.reason} (column {id_field!r})" if exc.reason == "missing CRM id" else exc.reason
         )
         return Rejected(line, reason)
-    if salesforce_ids and not is_id(lead.crm_id):
-        return Rejected(line, "not a Salesforce id")
+    if ids is not None and ids.typed_ids and not ids.is_id(lead.crm_id):
+        return Rejected(line, f"not a {ids.label} id")
     return lead
 
 
 def read_file(
-    path: Path, fmt: Format, id_field: str, salesforce_ids: bool = False
+    path: Path, fmt: Format, id_field: str, ids: CrmKind | None = None
 ) -> Iterator[tuple[int, Lead | Rejected]]:
     raw = path.read_bytes()
     try:
@@ -156,8 +156,8 @@ def read_file(
         raise UsageError(f"{path}: not UTF-8 text (byte {exc.start})") from None
     if fmt == "jsonl":
         # not splitlines(): JSON strings may hold U+2028 or U+0085, which it splits on
-        return parse_jsonl(io.StringIO(body, newline=None), id_field, salesforce_ids)
-    return parse_csv(io.StringIO(body, newline=""), id_field, salesforce_ids)
+        return parse_jsonl(io.StringIO(body, newline=None), id_field, ids)
+    return parse_csv(io.StringIO(body, newline=""), id_field, ids)
 
 
 class Progress:
@@ -198,9 +198,9 @@ def ingest_file(
     `connector ingest`); without, the file's rows are routed as they are.
     """
     summary = Summary()
-    # A Salesforce org rejects rows whose id is not a Salesforce id (line numbers reported).
-    salesforce_ids = router.cfg.crm.kind == "salesforce"
-    rows = list(read_file(path, fmt, id_field, salesforce_ids))
+    # An org whose CRM has typed ids (Salesforce) rejects rows whose id is not one (line
+    # numbers reported).
+    rows = list(read_file(path, fmt, id_field, crm_kind(router.cfg.crm.kind)))
     progress = Progress(len(rows))
     batch: list[Lead] = []
 

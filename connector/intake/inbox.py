@@ -36,10 +36,11 @@ from sqlalchemy import Connection, Engine, TextClause, text
 
 import db
 from connector.core.config import OrgConfig
-from connector.core.errors import AsyncPool, DatabaseError, DatabaseUnavailable
+from connector.core.crm_kinds import crm_kind, org_pacing
+from connector.core.database import AsyncPool
+from connector.core.errors import DatabaseError, DatabaseUnavailable
 from connector.core.floor import ClaimFloor
 from connector.core.metrics import Metrics
-from connector.core.pacing import org_pacing
 from connector.intake.verify import Verdict, judge_all, readable_ids
 from connector.routing.assign import Outcome, Router, RoutingError
 from crm_adapters.base import CrmAdapter, RateLimitedError
@@ -50,7 +51,6 @@ SQL: dict[str, TextClause] = {k: text(v) for k, v in db.queries("inbox").items()
 INSERT_EVENTS_NOW = db.pyformat(db.queries("inbox")["insert_events"])
 INSERT_EVENT_BATCH = db.pyformat(db.queries("inbox")["insert_event_batch"])
 
-SOURCE_BY_KIND = {"salesforce": "salesforce_outbound", "hubspot": "hubspot_webhook"}
 INBOX_STATES = ("pending", "claimed", "done", "skipped", "dead")
 
 AdapterSource = Callable[[str], CrmAdapter]
@@ -62,7 +62,7 @@ def _event_params(
 ) -> dict[str, Any]:
     return {
         "org": cfg.org,
-        "source": SOURCE_BY_KIND[cfg.crm.kind],
+        "source": crm_kind(cfg.crm.kind).intake_source,
         "crm_object": cfg.crm_object,
         "event_keys": list(event_keys),
         "crm_ids": list(crm_ids),
@@ -131,7 +131,7 @@ def batch_params(deliveries: Sequence[_Delivery]) -> dict[str, list[str]]:
     for d in deliveries:
         n = len(d.keys)
         params["orgs"] += [d.cfg.org] * n
-        params["sources"] += [SOURCE_BY_KIND[d.cfg.crm.kind]] * n
+        params["sources"] += [crm_kind(d.cfg.crm.kind).intake_source] * n
         params["crm_objects"] += [d.cfg.crm_object] * n
         params["event_keys"] += d.keys
         params["crm_ids"] += d.ids
@@ -471,7 +471,7 @@ class InboxWorker:
             log.warning("inbox: cannot reschedule (%s); the lease will", type(exc).__name__)
 
     def _process(self, cfg: OrgConfig, rows: list[InboxRow]) -> None:
-        source = SOURCE_BY_KIND[cfg.crm.kind]
+        source = crm_kind(cfg.crm.kind).intake_source
         try:
             routed, checked = read_unrouted(
                 self.engine, cfg, self.adapters(cfg.org), [r.crm_id for r in rows]

@@ -45,13 +45,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from connector.core.config import HubSpotCrm, OrgConfig, SalesforceCrm
-from connector.core.errors import (
-    AsyncPool,
-    Conflict,
-    DatabaseError,
-    DatabaseUnavailable,
-    async_pool_for,
-)
+from connector.core.database import AsyncPool, async_pool_for
+from connector.core.errors import Conflict, DatabaseError, DatabaseUnavailable
 from connector.core.metrics import Metrics
 from connector.intake.http_server import DEFAULT_BODY_TIMEOUT, BodyError, read_body
 from connector.intake.hubspot_events import EventError, dedupe_latest, lead_events, parse_events

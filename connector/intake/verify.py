@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from connector.core.config import OrgConfig
+from connector.core.crm_kinds import crm_kind
 from connector.core.ownership import intake_keys, is_unrouted, owner_key
 from connector.routing.assign import Lead, LeadError, validate_lead
 from crm_adapters.base import CrmRecord
@@ -25,7 +26,6 @@ INVALID = "invalid_record"
 SKIP_REASONS = (NOT_FOUND, WRONG_OBJECT, OWNED, INVALID)
 
 # Salesforce ids start with their object's key prefix.
-SALESFORCE_KEY_PREFIXES = {"Lead": "00Q", "Contact": "003"}
 
 
 @dataclass(frozen=True)
@@ -39,9 +39,9 @@ class Verdict:
 
 
 def wrong_object(cfg: OrgConfig, crm_id: str) -> bool:
-    """A Salesforce id whose key prefix names another object (no CRM read needed)."""
-    prefix = SALESFORCE_KEY_PREFIXES.get(cfg.crm_object)
-    return cfg.crm.kind == "salesforce" and prefix is not None and crm_id[:3] != prefix
+    """An id whose key prefix names another object (Salesforce; no CRM read needed)."""
+    prefix = crm_kind(cfg.crm.kind).key_prefixes.get(cfg.crm_object)
+    return prefix is not None and not crm_id.startswith(prefix)
 
 
 def routing_fields(record: CrmRecord, wanted: Iterable[str], owner_field: str) -> dict[str, str]:

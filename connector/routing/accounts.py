@@ -1,8 +1,8 @@
-"""Account-owner routing inside the assignment transaction (the I/O around matching.py).
+"""Account-owner routing inside the assignment transaction (the I/O around domains.py).
 
 ``match_accounts`` takes the new leads whose rule says ``route_to: account_owner``, reads in
 one statement (``match_lookup``) the accounts they could belong to (by parent id and by
-domain) and the org's reps, and lets ``matching.decide`` judge each lead. Matched leads are
+domain) and the org's reps, and lets ``domains.decide`` judge each lead. Matched leads are
 recorded by ``record_matched``: assignment + outbox row, no rotation count. Their team row is
 not locked FOR UPDATE (the rotation does not move), unless the team has catch-up, whose picks
 read its latest owners (these included) by assignment id: then they are recorded under the
@@ -27,7 +27,7 @@ from sqlalchemy import Connection, TextClause, text
 import db
 from connector.core.config import OrgConfig
 from connector.core.ownership import owner_key
-from connector.routing.matching import AccountDecision, AccountRow, Rep, decide, lead_domains
+from connector.routing.domains import AccountDecision, AccountRow, Rep, decide, lead_domains
 
 __all__ = [
     "AccountDecision",
@@ -160,23 +160,29 @@ def match_accounts(
 
 
 def record_matched(conn: Connection, cfg: OrgConfig, source: str, rows: Sequence[Matched]) -> None:
-    """Assign matched leads to their account's owner (no rotation count, no team lock)."""
-    if not rows:
-        return
-    conn.execute(
-        _SQL["record_matched"],
-        {
-            "org": cfg.org,
-            "source": source,
-            "lead_ids": [m.candidate.lead_id for m in rows],
-            "member_ids": [m.seat.member_id for m in rows],
-            "team_ids": [m.seat.team_id for m in rows],
-            "epochs": [m.seat.epoch for m in rows],
-            "rule_indexes": [m.candidate.rule_index for m in rows],
-            "rule_names": [m.candidate.rule_name for m in rows],
-            "decisions": [json.dumps(m.decision.as_json()) for m in rows],
-        },
-    )
+    """Assign matched leads to their account's owner (no rotation count, no team lock), by
+    team (each team's rows share its id and epoch)."""
+    by_team: dict[int, list[Matched]] = defaultdict(list)
+    for m in rows:
+        by_team[m.seat.team_id].append(m)
+    for team_id, group in by_team.items():
+        conn.execute(
+            _SQL["record_matched"],
+            {
+                "org": cfg.org,
+                "crm_object": cfg.crm_object,
+                "source": source,
+                "team_id": team_id,
+                "epoch": group[0].seat.epoch,
+                "lead_ids": [m.candidate.lead_id for m in group],
+                "member_ids": [m.seat.member_id for m in group],
+                "crm_ids": [m.candidate.crm_id for m in group],
+                "parent_ids": [m.candidate.parent_id for m in group],
+                "rule_indexes": [m.candidate.rule_index for m in group],
+                "rule_names": [m.candidate.rule_name for m in group],
+                "decisions": json.dumps([m.decision.as_json() for m in group]),
+            },
+        )
 
 
 def note_fallbacks(conn: Connection, decisions: Mapping[int, AccountDecision]) -> None:

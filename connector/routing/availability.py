@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
-from typing import Literal
+from typing import Any, Literal
 
 from connector.core.config import Member, Team
 from connector.core.hours import WeeklyHours, parse_local_time, zone
@@ -109,4 +109,25 @@ def config_windows(team: Team, member: Member) -> tuple[Window, ...]:
     return tuple(
         Window(parse_local_time(t.starts, tz), parse_local_time(t.until, tz))
         for t in member.time_off
+    )
+
+
+def member_candidate(
+    team: Team, member: Member | None, row: Any, load: tuple[int, int]
+) -> Candidate:
+    """What the eligibility of one member row (``team_candidates``) depends on: the config
+    and its database row; ``load`` is its leads of the day and week."""
+    away = config_windows(team, member) if member else ()
+    if row.away_until is not None:
+        away += (Window(row.away_from, row.away_until),)
+    caps = team.caps_of(member) if member else team.caps
+    return Candidate(
+        member_id=row.id,
+        active=row.active,
+        hours=member.hours if member else None,
+        away=away,
+        per_day=caps.per_day,
+        per_week=caps.per_week,
+        day_count=load[0],
+        week_count=load[1],
     )

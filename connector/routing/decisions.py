@@ -21,24 +21,22 @@ not repeated in every row. ``expand`` (pure) turns such a record back into the f
 written in, so `connector explain` and `connector simulate` read both. A batch of 500 leads
 built and sent about 1 KB of JSON per lead in the full form, most of the batch's time.
 
-**Where a decision is read** (since migration 0022): a plain team's single lead
-(``route_plain``) and a batch's picks (``record_assignments``, to which
-``group_picked`` and ``take`` leave them, sent by ``assign._SeatColumns``) store the pick's part of
-the decision (``batch``, ``epoch``, ``chosen_id``, ``seats``) in columns of the
-``routing_decisions`` row, so that none of it is built or parsed as JSON while the team's
-lock is held. The other writers (``route_lead``, a lead left unassigned, a reassignment)
-keep them in ``detail``. Readers of whole decisions read the view ``decision_details``,
-which folds the columns back into ``detail`` under the same keys: one shape whoever wrote
-the row (`connector simulate`'s history reads single keys from the table itself). What is
-left of a batch's decisions then mostly repeats from lead to lead (the trace of the same
-rule, the batch's instant, the team): ``take`` hands ``record_assignments`` each distinct
-one once, with each pick's position in them.
+**Where a decision is read.** A rotation's picks (``record_assignments`` on the server) store
+the pick's part of the decision (``batch``, ``epoch``, ``chosen_id``, ``seats``) in columns of
+the ``routing_decisions`` row, so that none of it is built or parsed as JSON while the team's
+lock is held. The other writers (an account owner's lead, a lead no rule matched, a
+reassignment) keep them in ``detail``. Readers of whole decisions read the view
+``decision_details``, which folds the columns back into ``detail`` under the same keys: one
+shape whoever wrote the row (`connector simulate`'s history reads single keys from the table
+itself). What is left of a batch's decisions mostly repeats from lead to lead (the trace of
+the same rule, the batch's instant, the team): ``group_picked`` and ``shared`` hand the
+server each distinct one once, with each pick's position in them.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
@@ -59,7 +57,7 @@ _SQL: dict[str, TextClause] = {k: text(v) for k, v in db.queries("decisions").it
 
 class SeatRow(Protocol):
     """What the recorder needs of a member row: its rotation turns at the moment of a pick
-    (``assign._StandingViews`` and ``reassign._Member`` provide these)."""
+    (``batch.Standing`` and ``reassign._Member`` provide these)."""
 
     @property
     def id(self) -> int: ...
@@ -240,7 +238,7 @@ _SHARED_KEYS = frozenset(
 
 def _shared_key(d: Mapping[str, Any], sla_minutes: int | None) -> tuple[object, ...] | None:
     """What a decision with only shared parts is equal by, else None, once given
-    ``sla_minutes`` when that is not None (as ``take`` gives it). The trace's lists are
+    ``sla_minutes`` when that is not None (as ``shared`` gives it). The trace's lists are
     compared by identity: ``started`` shares one pair of objects per distinct trace, and
     they stay alive (and unchanged) for the whole batch."""
     if not d.keys() <= _SHARED_KEYS:
@@ -270,9 +268,6 @@ class DecisionRecorder:
         self.rules = rules
         self.kind = kind
         self._by_lead: dict[int, _Pending] = {}
-        # every change to a decision but the batch's instant (judged_at) and take: a
-        # grouping made before (group_picked) still holds while this has not moved
-        self.changes = 0
         self._fields = rule_fields(rules)
         self._slas: dict[tuple[int, str], int | None] = {}
         self._traces: dict[tuple[object, ...], tuple[list[dict[str, Any]], dict[str, Any]]] = {}
@@ -285,7 +280,6 @@ class DecisionRecorder:
 
     def detail(self, lead_id: int) -> dict[str, Any]:
         """The decision recorded so far for one lead (a live reference)."""
-        self.changes += 1
         return self._entry(lead_id).detail
 
     def started(self, lead_id: int, source: str, fields: Mapping[str, object]) -> None:
@@ -315,13 +309,11 @@ class DecisionRecorder:
         """Reps away by `connector rep away` when this lead was judged (the table keeps only
         each rep's latest absence, so the replay reads past ones here)."""
         if crm_user_ids:
-            self.changes += 1
             d = self._entry(lead_id).detail
             d["away_by_command"] = sorted({*d.get("away_by_command", ()), *crm_user_ids})
 
     def account(self, lead_id: int, entry: Mapping[str, Any]) -> None:
         """An account match decided the lead (or was tried): which account, whose owner."""
-        self.changes += 1
         self._entry(lead_id).detail["account"] = dict(entry)
 
     def team_pick(
@@ -337,7 +329,6 @@ class DecisionRecorder:
         """One team's picks: ``candidates`` = (member id, skip reason or None) for every rep
         considered, in the rotation's order; ``picks`` = the member chosen for each lead (the
         counts advance pick by pick, as the rotation's did)."""
-        self.changes += 1
         by_id = {m.id: m for m in members}
         ids = [mid for mid, _ in candidates]
         weights = [by_id[mid].weight for mid in ids]
@@ -358,7 +349,6 @@ class DecisionRecorder:
     ) -> None:
         """The candidates of one pick, compactly: (member ids, weights, counts, skip reasons),
         parallel lists in the rotation's order."""
-        self.changes += 1
         ids, weights, counts, skips = seats
         self._entry(lead_id).detail.update(
             {
@@ -370,7 +360,6 @@ class DecisionRecorder:
 
     def picked(self, lead_id: int, team: str, member_id: int, rule_index: int | None) -> None:
         """The lead went to ``member_id``; with its rule, the SLA is looked up too."""
-        self.changes += 1
         p = self._entry(lead_id)
         p.detail["chosen_id"] = member_id
         p.detail["outcome"] = "assigned"
@@ -399,7 +388,6 @@ class DecisionRecorder:
         members: Sequence[SeatRow] = (),
         candidates: Sequence[tuple[int, str | None]] = (),
     ) -> None:
-        self.changes += 1
         d = self._entry(lead_id).detail
         d.update({"outcome": "unassigned", "reason": reason})
         if team is not None:
@@ -421,7 +409,6 @@ class DecisionRecorder:
         candidates: Sequence[tuple[int, str | None]],
     ) -> None:
         """No rep of ``team`` could take the lead; it goes on to the team's overflow team."""
-        self.changes += 1
         by_id = {m.id: m for m in members}
         self._entry(lead_id).detail.setdefault("overflow_from", []).append(
             {
@@ -434,12 +421,9 @@ class DecisionRecorder:
         )
 
     def group_picked(self, team: str, picks: Sequence[tuple[int, int]]) -> PickedDecisions:
-        """How ``take`` will hand these leads' decisions to ``record_assignments``: the leads,
-        given by (lead id, rule index), picked from ``team``'s seats, grouped by what their
-        decisions will hold (``_shared_key``, with the SLA ``take`` gives). The grouping
-        holds as long as the decisions gain nothing but the batch's instant before ``take``:
-        the router groups a team's leads before taking its lock, and groups them again under
-        it when anything else was added (a rep away by command, a lead left over)."""
+        """How ``shared`` hands these leads' decisions to the server: the leads, given by
+        (lead id, rule index), picked from ``team``'s seats, grouped by what their decisions
+        will hold (``_shared_key``, with the SLA they get)."""
         parts: list[_Pending] = []
         minutes_of_part: list[int | None] = []
         positions: list[int] = []
@@ -463,22 +447,12 @@ class DecisionRecorder:
             lead_ids.append(lead_id)
         return PickedDecisions(team, lead_ids, parts, minutes_of_part, positions, slas)
 
-    def take(self, picked: PickedDecisions) -> str:
-        """The grouped leads were picked by ``record_assignments``, which writes the batch,
-        epoch, pick and seats in columns of the decision (migration 0022): their ``detail``
-        gets none of them, only the team, the outcome and the SLA (as ``picked`` does).
-        Returns the JSON array of the distinct decisions that statement takes (each lead's
-        position in it and its SLA minutes are ``picked``'s); they are no longer flushed
-        here. A batch's decisions mostly differ only in their pick, which goes in columns:
-        those that hold nothing of their own are sent once."""
-        details = self.shared(picked)
-        self.forget(picked)
-        return details
-
     def shared(self, picked: PickedDecisions) -> str:
-        """``take``'s JSON array, leaving the decisions as they are and to be flushed: a call
-        that may hand the leads back undecided (``route_plain_batch``) sends it, and then
-        ``forget``s them once it has recorded them."""
+        """The JSON array of the grouped leads' distinct decisions as the server records them
+        (each lead's position in it and its SLA minutes are ``picked``'s): the server writes
+        the batch, epoch, pick and seats in columns, so their ``detail`` gets none of them,
+        only the team, the outcome and the SLA. Decisions that hold nothing of their own are
+        sent once. They stay here until ``forget``."""
         out: list[dict[str, Any]] = []
         for p, minutes in zip(picked.parts, picked.minutes_of_part, strict=True):
             d = {k: v for k, v in p.detail.items() if k != "batch"}
@@ -489,10 +463,10 @@ class DecisionRecorder:
             out.append(d)
         return json.dumps(out)
 
-    def forget(self, picked: PickedDecisions) -> None:
-        """The grouped leads' decisions were written with their picks: not flushed here."""
+    def forget(self, lead_ids: Iterable[int]) -> None:
+        """These leads' decisions were written by the server: not flushed here."""
         pending = self._by_lead
-        for lead_id in picked.lead_ids:
+        for lead_id in lead_ids:
             pending.pop(lead_id, None)
 
     def flush(self, conn: Connection) -> int:

@@ -25,7 +25,7 @@ reassigned.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -34,13 +34,13 @@ from sqlalchemy import Connection, Engine, TextClause, text
 
 import db
 from connector.core.config import OrgConfig
+from connector.core.crm_kinds import crm_kind
 from connector.core.errors import UsageError
-from connector.routing.assign import member_candidate as candidate_of
-from connector.routing.availability import eligibility, periods
+from connector.routing.availability import Periods, eligibility, periods
+from connector.routing.availability import member_candidate as candidate_of
 from connector.routing.decisions import DecisionRecorder
 from connector.routing.rotation import Seat, next_owners
 from connector.routing.rules import compile_rules
-from crm_adapters.salesforce_ids import id_key, is_id
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +123,8 @@ def choose_rep(rows: Sequence[Any], rep: str, org: str, prefer_team_id: int | No
 
 
 def _rep_key(cfg: OrgConfig, rep: str) -> str | None:
-    return id_key(rep) if cfg.crm.kind == "salesforce" and is_id(rep) else None
+    kind = crm_kind(cfg.crm.kind)
+    return kind.id_key(rep) if kind.typed_ids and kind.is_id(rep) else None
 
 
 def resolve_rep(conn: Connection, cfg: OrgConfig, rep: str, prefer_team_id: int | None) -> Rep:
@@ -140,8 +141,7 @@ def check_rep(engine: Engine, cfg: OrgConfig, rep: str) -> Rep:
 
 
 def stored_id(cfg: OrgConfig, crm_id: str) -> str:
-    crm_id = crm_id.strip()
-    return id_key(crm_id) if cfg.crm.kind == "salesforce" else crm_id
+    return crm_kind(cfg.crm.kind).id_key(crm_id.strip())
 
 
 def reassign_lead(
@@ -165,15 +165,10 @@ def reassign_lead(
         return _reassign_in(conn, cfg, stored_id(cfg, crm_id), to, reason, note, expect_owner)
 
 
-def _reassign_in(
-    conn: Connection,
-    cfg: OrgConfig,
-    crm_id: str,
-    to: str | None,
-    reason: Reason,
-    note: str | None,
-    expect_owner: str | None,
-) -> Moved:
+def _lock_current(conn: Connection, cfg: OrgConfig, crm_id: str, expect_owner: str | None) -> Any:
+    """Lock the lead's current assignment and its unsent writes; its current owner's row.
+    Refused: an unknown or unowned lead, an owner that changed from ``expect_owner``, or an
+    owner a person set in the CRM."""
     key = {"org": cfg.org, "crm_object": cfg.crm_object, "crm_id": crm_id}
     locked = conn.execute(_SQL["lock_current"], key).one_or_none()
     if locked is None:
@@ -195,20 +190,17 @@ def _reassign_in(
         raise ReassignError(
             f"lead {crm_id}: a person set owner {last.found_owner} in the CRM; not ours to reassign"
         )
-    if to is not None:
-        rep = resolve_rep(conn, cfg, to, cur.team_id)
-        if rep.crm_user_id == cur.crm_user_id:
-            raise ReassignError(f"lead {crm_id} is already owned by {rep.crm_user_id}")
-        team_id = rep.team_id
-    else:
-        team_id = cur.team_id
-    locked_teams = conn.execute(
-        _SQL["lock_teams_by_id"], {"team_ids": sorted({team_id, cur.team_id})}
-    ).all()
-    team = next(t for t in locked_teams if t.id == team_id)
-    # Read under the team lock, as a routing pick does: turns, time off, and the caps' counts.
+    return cur
+
+
+def _team_candidates(
+    conn: Connection, cfg: OrgConfig, team_name: str, team_id: int, current_member_id: int
+) -> tuple[Periods, list[_Member], list[tuple[int, str | None]]]:
+    """(the team's day and week now, its members, each member with why it cannot take a lead
+    now or None), read under the team lock as a routing pick reads them: turns, time off,
+    and the caps' counts."""
     now = datetime.now(UTC)
-    team_cfg = cfg.team(team.name)
+    team_cfg = cfg.team(team_name)
     when = periods(now, team_cfg.timezone)
     members = [
         _Member(r.id, r.crm_user_id, r.name, r.weight, r.turns, r.position, r.active, r)
@@ -226,23 +218,87 @@ def _reassign_in(
         ],
         now,
     )  # fmt: skip
-    candidates = [
-        (m.id, "current_owner" if m.id == cur.member_id else available[m.id]) for m in members
+    candidates: list[tuple[int, str | None]] = [
+        (m.id, "current_owner" if m.id == current_member_id else available[m.id]) for m in members
     ]
+    return when, members, candidates
+
+
+def _next_by_rotation(
+    crm_id: str,
+    team_name: str,
+    members: Sequence[_Member],
+    candidates: Sequence[tuple[int, str | None]],
+    current_member_id: int,
+) -> int:
+    """--rotate: the next rep by the rotation among those who can take a lead now (not
+    inactive, away, off shift or capped), counting turns as routing does."""
+    eligible = {mid for mid, r in candidates if r is None}
+    seats = [
+        Seat(m.id, m.weight, m.assigned_in_epoch, m.position) for m in members if m.id in eligible
+    ]
+    if not seats:
+        raise ReassignError(
+            f"lead {crm_id}: no other active rep in team {team_name!r}; nothing changed"
+        )
+    return pick_other(seats, current_member_id)
+
+
+def _record_decision(
+    conn: Connection,
+    cfg: OrgConfig,
+    cur: Any,
+    team: Any,
+    members: Sequence[_Member],
+    candidates: Sequence[tuple[int, str | None]],
+    member_id: int,
+    row: Any,
+    detail: Mapping[str, Any],
+) -> None:
+    """The reassignment's decision: the team pick, and what moved from whom."""
+    recorder = DecisionRecorder(cfg, compile_rules(cfg.rules), kind="reassign")
+    recorder.team_pick(team.name, team.epoch, members, list(candidates), [cur.lead_id], [member_id])
+    recorder.detail(cur.lead_id).update(
+        {
+            **detail,
+            "from": {
+                "member_id": cur.member_id,
+                "crm_user_id": cur.crm_user_id,
+                "name": cur.owner_name,
+                "team": cur.team,
+            },
+            "superseded_writes": int(row.superseded),
+            "outbox_id": int(row.id),
+            "replaces_owners": list(row.replaces_owners),
+        }
+    )
+    recorder.flush(conn)
+
+
+def _reassign_in(
+    conn: Connection,
+    cfg: OrgConfig,
+    crm_id: str,
+    to: str | None,
+    reason: Reason,
+    note: str | None,
+    expect_owner: str | None,
+) -> Moved:
+    cur = _lock_current(conn, cfg, crm_id, expect_owner)
+    if to is not None:
+        rep = resolve_rep(conn, cfg, to, cur.team_id)
+        if rep.crm_user_id == cur.crm_user_id:
+            raise ReassignError(f"lead {crm_id} is already owned by {rep.crm_user_id}")
+        team_id = rep.team_id
+    else:
+        team_id = cur.team_id
+    locked_teams = conn.execute(
+        _SQL["lock_teams_by_id"], {"team_ids": sorted({team_id, cur.team_id})}
+    ).all()
+    team = next(t for t in locked_teams if t.id == team_id)
+    when, members, candidates = _team_candidates(conn, cfg, team.name, team_id, cur.member_id)
     if to is None:
-        # --rotate: the next rep by the rotation among those who can take a lead now (not
-        # inactive, away, off shift or capped), counting turns as routing does
-        eligible = {mid for mid, r in candidates if r is None}
-        seats = [
-            Seat(m.id, m.weight, m.assigned_in_epoch, m.position)
-            for m in members
-            if m.id in eligible
-        ]
-        if not seats:
-            raise ReassignError(
-                f"lead {crm_id}: no other active rep in team {team.name!r}; nothing changed"
-            )
-        member_id = pick_other(seats, cur.member_id)
+        member_id = _next_by_rotation(crm_id, team.name, members, candidates, cur.member_id)
     else:
         member_id = rep.member_id
         # the named rep is given the lead whatever the rotation says: record it eligible
@@ -263,25 +319,8 @@ def _reassign_in(
     # the lead counts toward its new rep's caps (this day and week, in the team's zone)
     conn.execute(_SQL["count_load"], {"member_id": member_id, "day": when.day, "week": when.week})
     chosen = next(m for m in members if m.id == member_id)
-    recorder = DecisionRecorder(cfg, compile_rules(cfg.rules), kind="reassign")
-    recorder.team_pick(team.name, team.epoch, members, candidates, [cur.lead_id], [member_id])
-    recorder.detail(cur.lead_id).update(
-        {
-            "reason": reason,
-            "note": note,
-            "mode": "to" if to is not None else "rotate",
-            "from": {
-                "member_id": cur.member_id,
-                "crm_user_id": cur.crm_user_id,
-                "name": cur.owner_name,
-                "team": cur.team,
-            },
-            "superseded_writes": int(row.superseded),
-            "outbox_id": int(row.id),
-            "replaces_owners": list(row.replaces_owners),
-        }
-    )
-    recorder.flush(conn)
+    detail = {"reason": reason, "note": note, "mode": "to" if to is not None else "rotate"}
+    _record_decision(conn, cfg, cur, team, members, candidates, member_id, row, detail)
     log.info(
         "org %s: lead %s reassigned (%s) from member %d to member %d",
         cfg.org,

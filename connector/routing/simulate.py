@@ -60,7 +60,6 @@ from connector.core.charts import Bar, bar_chart, standalone
 from connector.core.config import OrgConfig, Team
 from connector.core.ownership import owner_key
 from connector.routing import accounts
-from connector.routing.assign import overflow_order
 from connector.routing.availability import (
     Candidate,
     Window,
@@ -70,8 +69,9 @@ from connector.routing.availability import (
     room,
     unplaced_reason,
 )
+from connector.routing.batch import overflow_order
 from connector.routing.decisions import expand, member_ids
-from connector.routing.matching import AccountRow, lead_domains
+from connector.routing.domains import AccountRow, lead_domains
 from connector.routing.rotation import Seat, pick_available
 from connector.routing.rules import compile_rules, match
 from connector.routing.teams import rotation_fingerprint

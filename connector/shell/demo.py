@@ -24,122 +24,31 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import httpx
 from sqlalchemy import Engine, text
 
-from connector.core.config import OrgConfig, load_configs
 from connector.core.pacing import Nudges
 from connector.intake.accounts_sync import refresh_accounts
 from connector.intake.receivers import create_app
 from connector.intake.signatures import sign_v3
 from connector.intake.soap import build_outbound_message
-from connector.routing.teams import apply_teams
 from connector.shell.adapters import Adapters
-from connector.shell.reps import resolve_rep, set_away
+from connector.shell.demo_world import (
+    DEMO_CAP,
+    ENV,
+    HS_PORTAL,
+    SF_ORG_ID,
+    World,
+    make_world,
+)
 from connector.shell.service import serve_in_thread, start_dispatchers, start_scheduler
 from connector.shell.status import org_status
 from connector.shell.store import make_embedded_tempdir, make_engine, migrate, start_embedded
 from crm_adapters.base import AccountSource
 from crm_sandboxes import HubSpotSandbox, SalesforceSandbox
-
-SF_ORG_ID = "00D000000000001AAA"
-HS_PORTAL = 62515
-ENV = {
-    "DEMO_SF_CLIENT_ID": "sandbox-client",
-    "DEMO_SF_CLIENT_SECRET": "sandbox-secret",
-    "DEMO_HS_TOKEN": "sandbox-token",
-    "DEMO_HS_WEBHOOK_SECRET": "demo-app-client-secret",
-    # The secret Salesforce's endpoint URL ends with (an Outbound Message has no signature).
-    "DEMO_SF_OUTBOUND_SECRET": "demo-outbound-url-secret-8Jq2vXw5",
-}
-DEMO_CAP = 20  # Tony Hoare's leads per day
-SF_COUNTRIES = ["US", "CA", "us", "DE", "FR", "GB", "NL", "SE"]
-HS_COUNTRIES = ["United States", "Canada", "Germany", "France", "Japan"]
-
-
-def salesforce_yaml(sf: SalesforceSandbox, reps: list[str], intake: str) -> str:
-    names = [
-        "Ada Lovelace",
-        "Alan Turing",
-        "Grace Hopper",
-        "Edsger Dijkstra",
-        "Barbara Liskov",
-        "Tony Hoare",
-    ]
-    na = "\n".join(
-        f'      - {{crm_user_id: "{reps[i]}", name: {names[i]}, weight: {w}}}'
-        for i, w in zip(range(3), (1, 1, 2), strict=True)
-    )
-    emea = "\n".join(f'      - {{crm_user_id: "{reps[i]}", name: {names[i]}}}' for i in range(3, 5))
-    # a rep with a daily cap (the demo sends more than that to his team)
-    emea += (
-        f'\n      - {{crm_user_id: "{reps[5]}", name: {names[5]}, caps: {{per_day: {DEMO_CAP}}}}}'
-    )
-
-    return f"""\
-# Written by `connector demo`: a Salesforce org routing Leads. Secrets are ${{ENV}} references.
-org: demo-sf
-crm:
-  kind: salesforce
-  instance_url: {sf.url}
-  organization_id: "{SF_ORG_ID}"
-  outbound_secrets: ["${{DEMO_SF_OUTBOUND_SECRET}}"]
-  auth: {{method: client_credentials, client_id: "${{DEMO_SF_CLIENT_ID}}",
-         client_secret: "${{DEMO_SF_CLIENT_SECRET}}"}}
-  object: Lead
-# New Leads are owned by the integration user until routed; anything else is a person's.
-intake_owner_ids: ["{intake}"]
-poll:
-  interval_seconds: 1
-  overlap_seconds: 5
-teams:
-  - name: na_ae
-    members:
-{na}
-  - name: emea_ae
-    members:
-{emea}
-rules:
-  - {{name: north america, team: na_ae, when: {{Country: [US, CA]}}}}
-  # a lead at the domain of a known Account goes to the Account's owner, else to emea_ae
-  - {{name: everyone else, team: emea_ae, route_to: account_owner}}
-"""
-
-
-def hubspot_yaml(hs: HubSpotSandbox, owners: list[str]) -> str:
-    names = ["Hedy Lamarr", "Katherine Johnson", "Margaret Hamilton", "Radia Perlman"]
-    amer = "\n".join(f'      - {{crm_user_id: "{owners[i]}", name: {names[i]}}}' for i in range(2))
-    intl = "\n".join(
-        f'      - {{crm_user_id: "{owners[i]}", name: {names[i]}}}' for i in range(2, 4)
-    )
-    return f"""\
-# Written by `connector demo`: a HubSpot portal routing contacts.
-org: demo-hs
-crm:
-  kind: hubspot
-  base_url: {hs.url}
-  auth: {{access_token: "${{DEMO_HS_TOKEN}}"}}
-  object: contacts
-  limit_per_10s: 100
-  webhook_secrets: ["${{DEMO_HS_WEBHOOK_SECRET}}"]
-  portal_id: {HS_PORTAL}
-poll:
-  enabled: false
-teams:
-  - name: americas
-    members:
-{amer}
-  - name: international
-    members:
-{intl}
-rules:
-  - {{name: americas, team: americas, when: {{country: [United States, Canada]}}}}
-  - {{name: everyone else, team: international}}
-"""
 
 
 @dataclass
@@ -314,6 +223,192 @@ def crm_mismatches(engine: Engine, sf: SalesforceSandbox, hs: HubSpotSandbox) ->
     return wrong
 
 
+def _deliveries(
+    sf: SalesforceSandbox, world: World, rng: random.Random, sf_leads: int
+) -> tuple[list[tuple[str, Any]], int, int, int]:
+    """The burst as the CRMs would send it, 10% redelivered, in random order: (jobs, SOAP
+    messages, HubSpot batches, Salesforce records pushed)."""
+    pushed = world.sf_ids[: int(sf_leads * 0.8)] + world.sf_person  # the rest only the poll finds
+    rng.shuffle(pushed)
+    hs_pushed = world.hs_ids + world.hs_person
+    rng.shuffle(hs_pushed)
+    sf_batches = [
+        [
+            (rid, {"Country": str(sf.get_record(rid)["Country"])})  # type: ignore[index]
+            for rid in pushed[i : i + 4]
+        ]
+        for i in range(0, len(pushed), 4)
+    ]
+    hs_batches = [hs_pushed[i : i + 8] for i in range(0, len(hs_pushed), 8)]
+    jobs: list[tuple[str, Any]] = [("sf", b) for b in sf_batches]
+    jobs += [("hs", b) for b in hs_batches]
+    jobs += [("sf", b) for b in rng.sample(sf_batches, len(sf_batches) // 10)]
+    jobs += [("hs", b) for b in rng.sample(hs_batches, len(hs_batches) // 10)]
+    rng.shuffle(jobs)
+    return jobs, len(sf_batches), len(hs_batches), len(pushed)
+
+
+def _send_burst(
+    client: httpx.Client, base: str, jobs: list[tuple[str, Any]], senders: int
+) -> tuple[Sent, float]:
+    """Send every delivery from ``senders`` threads: (what was sent, seconds it took)."""
+    sf_url = f"/webhooks/salesforce/demo-sf/{ENV['DEMO_SF_OUTBOUND_SECRET']}"
+    sent = Sent()
+    t_burst = time.perf_counter()
+    with ThreadPoolExecutor(senders) as pool:
+        for n, (kind, batch) in enumerate(jobs):
+            if kind == "sf":
+                pool.submit(send_soap, client, f"{base}{sf_url}", batch, sent, n)
+            else:
+                pool.submit(
+                    send_hubspot,
+                    client,
+                    f"{base}/webhooks/hubspot/demo-hs",
+                    batch,
+                    sent,
+                    1_000_000 + n * 100,
+                )
+    return sent, time.perf_counter() - t_burst
+
+
+@dataclass
+class _Outcome:
+    """What the database holds once the burst is routed."""
+
+    finished: dict[str, float]  # crm_id -> when its owner write was accepted (epoch s)
+    double: int  # leads with two assignments
+    sources: dict[str, int]  # leads by input path
+    by_account: list[Any]  # (crm_id, owner, account id) of account-matched leads
+    skipped: dict[str, int]  # pushed records not routed, by reason
+
+
+def _read_outcome(engine: Engine) -> _Outcome:
+    with engine.connect() as conn:
+        finished: dict[str, float] = dict(
+            conn.execute(
+                text(
+                    "SELECT l.crm_id, extract(epoch FROM o.finished_at) FROM outbox o "
+                    "JOIN leads l ON l.id = o.lead_id WHERE o.state = 'sent'"
+                )
+            ).all()
+        )
+        double = conn.execute(
+            text(
+                "SELECT count(*) FROM (SELECT lead_id FROM assignments GROUP BY lead_id "
+                "HAVING count(*) > 1) x"
+            )
+        ).scalar_one()
+        sources: dict[str, int] = dict(
+            conn.execute(text("SELECT source, count(*) FROM leads GROUP BY source")).all()
+        )
+        by_account = conn.execute(
+            text(
+                "SELECT l.crm_id, a.crm_user_id, a.account_match->>'account_id' FROM leads l "
+                "JOIN assignments a ON a.lead_id = l.id "
+                "WHERE a.account_match->>'result' = 'matched'"
+            )
+        ).all()
+        skipped: dict[str, int] = dict(
+            conn.execute(text("SELECT reason, count(*) FROM skipped_records GROUP BY reason")).all()
+        )
+    return _Outcome(finished, double, sources, list(by_account), skipped)
+
+
+def _print_figures(
+    engine: Engine,
+    world: World,
+    sent: Sent,
+    outcome: _Outcome,
+    sf: SalesforceSandbox,
+    hs: HubSpotSandbox,
+) -> bool:
+    """The fairness table, latencies, input paths and API calls; whether turns were fair."""
+    configs = world.configs
+    lead_to_crm = [
+        (float(outcome.finished[i]) - t) * 1000
+        for i, t in sent.pushed_at.items()
+        if i in outcome.finished
+    ]
+    print()
+    fair = True
+    turns = rotation_turns(engine)
+    for org in ("demo-sf", "demo-hs"):
+        status = org_status(engine, configs[org])
+        lines, ok = _fairness_lines(status, turns)
+        fair = fair and ok
+        print(
+            f"org {org} ({configs[org].crm.kind}): {status['leads']['assigned']} of "
+            f"{status['leads']['total']} leads assigned; outbox {status['outbox']}"
+        )
+        print("\n".join(lines))
+    print()
+    for kind in ("salesforce", "hubspot"):
+        xs = sent.ack_ms[kind]
+        print(
+            f"ACK latency {kind:<10}: p50 {_pct(xs, 50):6.1f} ms  p99 {_pct(xs, 99):6.1f} ms"
+            f"  ({len(xs)} deliveries)"
+        )
+    print(
+        f"lead-to-CRM latency    : p50 {_pct(lead_to_crm, 50):6.1f} ms  "
+        f"p99 {_pct(lead_to_crm, 99):6.1f} ms  (push sent -> owner accepted by the CRM)"
+    )
+    print(f"leads by input path    : {outcome.sources}")
+    print(
+        f"account-matched leads  : {len(outcome.by_account)} at Initech's domain, to its owner "
+        f"{configs['demo-sf'].team('emea_ae').members[0].name} (not rotation turns)"
+    )
+    print(f"pushed but not routed  : {outcome.skipped or 'none'} (read back from the CRM first)")
+    for name, box in (("Salesforce", sf), ("HubSpot", hs)):
+        calls = box.counters()["calls"]
+        print(f"{name} API calls     : " + ", ".join(f"{k} {v}" for k, v in sorted(calls.items())))
+    return fair
+
+
+def _checks(
+    engine: Engine,
+    world: World,
+    sent: Sent,
+    outcome: _Outcome,
+    sf: SalesforceSandbox,
+    hs: HubSpotSandbox,
+    *,
+    done: bool,
+    fair: bool,
+    forged: bool,
+) -> dict[str, bool]:
+    """Every guarantee the demo shows, by name."""
+    wrong = crm_mismatches(engine, sf, hs)
+    people_kept = all(
+        (sf.get_record(r) or {}).get("OwnerId") == world.reps[0] for r in world.sf_person
+    ) and all(
+        (hs.get_record(r) or {"properties": {}})["properties"].get("hubspot_owner_id")
+        == world.owners[0]
+        for r in world.hs_person
+    )
+    sf_counts = {
+        m["name"]: m["assigned"]
+        for t in org_status(engine, world.configs["demo-sf"])["teams"]
+        for m in t["members"]
+    }
+    return {
+        "every lead assigned and written back": done,
+        "no delivery refused": not sent.errors,
+        "no lead with two owners": outcome.double == 0,
+        "CRM owner equals the database owner for every lead": wrong == 0,
+        "every rep's turns within one of its weighted share": fair,
+        f"capped rep (Tony Hoare) got exactly his cap of {DEMO_CAP}": sf_counts["Tony Hoare"]
+        == DEMO_CAP,
+        "rep away (Barbara Liskov) got no lead": sf_counts["Barbara Liskov"] == 0,
+        "leads at an Account's domain went to its owner, outside the rotation": sorted(
+            (r[0], r[1], r[2]) for r in outcome.by_account
+        )
+        == sorted((i, world.reps[3], world.initech) for i in world.account_leads),
+        "forged Outbound Messages (no or a guessed URL secret) refused": forged,
+        "records a person owns skipped, their CRM owner unchanged": people_kept
+        and outcome.skipped.get("owned", 0) == len(world.sf_person) + len(world.hs_person),
+    }
+
+
 def run_demo(sf_leads: int = 600, hs_leads: int = 400, senders: int = 16) -> int:
     """Run the whole flow and print the figures; 0 when every guarantee held."""
     started = time.perf_counter()
@@ -332,55 +427,8 @@ def run_demo(sf_leads: int = 600, hs_leads: int = 400, senders: int = 16) -> int
         url = start_embedded(pgroot / "pgdata", cleanup_mode="delete")
         engine = make_engine(url, pool_size=10)
         migrate(engine)
-
-        reps = [sf.add_user(f"Rep {i}") for i in range(6)]
-        intake = sf.add_user("Lead intake (integration user)")
-        owners = [hs.add_owner(f"Owner{i}") for i in range(4)]
-        (root / "config").mkdir()
-        (root / "config" / "demo-sf.yaml").write_text(salesforce_yaml(sf, reps, intake))
-        (root / "config" / "demo-hs.yaml").write_text(hubspot_yaml(hs, owners))
-        configs: dict[str, OrgConfig] = load_configs(root / "config")
-        for cfg in configs.values():
-            apply_teams(engine, cfg)
-        # `connector rep away "Barbara Liskov" --until ...`: away for the whole burst
-        sf_cfg, now = configs["demo-sf"], datetime.now(UTC)
-        barbara = resolve_rep(sf_cfg, "Barbara Liskov")
-        set_away(engine, sf_cfg, barbara, now + timedelta(days=1), "on holiday", now)
-        print(f"config written to {root / 'config'} (2 orgs)")
-
-        # An Account owned by Edsger Dijkstra; its people's leads go to him, not the rotation.
-        initech = sf.add_account("Initech", reps[3], "https://www.initech.com/")
-        account_leads = [
-            sf.add_record(
-                "Lead", intake, fields={"Country": "DE", "Email": f"buyer{i}@mail.initech.com"}
-            )
-            for i in range(max(1, sf_leads // 50))
-        ]
-        sf_records = [
-            (
-                sf.add_record(
-                    "Lead", owner_id=intake, fields={"Country": rng.choice(SF_COUNTRIES)}
-                ),
-                None,
-            )
-            for _ in range(sf_leads - len(account_leads))
-        ] + [(rid, None) for rid in account_leads]
-        rng.shuffle(sf_records)
-        sf_ids = [rid for rid, _ in sf_records]
-        hs_ids = [
-            hs.add_record("contacts", properties={"country": rng.choice(HS_COUNTRIES)})
-            for _ in range(hs_leads)
-        ]
-
-        # Records a person already owns: pushed like the others, they must be left alone.
-        sf_person = [
-            sf.add_record("Lead", owner_id=reps[0], fields={"Country": "US"})
-            for _ in range(max(1, sf_leads // 20))
-        ]
-        hs_person = [
-            hs.add_record("contacts", owner_id=owners[0], properties={"country": "Canada"})
-            for _ in range(max(1, hs_leads // 20))
-        ]
+        world = make_world(engine, root, sf, hs, rng, sf_leads, hs_leads)
+        configs = world.configs
 
         adapters = Adapters(configs)
         sf_adapter = adapters.get("demo-sf")
@@ -388,162 +436,29 @@ def run_demo(sf_leads: int = 600, hs_leads: int = 400, senders: int = 16) -> int
         mirror = refresh_accounts(engine, configs["demo-sf"], sf_adapter)
         print(f"account mirror of demo-sf: {mirror.stored} account(s) read from Salesforce")
         app = create_app(engine, configs, adapters=adapters.get)
-        sf_url = f"/webhooks/salesforce/demo-sf/{ENV['DEMO_SF_OUTBOUND_SECRET']}"
         with serve_in_thread(app) as base, httpx.Client(timeout=30) as client:
             app.state.inbox_worker.on_routed = nudges.nudge
             threads = start_dispatchers(
                 engine, configs, adapters, stop, per_org=2, metrics=app.state.metrics, nudges=nudges
             )
-            forged = forge_outbound_messages(client, base, sf_person)
-            pushed = sf_ids[: int(sf_leads * 0.8)] + sf_person  # the rest only the poll finds
-            rng.shuffle(pushed)
-            hs_pushed = hs_ids + hs_person
-            rng.shuffle(hs_pushed)
-            sf_batches = [
-                [
-                    (rid, {"Country": str(sf.get_record(rid)["Country"])})  # type: ignore[index]
-                    for rid in pushed[i : i + 4]
-                ]
-                for i in range(0, len(pushed), 4)
-            ]
-            hs_batches = [hs_pushed[i : i + 8] for i in range(0, len(hs_pushed), 8)]
-            jobs: list[tuple[str, Any]] = [("sf", b) for b in sf_batches]
-            jobs += [("hs", b) for b in hs_batches]
-            jobs += [("sf", b) for b in rng.sample(sf_batches, len(sf_batches) // 10)]
-            jobs += [("hs", b) for b in rng.sample(hs_batches, len(hs_batches) // 10)]
-            rng.shuffle(jobs)
-            sent = Sent()
+            forged = forge_outbound_messages(client, base, world.sf_person)
+            jobs, n_soap, n_hubspot, n_pushed = _deliveries(sf, world, rng, sf_leads)
+            n_person = len(world.sf_person)
             print(
-                f"sending {len(jobs)} deliveries ({len(sf_batches)} SOAP messages, "
-                f"{len(hs_batches)} HubSpot webhook batches, 10% redelivered) "
-                f"from {senders} senders; {sf_leads - len(pushed) + len(sf_person)} Salesforce "
-                f"leads are left for the poll; {len(sf_person) + len(hs_person)} pushed records "
+                f"sending {len(jobs)} deliveries ({n_soap} SOAP messages, "
+                f"{n_hubspot} HubSpot webhook batches, 10% redelivered) "
+                f"from {senders} senders; {sf_leads - n_pushed + n_person} Salesforce "
+                f"leads are left for the poll; {n_person + len(world.hs_person)} pushed records "
                 "already belong to a person ..."
             )
-            t_burst = time.perf_counter()
-            with ThreadPoolExecutor(senders) as pool:
-                for n, (kind, batch) in enumerate(jobs):
-                    if kind == "sf":
-                        pool.submit(
-                            send_soap,
-                            client,
-                            f"{base}{sf_url}",
-                            batch,
-                            sent,
-                            n,
-                        )
-                    else:
-                        pool.submit(
-                            send_hubspot,
-                            client,
-                            f"{base}/webhooks/hubspot/demo-hs",
-                            batch,
-                            sent,
-                            1_000_000 + n * 100,
-                        )
-            burst_s = time.perf_counter() - t_burst
+            sent, burst_s = _send_burst(client, base, jobs, senders)
             sched = start_scheduler(engine, configs, adapters)
             done = wait_until_done(engine, sf_leads + hs_leads, timeout=60)
 
-        with engine.connect() as conn:
-            finished: dict[str, float] = dict(
-                conn.execute(
-                    text(
-                        "SELECT l.crm_id, extract(epoch FROM o.finished_at) FROM outbox o "
-                        "JOIN leads l ON l.id = o.lead_id WHERE o.state = 'sent'"
-                    )
-                ).all()
-            )
-            double = conn.execute(
-                text(
-                    "SELECT count(*) FROM (SELECT lead_id FROM assignments GROUP BY lead_id "
-                    "HAVING count(*) > 1) x"
-                )
-            ).scalar_one()
-            sources: dict[str, int] = dict(
-                conn.execute(text("SELECT source, count(*) FROM leads GROUP BY source")).all()
-            )
-            by_account = conn.execute(
-                text(
-                    "SELECT l.crm_id, a.crm_user_id, a.account_match->>'account_id' FROM leads l "
-                    "JOIN assignments a ON a.lead_id = l.id "
-                    "WHERE a.account_match->>'result' = 'matched'"
-                )
-            ).all()
-            skipped: dict[str, int] = dict(
-                conn.execute(
-                    text("SELECT reason, count(*) FROM skipped_records GROUP BY reason")
-                ).all()
-            )
-        lead_to_crm = [
-            (float(finished[i]) - t) * 1000 for i, t in sent.pushed_at.items() if i in finished
-        ]
-
-        print()
-        fair = True
-        turns = rotation_turns(engine)
-        for org in ("demo-sf", "demo-hs"):
-            status = org_status(engine, configs[org])
-            lines, ok = _fairness_lines(status, turns)
-            fair = fair and ok
-            print(
-                f"org {org} ({configs[org].crm.kind}): {status['leads']['assigned']} of "
-                f"{status['leads']['total']} leads assigned; outbox {status['outbox']}"
-            )
-            print("\n".join(lines))
-        print()
-        for kind in ("salesforce", "hubspot"):
-            xs = sent.ack_ms[kind]
-            print(
-                f"ACK latency {kind:<10}: p50 {_pct(xs, 50):6.1f} ms  p99 {_pct(xs, 99):6.1f} ms"
-                f"  ({len(xs)} deliveries)"
-            )
-        print(
-            f"lead-to-CRM latency    : p50 {_pct(lead_to_crm, 50):6.1f} ms  "
-            f"p99 {_pct(lead_to_crm, 99):6.1f} ms  (push sent -> owner accepted by the CRM)"
-        )
-        print(f"leads by input path    : {sources}")
-        print(
-            f"account-matched leads  : {len(by_account)} at Initech's domain, to its owner "
-            f"{configs['demo-sf'].team('emea_ae').members[0].name} (not rotation turns)"
-        )
-        print(f"pushed but not routed  : {skipped or 'none'} (read back from the CRM first)")
-        for name, box in (("Salesforce", sf), ("HubSpot", hs)):
-            calls = box.counters()["calls"]
-            print(
-                f"{name} API calls     : " + ", ".join(f"{k} {v}" for k, v in sorted(calls.items()))
-            )
-        wrong = crm_mismatches(engine, sf, hs)
-        people_kept = all(
-            (sf.get_record(r) or {}).get("OwnerId") == reps[0] for r in sf_person
-        ) and all(
-            (hs.get_record(r) or {"properties": {}})["properties"].get("hubspot_owner_id")
-            == owners[0]
-            for r in hs_person
-        )
-        sf_counts = {
-            m["name"]: m["assigned"]
-            for t in org_status(engine, configs["demo-sf"])["teams"]
-            for m in t["members"]
-        }
+        outcome = _read_outcome(engine)
+        fair = _print_figures(engine, world, sent, outcome, sf, hs)
+        checks = _checks(engine, world, sent, outcome, sf, hs, done=done, fair=fair, forged=forged)
         engine.dispose()
-        checks = {
-            "every lead assigned and written back": done,
-            "no delivery refused": not sent.errors,
-            "no lead with two owners": double == 0,
-            "CRM owner equals the database owner for every lead": wrong == 0,
-            "every rep's turns within one of its weighted share": fair,
-            f"capped rep (Tony Hoare) got exactly his cap of {DEMO_CAP}": sf_counts["Tony Hoare"]
-            == DEMO_CAP,
-            "rep away (Barbara Liskov) got no lead": sf_counts["Barbara Liskov"] == 0,
-            "leads at an Account's domain went to its owner, outside the rotation": sorted(
-                (r[0], r[1], r[2]) for r in by_account
-            )
-            == sorted((i, reps[3], initech) for i in account_leads),
-            "forged Outbound Messages (no or a guessed URL secret) refused": forged,
-            "records a person owns skipped, their CRM owner unchanged": people_kept
-            and skipped.get("owned", 0) == len(sf_person) + len(hs_person),
-        }
         print()
         for name, ok in checks.items():
             print(f"  [{'ok' if ok else 'FAILED'}] {name}")

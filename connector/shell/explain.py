@@ -16,8 +16,8 @@ from sqlalchemy import Engine, text
 
 import db
 from connector.core.config import OrgConfig
+from connector.core.crm_kinds import crm_kind
 from connector.routing.decisions import expand, member_ids
-from crm_adapters.salesforce_ids import id_key
 
 
 class NotFound(LookupError):
@@ -239,8 +239,8 @@ def format_explanation(e: Mapping[str, Any]) -> str:
 def load_explanation(engine: Engine, cfg: OrgConfig, crm_id: str) -> dict[str, Any]:
     """Read everything recorded about one lead; NotFound when the org has no such lead."""
     q = {k: text(v) for k, v in db.queries("explain").items()}
-    salesforce = cfg.crm.kind == "salesforce"
-    key = id_key(crm_id.strip()) if salesforce else crm_id.strip()
+    kind = crm_kind(cfg.crm.kind)
+    key = kind.id_key(crm_id.strip())
     params = {"org": cfg.org, "crm_object": cfg.crm_object, "crm_id": key}
     with engine.connect() as conn:
         lead = conn.execute(q["lead"], params).mappings().one_or_none()
@@ -253,7 +253,7 @@ def load_explanation(engine: Engine, cfg: OrgConfig, crm_id: str) -> dict[str, A
         return build_explanation(
             cfg.org,
             lead,
-            conn.execute(q["events"], {**params, "salesforce": salesforce}).mappings().all(),
+            conn.execute(q["events"], {**params, "salesforce": kind.id_forms}).mappings().all(),
             conn.execute(q["skips"], params).mappings().all(),
             decisions,
             conn.execute(q["current"], lid).mappings().one_or_none(),

@@ -29,8 +29,9 @@ from sqlalchemy import Engine
 from starlette.applications import Starlette
 
 from connector.core.config import ConfigError, OrgConfig
+from connector.core.crm_kinds import org_pacing
 from connector.core.metrics import Metrics
-from connector.core.pacing import Nudges, Spacer, org_pacing
+from connector.core.pacing import Nudges, Spacer
 from connector.intake.http_server import build_server
 from connector.intake.poller import Poller
 from connector.shell.adapters import Adapters
@@ -362,6 +363,87 @@ def settle_garbage_collector() -> None:
     gc.freeze()
 
 
+def _receiver_app(
+    engine: Engine,
+    configs: Mapping[str, OrgConfig],
+    adapters: Adapters,
+    metrics: Metrics,
+    *,
+    public_base_url: str | None,
+    lease_seconds: float | None,
+    trusted_proxies: Sequence[Any],
+) -> Starlette:
+    """The webhook receiver (its inbox worker included)."""
+    from connector.intake.receivers import create_app
+
+    return create_app(
+        engine,
+        configs,
+        adapters=adapters.get,
+        public_base_url=public_base_url,
+        inbox_lease_seconds=lease_seconds or 120.0,
+        trusted_proxies=trusted_proxies,
+        metrics=metrics,
+    )
+
+
+def _admin_listener(
+    engine: Engine,
+    configs: Mapping[str, OrgConfig],
+    metrics: Metrics,
+    admin_host: str,
+    admin_port: int | None,
+    admin_token: str | None,
+) -> AbstractContextManager[str]:
+    """/healthz, /metrics and the dashboard served in a thread while the context is open (its
+    URL), or nothing ("") when ``admin_port`` is None."""
+    from connector.shell.admin import create_admin_app
+
+    if admin_port is None:
+        return nullcontext("")
+    return serve_in_thread(
+        create_admin_app(engine, metrics, token=admin_token, configs=configs),
+        admin_host,
+        admin_port,
+        "the admin listener",
+    )
+
+
+def _serve_until_signalled(
+    app: Starlette | None, host: str, port: int, max_connections: int, stop: threading.Event
+) -> None:
+    """Serve the receiver, or with none just wait, until SIGTERM/SIGINT."""
+    if app is not None:
+        server = build_server(
+            app,
+            host,
+            port,
+            max_connections=max_connections,
+            server_class=_GracefulServer,
+        )
+        settle_garbage_collector()
+        server.run()  # returns after SIGTERM/SIGINT, requests done
+    else:
+        signalled = _signals_received()
+        while not (stop.wait(0.5) or signalled):
+            pass
+
+
+def _shut_down(
+    stop: threading.Event,
+    nudges: Nudges | None,
+    sched: BackgroundScheduler | None,
+    threads: list[threading.Thread],
+) -> None:
+    stop.set()
+    if nudges is not None:
+        nudges.wake_all()  # dispatchers waiting for a nudge see the stop at once
+    if sched is not None:
+        sched.shutdown(wait=True)  # a poll in progress finishes its page and returns
+    _join_all(threads, 60.0)
+    log.info("connector stopped")
+
+
 def run_service(
     engine: Engine,
     configs: Mapping[str, OrgConfig],
@@ -387,9 +469,6 @@ def run_service(
     The admin listener (``admin_port``; None turns it off) serves /healthz, /metrics and the
     dashboard (/dashboard/).
     """
-    from connector.intake.receivers import create_app
-    from connector.shell.admin import create_admin_app
-
     if admin_port is not None:
         check_admin_binding(admin_host, admin_token)
     warn_if_vacuum_off(engine)
@@ -398,14 +477,14 @@ def run_service(
     stop = threading.Event()
     sched = start_scheduler(engine, configs, adapters) if scheduler else None
     app = (
-        create_app(
+        _receiver_app(
             engine,
             configs,
-            adapters=adapters.get,
+            adapters,
+            metrics,
             public_base_url=public_base_url,
-            inbox_lease_seconds=lease_seconds or 120.0,
+            lease_seconds=lease_seconds,
             trusted_proxies=trusted_proxies,
-            metrics=metrics,
         )
         if receiver
         else None
@@ -431,16 +510,7 @@ def run_service(
         if dispatch
         else []
     )
-    admin: AbstractContextManager[str] = (
-        serve_in_thread(
-            create_admin_app(engine, metrics, token=admin_token, configs=configs),
-            admin_host,
-            admin_port,
-            "the admin listener",
-        )
-        if admin_port is not None
-        else nullcontext("")
-    )
+    admin = _admin_listener(engine, configs, metrics, admin_host, admin_port, admin_token)
     try:
         with admin as admin_url:
             log.info(
@@ -450,35 +520,16 @@ def run_service(
                 len(threads),
                 admin_url or "off",
             )
-            if app is not None:
-                server = build_server(
-                    app,
-                    host,
-                    port,
-                    max_connections=max_connections,
-                    server_class=_GracefulServer,
-                )
-                settle_garbage_collector()
-                server.run()  # returns after SIGTERM/SIGINT, requests done
-            else:
-                signalled = _signals_received()
-                while not (stop.wait(0.5) or signalled):
-                    pass
+            _serve_until_signalled(app, host, port, max_connections, stop)
     finally:
-        stop.set()
-        if nudges is not None:
-            nudges.wake_all()  # dispatchers waiting for a nudge see the stop at once
-        if sched is not None:
-            sched.shutdown(wait=True)  # a poll in progress finishes its page and returns
-        _join_all(threads, 60.0)
-        log.info("connector stopped")
+        _shut_down(stop, nudges, sched, threads)
     return 0
 
 
 def app_from_env() -> Starlette:
     """Factory for ``uvicorn --factory``: configs from $CONNECTOR_CONFIG, the database from
     $DATABASE_URL (or the embedded one), migrated and with the teams applied."""
-    from connector.core.config import config_path_from, load_configs
+    from connector.core.config_loading import config_path_from, load_configs
     from connector.intake.receivers import create_app, trusted_proxies_from_env
     from connector.shell.store import open_database
 

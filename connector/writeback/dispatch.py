@@ -51,7 +51,7 @@ from connector.core.errors import DatabaseError
 from connector.core.floor import ClaimFloor
 from connector.core.ownership import owner_key
 from connector.core.pacing import NOMINAL_CALLS_PER_S, Spacer, pacing_for
-from connector.writeback.decisions import (
+from connector.writeback.outcomes import (
     Claimed,
     Dead,
     Decision,
@@ -130,7 +130,7 @@ class Dispatcher:
     """Drains one org's outbox through one adapter.
 
     The I/O of a round is claim SQL -> read owners -> write -> finish SQL; every decision in
-    between is a pure function of ``connector.writeback.decisions``.
+    between is a pure function of ``connector.writeback.outcomes``.
     """
 
     def __init__(
@@ -387,7 +387,7 @@ class Dispatcher:
                     raise _TakenBack
         except _TakenBack:
             return False
-        except DatabaseError:  # the engine translates driver errors (core/errors.py)
+        except DatabaseError:  # the engine translates driver errors (core/database.py)
             # not the CRM's failure, so no row is judged by it: the rows stay claimed until
             # their lease ends and are taken again then
             log.warning("org %s: could not renew a claim's lease; stopping it", self.org)

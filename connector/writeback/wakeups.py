@@ -28,7 +28,8 @@ from collections.abc import Callable, Iterable
 from sqlalchemy import Engine
 
 import db
-from connector.core.errors import DatabaseError, Notifications, notifications_for, one_statement
+from connector.core.database import Notifications, notifications_for, one_statement
+from connector.core.errors import DatabaseError
 from connector.core.pacing import Nudges
 from crm_adapters.batching import backoff_delay
 

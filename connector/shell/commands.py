@@ -1,0 +1,453 @@
+"""The handlers of the `connector` subcommands: ``connector.shell.cli`` parses the command
+line and calls one, which takes the parsed arguments and returns the exit code."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from connector.core.config import ConfigError, OrgConfig
+from connector.core.config_loading import all_orgs, config_path_from, load_configs, pick_org
+from connector.core.crm_kinds import crm_kind
+from connector.core.errors import UsageError
+from connector.shell.store import open_database, warn_if_vacuum_off
+from crm_adapters.base import CrmError
+
+log = logging.getLogger("connector")
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_REJECTED = 0, 1, 2, 3
+EXIT_DB_UNAVAILABLE = 69  # sysexits EX_UNAVAILABLE: the database could not be reached
+
+
+def _configs(args: argparse.Namespace) -> dict[str, OrgConfig]:
+    return load_configs(config_path_from(args.config))
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    from connector.routing.teams import apply_teams
+    from connector.shell.store import database_url, make_engine, migrate
+
+    configs = (
+        list(all_orgs(_configs(args)))
+        if (args.config or os.environ.get("CONNECTOR_CONFIG"))
+        else []
+    )
+    engine = make_engine(database_url(configs))
+    applied = migrate(engine)
+    print(f"migrations applied: {applied or 'none (up to date)'}")
+    for cfg in configs:
+        changes = apply_teams(engine, cfg)
+        restarted = [c.team for c in changes if c.epoch_restarted]
+        print(
+            f"org {cfg.org}: {len(cfg.teams)} teams applied"
+            + (f"; new rotation epoch for {', '.join(restarted)}" if restarted else "")
+        )
+        if args.reroute:
+            from connector.routing.reassign import reroute_inactive
+
+            moved, left = reroute_inactive(engine, cfg)
+            _print_moves(cfg.org, moved, left)
+    return EXIT_OK
+
+
+def _print_moves(org: str, moved: Sequence[Any], left: Sequence[tuple[str, str]]) -> None:
+    for m in moved:
+        print(f"org {org}: lead {m.crm_id}: {m.old_owner} -> {m.new_owner} ({m.reason})")
+    for crm_id, why in left:
+        print(f"org {org}: lead {crm_id} not re-routed: {why}", file=sys.stderr)
+    print(f"org {org}: {len(moved)} leads re-routed, {len(left)} left")
+
+
+def cmd_reassign(args: argparse.Namespace) -> int:
+    from connector.routing.reassign import ReassignError, check_reassign_args, reassign_lead
+
+    cfg = pick_org(_configs(args), args.org)
+    engine = open_database([cfg])
+    check_reassign_args(engine, cfg, args.crm_ids, args.to, args.reason)
+    refused = 0
+    for crm_id in args.crm_ids:
+        try:
+            m = reassign_lead(
+                engine,
+                cfg,
+                crm_id,
+                to=args.to,
+                reason="reassigned" if args.to else "rotated",
+                note=args.reason,
+            )
+        except ReassignError as exc:
+            refused += 1
+            print(f"connector: {exc}", file=sys.stderr)
+            continue
+        replaced = f", {m.superseded} unsent write superseded" if m.superseded else ""
+        print(
+            f"lead {m.crm_id}: {m.old_owner} -> {m.new_owner} ({m.new_name}, team {m.team})"
+            f"{replaced}"
+        )
+    return EXIT_REJECTED if refused else EXIT_OK
+
+
+def _rep_deactivate(args: argparse.Namespace, cfg: OrgConfig) -> int:
+    from connector.routing.reassign import deactivate_rep
+
+    engine = open_database([cfg])
+    d = deactivate_rep(engine, cfg, args.rep, args.reroute)
+    print(
+        f"org {cfg.org}: rep {d.rep} inactive in {', '.join(d.teams) or 'no team'} "
+        "(until a config that lists the rep as active is applied: set `active: false` in "
+        "the YAML too)"
+    )
+    if args.reroute:
+        _print_moves(cfg.org, d.moved, d.left)
+    return EXIT_OK
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    from connector.shell.explain import NotFound, format_explanation, load_explanation
+
+    cfg = pick_org(_configs(args), args.org)
+    try:
+        e = load_explanation(open_database([cfg]), cfg, args.crm_id)
+    except NotFound as exc:
+        print(f"connector: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    print(json.dumps(e, indent=2) if args.json else format_explanation(e))
+    return EXIT_OK
+
+
+def _crm_problem(exc: CrmError | OSError) -> str:
+    """`code: message` on one short line; adapters never put credentials in either."""
+    if isinstance(exc, CrmError):
+        code, message = exc.code, exc.message
+    else:  # a network error an adapter let through
+        code, message = "connection", type(exc).__name__
+    first = message.strip().splitlines()[0] if message.strip() else ""
+    first = first if len(first) <= 200 else first[:197] + "..."
+    return f"{code}: {first}" if first else code
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    configs = _configs(args)
+    for cfg in all_orgs(configs):
+        members = sum(len(t.members) for t in cfg.teams)
+        active = sum(1 for t in cfg.teams for m in t.members if m.active)
+        default = any(r.when is None for r in cfg.rules)
+        print(
+            f"org {cfg.org}: {cfg.crm.kind} {cfg.crm.object}, {len(cfg.teams)} teams, "
+            f"{members} members ({active} active), {len(cfg.rules)} rules"
+            + ("" if default else " (no default rule: unmatched leads stay unassigned)")
+        )
+        for warning in cfg.warnings():
+            print(f"org {cfg.org}: warning: {warning}", file=sys.stderr)
+    if not args.online:
+        return EXIT_OK
+    from connector.shell.adapters import adapter_for
+
+    problems = 0
+    for cfg in all_orgs(configs):
+        ids = sorted({m.crm_user_id for t in cfg.teams for m in t.members if m.active})
+        try:
+            found = adapter_for(cfg).check_owners(ids)
+        except (CrmError, OSError) as exc:
+            problems += 1
+            print(
+                f"org {cfg.org}: cannot check owners in the CRM: {_crm_problem(exc)}",
+                file=sys.stderr,
+            )
+            continue
+        bad = 0
+        for owner_id in ids:
+            reason = found.get(owner_id, "not checked")
+            if reason is not None:
+                bad += 1
+                print(f"org {cfg.org}: owner {owner_id}: {reason}", file=sys.stderr)
+        problems += bad
+        print(f"org {cfg.org}: {len(ids) - bad} of {len(ids)} active owners verified in the CRM")
+    return EXIT_ERROR if problems else EXIT_OK
+
+
+def cmd_ingest(args: argparse.Namespace) -> int:
+    from connector.intake.importer import detect_format, ingest_file
+    from connector.routing.assign import Router
+
+    cfg = pick_org(_configs(args), args.org)
+    path = Path(args.file)
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such file")
+    fmt = args.format or detect_format(path)
+    id_field = args.id_field or crm_kind(cfg.crm.kind).id_field
+    engine = open_database([cfg])
+    adapter = None
+    if not args.no_verify:
+        from connector.shell.adapters import adapter_for
+
+        adapter = adapter_for(cfg)
+    summary = ingest_file(
+        Router(engine, cfg),
+        path,
+        fmt,
+        id_field,
+        batch_size=args.batch_size,
+        adapter=adapter,
+    )
+    for r in summary.rejected:
+        print(f"{path}:{r.line}: rejected: {r.reason}", file=sys.stderr)
+    s = summary.as_dict()
+    skipped = ", ".join(f"{k} {v}" for k, v in sorted(summary.skipped.items()))
+    print(
+        f"{path}: {s['new']} new ({s['assigned']} assigned, {s['unassigned']} unassigned), "
+        f"{s['duplicate']} duplicate, {s['skipped']} skipped"
+        + (f" ({skipped})" if skipped else "")
+        + f", {s['rejected']} rejected"
+        + ("" if adapter else " (not verified against the CRM: --no-verify)")
+    )
+    return EXIT_REJECTED if summary.rejected else EXIT_OK
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from connector.shell.status import format_status, org_status
+
+    cfg = pick_org(_configs(args), args.org)
+    status = org_status(open_database([cfg]), cfg)
+    print(json.dumps(status, indent=2) if args.json else format_status(status))
+    return EXIT_OK
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from connector.routing.simulate import format_report, load_history, report, simulate
+
+    cfg = pick_org(_configs(args), args.org)
+    since: datetime = args.since
+    engine = open_database([cfg], migrate_now=False, apply_config=False)
+    history = load_history(engine, cfg, since)
+    result = simulate(cfg, history)
+    rep = report(cfg, history, result, since)
+    if args.plot:
+        from connector.routing.simulate import write_plot
+
+        write_plot(rep, args.plot)
+    print(json.dumps(rep, indent=2) if args.json else format_report(rep))
+    return EXIT_OK
+
+
+def cmd_dispatch(args: argparse.Namespace) -> int:
+    from connector.core.crm_kinds import org_pacing
+    from connector.core.pacing import Spacer
+    from connector.shell.adapters import adapter_for
+    from connector.shell.service import run_dispatch_service
+    from connector.writeback.dispatch import Dispatcher
+
+    if args.once and args.admin_port is not None:
+        raise UsageError(
+            "dispatch: --admin-port serves a running dispatcher; --once drains and exits"
+        )
+    configs = _configs(args)
+    orgs = [pick_org(configs, args.org)] if args.org else list(all_orgs(configs))
+    engine = open_database(orgs)
+    warn_if_vacuum_off(engine)
+    if not args.once:
+        return run_dispatch_service(
+            engine,
+            {cfg.org: cfg for cfg in orgs},
+            per_org=args.concurrency,
+            lease_seconds=args.lease_seconds,
+            admin_host=args.admin_host,
+            admin_port=args.admin_port,
+            admin_token=os.environ.get("CONNECTOR_ADMIN_TOKEN") or None,
+        )
+    failed = False
+    for cfg in orgs:
+        d = Dispatcher(
+            engine,
+            cfg.org,
+            adapter_for(cfg),
+            lease_seconds=args.lease_seconds,
+            intake_owner_ids=cfg.intake_owner_ids,
+            spacer=Spacer(org_pacing(cfg.crm).cycle_s),
+        )
+        stats = d.drain(timeout=args.timeout)
+        left, _ = d.open_rows()
+        print(
+            f"org {d.org}: {stats.sent} sent, {stats.dead} dead, {stats.retried} retried "
+            f"in {stats.requests} CRM requests; {left} still open"
+        )
+        failed = failed or left > 0
+    return EXIT_ERROR if failed else EXIT_OK
+
+
+def cmd_outbox(args: argparse.Namespace) -> int:
+    from connector.writeback.dispatch import finished_rows, retry_dead
+
+    cfg = pick_org(_configs(args), args.org)
+    engine = open_database([cfg])
+    if args.action == "list":
+        state = "superseded" if args.superseded else "dead"
+        rows = finished_rows(engine, cfg.org, state, limit=args.limit)
+        for r in rows:
+            found = f"\tfound_owner={r['found_owner']}" if state == "superseded" else ""
+            print(
+                f"{r['id']}\t{r['crm_object']}\t{r['crm_id']}\towner={r['owner_id']}{found}\t"
+                f"attempts={r['attempts']}\t{r['last_error']}"
+            )
+        print(f"{len(rows)} {state} rows", file=sys.stderr)
+        return EXIT_OK
+    if args.superseded:
+        raise ConfigError("superseded rows are never retried: a person set that owner in the CRM")
+    n = retry_dead(engine, cfg.org, args.id or None)
+    print(f"requeued {n} dead rows (each is checked against the CRM's owner before its write)")
+    return EXIT_OK
+
+
+def cmd_inbox(args: argparse.Namespace) -> int:
+    from connector.intake.inbox import list_events, retry_dead
+
+    cfg = pick_org(_configs(args), args.org)
+    engine = open_database([cfg])
+    if args.action == "list":
+        rows = list_events(engine, cfg.org, args.state, limit=args.limit)
+        for r in rows:
+            print(
+                f"{r['id']}\t{r['source']}\t{r['crm_id']}\tattempts={r['attempts']}\t"
+                f"{r['last_error'] or ''}"
+            )
+        print(f"{len(rows)} {args.state} events", file=sys.stderr)
+        return EXIT_OK
+    n = retry_dead(engine, cfg.org, args.id or None)
+    print(f"requeued {n} dead events")
+    return EXIT_OK
+
+
+def cmd_purge(args: argparse.Namespace) -> int:
+    from connector.shell.retention import purge
+
+    configs = _configs(args)
+    orgs = [pick_org(configs, args.org)] if args.org else list(all_orgs(configs))
+    engine = open_database(orgs)
+    for cfg in orgs:
+        days = args.days or cfg.retention_days
+        n = purge(engine, cfg.org, days)
+        print(
+            f"org {cfg.org}: older than {days} days: {n.fields_cleared} leads' fields cleared, "
+            f"{n.events_deleted} inbox events, {n.outbox_deleted} outbox rows and "
+            f"{n.skips_deleted} skip records deleted"
+        )
+    return EXIT_OK
+
+
+def _utc(value: datetime) -> str:
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def cmd_rep(args: argparse.Namespace) -> int:
+    from connector.shell.reps import (
+        check_reason,
+        end_away,
+        parse_until,
+        rep_rows,
+        resolve_rep,
+        set_away,
+    )
+
+    cfg = pick_org(_configs(args), args.org)
+    now = datetime.now(UTC)
+    if args.action == "deactivate":
+        return _rep_deactivate(args, cfg)
+    if args.action == "list":
+        engine = open_database([cfg])
+        for row in rep_rows(engine, cfg, now):
+            rep, away = row["rep"], row["away"]
+            status = "available"
+            if away is not None:
+                why = f"{away['reason']}, " if away["reason"] else ""
+                status = f"away until {_utc(away['until'])} ({why}{away['source']})"
+            print(f"{rep.crm_user_id}\t{rep.name}\t{','.join(rep.teams)}\t{status}")
+        return EXIT_OK
+    rep = resolve_rep(cfg, args.rep)
+    if args.action == "away":
+        if not args.until:
+            raise ConfigError("rep away: --until is required (e.g. --until 2026-12-24T09:00)")
+        until = parse_until(rep, args.until, now)
+        reason = check_reason(args.reason)
+        set_away(open_database([cfg]), cfg, rep, until, reason, now)
+        print(f"{rep.name} ({rep.crm_user_id}) is away until {_utc(until)}")
+        return EXIT_OK
+    if end_away(open_database([cfg]), cfg, rep):
+        print(f"{rep.name} ({rep.crm_user_id}) is back")
+    else:
+        print(f"{rep.name} ({rep.crm_user_id}) had no time off set from the command line")
+    return EXIT_OK
+
+
+def _service(args: argparse.Namespace, *, receiver: bool, scheduler: bool, dispatch: bool) -> int:
+    from connector.intake.receivers import trusted_proxies_from_env
+    from connector.shell.service import run_service
+
+    configs = _configs(args)
+    engine = open_database(list(configs.values()))
+    return run_service(
+        engine,
+        configs,
+        host=args.host,
+        port=args.port,
+        receiver=receiver,
+        scheduler=scheduler,
+        dispatch=dispatch,
+        dispatchers_per_org=args.dispatchers,
+        public_base_url=os.environ.get("CONNECTOR_PUBLIC_BASE_URL") or None,
+        lease_seconds=args.lease_seconds,
+        admin_host=args.admin_host,
+        admin_port=None if args.no_admin else args.admin_port,
+        admin_token=os.environ.get("CONNECTOR_ADMIN_TOKEN") or None,
+        trusted_proxies=trusted_proxies_from_env(),
+    )
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    return _service(args, receiver=True, scheduler=False, dispatch=False)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    return _service(args, receiver=True, scheduler=True, dispatch=True)
+
+
+def cmd_sync(args: argparse.Namespace) -> int:
+    if not args.once:
+        return _service(args, receiver=False, scheduler=True, dispatch=False)
+    from connector.intake.poller import Poller
+    from connector.shell.adapters import adapter_for
+
+    configs = _configs(args)
+    orgs = [pick_org(configs, args.org)] if args.org else list(all_orgs(configs))
+    engine = open_database(orgs)
+    for cfg in orgs:
+        r = Poller(engine, cfg, adapter_for(cfg)).poll_once()
+        if not r.ran:
+            print(f"org {cfg.org}: another process is polling; skipped")
+            continue
+        print(
+            f"org {cfg.org}: {r.seen} records read, {r.new} new, {r.duplicate} repeats, "
+            f"{r.skipped_owned} already owned, {r.rejected} rejected; "
+            f"watermark {r.watermark.isoformat() if r.watermark else 'none'}"
+        )
+    return EXIT_OK
+
+
+def cmd_sandbox(args: argparse.Namespace) -> int:
+    from crm_sandboxes import serve
+
+    print(f"{args.kind} sandbox on http://{args.host}:{args.port}", file=sys.stderr)
+    serve(args.kind, args.host, args.port, hubspot_limit_per_10s=args.limit_per_10s)
+    return EXIT_OK
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from connector.shell.demo import run_demo
+
+    return run_demo(sf_leads=args.sf_leads, hs_leads=args.hs_leads, senders=args.senders)

@@ -1,0 +1,323 @@
+-- Server-side routing (db/functions/: applied on every migrate, see connector/shell/store.py
+-- apply_functions): the one recorder (record_assignments), the one router (route_team) and
+-- a new lead's one round trip (route_new_lead). Each is VOLATILE plpgsql, so at READ
+-- COMMITTED each statement inside takes a fresh snapshot: a read that follows the team lock
+-- sees what the previous lock holder committed.
+
+-- THE RECORDER: every assignment is inserted here, with what goes with it in the same
+-- statement: the members' rotation counts and credits and the caps' counters (p_turns: a
+-- rotation's picks; an account owner's lead is no turn), one outbox row per assignment, and
+-- the leads' decisions. Leads in pick order; a lead whose member is NULL was placed by nobody:
+-- with p_reason it is recorded unassigned (its reason and decision), else nothing is written
+-- for it. Assignment ids follow the picks' order, so ordering a team's assignments by id
+-- replays its rotation (`connector simulate`). The decisions: p_details is one JSON array of
+-- distinct decisions and p_detail_of each lead's position in it, 0-based (NULL: the lead's
+-- decision is written by the caller); a pick's part (batch, epoch, chosen member and seats:
+-- p_seat_ids and p_seat_weights for every lead, p_seat_skips and p_seat_counts flat, one run
+-- of the seats' length per lead) goes in columns, read back through decision_details. Every
+-- lead given here was inserted by this transaction, so now() is its received_at.
+CREATE OR REPLACE FUNCTION record_assignments(
+    p_org text, p_crm_object text, p_source text, p_team_id bigint, p_epoch integer,
+    p_turns boolean, p_day date, p_week date,
+    p_lead_ids bigint[], p_member_ids bigint[], p_crm_ids text[], p_parent_ids text[],
+    p_rule_indexes integer[], p_rule_names text[], p_sla_minutes integer[],
+    p_account_matches jsonb, p_credit_ids bigint[], p_credit_ns bigint[],
+    p_batch bigint, p_details jsonb, p_detail_of integer[],
+    p_seat_ids bigint[], p_seat_weights integer[], p_seat_skips text[], p_seat_counts bigint[],
+    p_reason text
+)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    k integer := coalesce(cardinality(p_seat_ids), 0);
+BEGIN
+    WITH picks AS (
+        SELECT *
+        FROM unnest(p_lead_ids, p_member_ids, p_rule_indexes, p_rule_names, p_crm_ids,
+                    p_parent_ids, p_sla_minutes, p_detail_of)
+             WITH ORDINALITY AS p (lead_id, member_id, rule_index, rule_name, crm_id, parent_id,
+                                   sla_minutes, detail_of, ord)
+    ), per_member AS (
+        SELECT p.member_id, count(*) AS n FROM picks p
+        WHERE p_turns AND p.member_id IS NOT NULL
+        GROUP BY p.member_id
+    ), credits AS (
+        SELECT * FROM unnest(p_credit_ids, p_credit_ns) AS c (member_id, n)
+    ), bump AS (
+        -- one UPDATE per member row: a member may be picked and credited in the same batch
+        UPDATE members m
+        SET assigned_in_epoch = m.assigned_in_epoch + coalesce(pm.n, 0),
+            credited_in_epoch = m.credited_in_epoch + coalesce(c.n, 0)
+        FROM per_member pm FULL JOIN credits c ON c.member_id = pm.member_id
+        WHERE m.id = coalesce(pm.member_id, c.member_id)
+        RETURNING m.id
+    ), load AS (
+        -- the caps' counters: this day and this week in the team's time zone
+        INSERT INTO member_load (member_id, period, starts_on, assigned)
+        SELECT pm.member_id, w.period, w.starts_on, pm.n
+        FROM per_member pm
+        CROSS JOIN (VALUES ('day', p_day), ('week', p_week)) AS w (period, starts_on)
+        ON CONFLICT (member_id, period, starts_on)
+        DO UPDATE SET assigned = member_load.assigned + EXCLUDED.assigned
+        RETURNING member_id
+    ), assigned AS (
+        INSERT INTO assignments (lead_id, org, team_id, member_id, crm_user_id, epoch,
+                                 rule_index, rule_name, source, sla_due_at, account_match)
+        SELECT p.lead_id, p_org, p_team_id, p.member_id, m.crm_user_id, p_epoch,
+               p.rule_index, p.rule_name, p_source,
+               now() + make_interval(mins => p.sla_minutes),
+               p_account_matches -> CAST(p.ord - 1 AS integer)
+        FROM picks p JOIN members m ON m.id = p.member_id
+        ORDER BY p.ord
+        RETURNING id, lead_id, crm_user_id
+    ), unplaced AS (
+        UPDATE leads l SET unassigned_reason = p_reason
+        FROM picks p
+        WHERE p_reason IS NOT NULL AND p.member_id IS NULL AND l.id = p.lead_id
+        RETURNING l.id
+    ), decided AS (
+        -- in pick order, unsorted: readers order a lead's decisions by id
+        INSERT INTO routing_decisions (org, lead_id, kind, detail, batch, epoch, chosen_id,
+                                       seat_ids, seat_weights, seat_counts, seat_skips)
+        SELECT p_org, p.lead_id, 'route',
+               CASE WHEN p.member_id IS NOT NULL THEN p_details -> p.detail_of
+                    ELSE (p_details -> p.detail_of) - 'sla_minutes'
+                         || jsonb_build_object('outcome', 'unassigned', 'reason', p_reason)
+               END,
+               p_batch, CASE WHEN p.member_id IS NOT NULL THEN p_epoch END, p.member_id,
+               p_seat_ids, p_seat_weights,
+               p_seat_counts[(p.ord - 1) * k + 1:p.ord * k],
+               p_seat_skips[(p.ord - 1) * k + 1:p.ord * k]
+        FROM picks p
+        WHERE p_details -> p.detail_of IS NOT NULL
+          AND (p.member_id IS NOT NULL OR p_reason IS NOT NULL)
+        RETURNING lead_id
+    )
+    INSERT INTO outbox (org, lead_id, assignment_id, crm_object, crm_id, owner_id, parent_id,
+                        lead_received_at)
+    SELECT p_org, a.lead_id, a.id, p_crm_object, p.crm_id, a.crm_user_id, p.parent_id, now()
+    FROM assigned a JOIN picks p ON p.lead_id = a.lead_id;
+END
+$$;
+
+-- THE ROUTER: a team's leads (1..N, stored by this transaction, in the order they get their
+-- turns) decided and recorded in one call: the team row is locked (the lock that serialises
+-- the team's rotation in every process), the members read with a snapshot taken under that
+-- lock (each statement of a VOLATILE function takes a fresh one), the picks made by
+-- rotation_picks and recorded by record_assignments. What only the config knows comes in:
+-- each configured member's block at p_now (p_users / p_blocked: 'away' by YAML time off,
+-- 'off_shift', or NULL), its caps (a member the config does not name has the team's), K of
+-- catch-up. Time off set by `connector rep away` is read here. Leads nobody can take are
+-- recorded unassigned when p_final, else returned unwritten (they go on to the overflow
+-- team). Status 'no_team' (nothing written): the team is not in the database.
+CREATE OR REPLACE FUNCTION route_team(
+    p_org text, p_crm_object text, p_source text, p_team text,
+    p_now timestamptz, p_day date, p_week date, p_batch bigint,
+    p_users text[], p_blocked text[], p_per_day integer[], p_per_week integer[],
+    p_team_per_day integer, p_team_per_week integer, p_max_in_a_row integer,
+    p_lead_ids bigint[], p_crm_ids text[], p_parent_ids text[], p_rule_indexes integer[],
+    p_rule_names text[], p_sla_minutes integer[], p_details jsonb, p_detail_of integer[],
+    p_final boolean
+)
+RETURNS TABLE (
+    status text, epoch integer, member_ids bigint[], reason text, seat_ids bigint[],
+    seat_users text[], seat_names text[], seat_weights integer[], seat_skips text[],
+    seat_counts bigint[], away_by_command text[]
+)
+LANGUAGE plpgsql VOLATILE
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_team   bigint;
+    v_recent bigint[] := '{}';
+    v_member bigint;
+    s        record;
+    r        record;
+    v_n      integer := coalesce(cardinality(p_lead_ids), 0);
+    v_k      integer;
+    v_first  integer;
+    v_skips  text[];
+    v_details jsonb := p_details;
+BEGIN
+    SELECT t.id, t.epoch INTO v_team, epoch
+    FROM teams t WHERE t.org = p_org AND t.name = p_team AND t.in_config FOR UPDATE;
+    IF NOT FOUND THEN
+        status := 'no_team';
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    -- catch-up's latest owners, newest first, read under the lock. The constant LIMIT is the
+    -- largest K (config.py MAX_IN_A_ROW): a LIMIT given as a parameter is unknown to a
+    -- generic plan, which the planner then costs by the size of `assignments` and re-plans
+    -- on every call; with the constant it reads the team's index backwards, and the loop
+    -- stops after K.
+    IF p_max_in_a_row IS NOT NULL THEN
+        FOR v_member IN
+            SELECT a.member_id FROM assignments a WHERE a.team_id = v_team
+            ORDER BY a.id DESC LIMIT 1000
+        LOOP
+            v_recent := v_recent || v_member;
+            EXIT WHEN cardinality(v_recent) >= p_max_in_a_row;
+        END LOOP;
+    END IF;
+    -- The members, in a new statement: a fresh snapshot, so the counts the previous lock
+    -- holder committed. The rotation's seats first, in its order, then the inactive ones.
+    SELECT array_agg(y.id ORDER BY y.rk) AS ids, array_agg(y.crm_user_id ORDER BY y.rk) AS users,
+           array_agg(y.name ORDER BY y.rk) AS names, array_agg(y.weight ORDER BY y.rk) AS weights,
+           array_agg(y.turns ORDER BY y.rk) AS turns, array_agg(y.why ORDER BY y.rk) AS why,
+           array_agg(y.room ORDER BY y.rk) AS room,
+           CAST(count(*) FILTER (WHERE y.active) AS integer) AS active,
+           -- reps away by `connector rep away` now, sorted by code point (as Python sorts)
+           coalesce(array_agg(y.crm_user_id ORDER BY y.crm_user_id COLLATE "C")
+                    FILTER (WHERE y.away_cmd), '{}') AS away_cmd
+    INTO s
+    FROM (
+        SELECT mb.id, mb.crm_user_id, mb.name, mb.weight, mb.active,
+               -- the rotation's seats in its order, then the inactive members
+               row_number() OVER (ORDER BY NOT mb.active,
+                                  CASE WHEN mb.active THEN mb.weight END DESC, mb.position,
+                                  mb.id) AS rk,
+               mb.assigned_in_epoch + mb.credited_in_epoch AS turns,
+               CASE WHEN NOT mb.active THEN 'inactive'
+                    WHEN o.starts_at <= p_now AND p_now < o.until THEN 'away'
+                    ELSE p_blocked[c.i] END AS why,
+               coalesce(o.starts_at <= p_now AND p_now < o.until, false) AS away_cmd,
+               CASE WHEN cap.day IS NOT NULL OR cap.week IS NOT NULL THEN
+               greatest(0, least(cap.day - coalesce(d.assigned, 0),
+                                 cap.week - coalesce(w.assigned, 0))) END AS room
+        FROM members mb
+        CROSS JOIN LATERAL (SELECT array_position(p_users, mb.crm_user_id) AS i) c
+        -- a member the config does not name has the team's caps; NULL: no cap (least and
+        -- greatest skip NULLs, so a NULL room is left only when neither is set)
+        CROSS JOIN LATERAL (
+            SELECT CASE WHEN c.i IS NULL THEN p_team_per_day ELSE p_per_day[c.i] END AS day,
+                   CASE WHEN c.i IS NULL THEN p_team_per_week ELSE p_per_week[c.i] END AS week
+        ) cap
+        LEFT JOIN rep_time_off o ON o.org = p_org AND o.crm_user_id = mb.crm_user_id
+        -- a count is read only for a cap that is set (the test gates the index probe)
+        LEFT JOIN LATERAL (
+            SELECT l.assigned FROM member_load l
+            WHERE cap.day IS NOT NULL
+              AND l.member_id = mb.id AND l.period = 'day' AND l.starts_on = p_day
+        ) d ON true
+        LEFT JOIN LATERAL (
+            SELECT l.assigned FROM member_load l
+            WHERE cap.week IS NOT NULL
+              AND l.member_id = mb.id AND l.period = 'week' AND l.starts_on = p_week
+        ) w ON true
+        WHERE mb.team_id = v_team AND mb.in_config
+    ) y;
+    seat_ids := coalesce(s.ids, '{}');
+    seat_users := coalesce(s.users, '{}');
+    seat_names := coalesce(s.names, '{}');
+    seat_weights := coalesce(s.weights, '{}');
+    away_by_command := s.away_cmd;
+    v_k := cardinality(seat_ids);
+    SELECT * INTO r
+    FROM rotation_picks(seat_ids, seat_weights, s.turns, s.why, s.room, s.active,
+                        p_max_in_a_row, v_recent, v_n);
+    member_ids := r.picks;
+    seat_skips := r.skips;
+    seat_counts := r.counts;
+    v_first := array_position(r.picks, NULL);
+    IF v_first IS NOT NULL THEN
+        -- nobody can take this lead, nor (caps only fill) any after it
+        v_skips := r.skips[(v_first - 1) * v_k + 1:v_first * v_k];
+        reason := CASE
+            WHEN s.active = 0 OR s.active IS NULL THEN 'no_active_member'
+            WHEN 'capped' = ANY (v_skips[1:s.active]) THEN 'all_capped'
+            ELSE 'none_available' END;
+    END IF;
+    IF cardinality(s.away_cmd) > 0 THEN
+        -- with those a lead met in the teams it overflowed from, sorted by code point
+        SELECT jsonb_agg(e || jsonb_build_object('away_by_command', (
+                   SELECT to_jsonb(array_agg(x.u ORDER BY x.u COLLATE "C"))
+                   FROM (SELECT jsonb_array_elements_text(coalesce(e -> 'away_by_command',
+                                                                   '[]'))
+                         UNION
+                         SELECT unnest(s.away_cmd)) AS x (u))))
+        INTO v_details FROM jsonb_array_elements(p_details) AS e;
+    END IF;
+    PERFORM record_assignments(
+        p_org, p_crm_object, p_source, v_team, epoch, true, p_day, p_week,
+        p_lead_ids, r.picks, p_crm_ids, p_parent_ids, p_rule_indexes, p_rule_names,
+        p_sla_minutes, NULL, r.credit_ids, r.credit_ns, p_batch, v_details, p_detail_of,
+        seat_ids, seat_weights, r.skips, r.counts, CASE WHEN p_final THEN reason END);
+    status := 'routed';
+    RETURN NEXT;
+END
+$$;
+
+-- route_new_lead: one new lead of a rotation rule in ONE call: stored under its unique key, then decided and
+-- recorded by route_team (the team locked for this call plus the commit). A repeat gets its
+-- stored outcome (status 'duplicate'), even when its team left the database; 'no_team' when
+-- the team is not in the database (nothing written).
+CREATE OR REPLACE FUNCTION route_new_lead(
+    p_org text, p_crm_object text, p_source text, p_crm_id text, p_fields jsonb,
+    p_parent_id text, p_team text, p_rule_index integer, p_rule_name text,
+    p_now timestamptz, p_day date, p_week date,
+    p_users text[], p_blocked text[], p_per_day integer[], p_per_week integer[],
+    p_team_per_day integer, p_team_per_week integer, p_max_in_a_row integer,
+    p_detail jsonb, p_sla_minutes integer
+)
+RETURNS TABLE (
+    status text, lead_id bigint, team text, owner_id text, owner_name text, reason text,
+    member_ids bigint[], seat_ids bigint[], seat_users text[], seat_names text[],
+    seat_skips text[]
+)
+LANGUAGE plpgsql VOLATILE
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_lead bigint;
+    r      record;
+BEGIN
+    team := p_team;
+    IF EXISTS (SELECT FROM teams t WHERE t.org = p_org AND t.name = p_team AND t.in_config) THEN
+        INSERT INTO leads (org, crm_object, crm_id, fields, parent_id, source)
+        VALUES (p_org, p_crm_object, p_crm_id, p_fields, p_parent_id, p_source)
+        ON CONFLICT (org, crm_object, crm_id) WHERE merged_into IS NULL DO NOTHING
+        RETURNING id INTO v_lead;
+        IF v_lead IS NOT NULL THEN
+            lead_id := v_lead;
+            SELECT * INTO r
+            FROM route_team(p_org, p_crm_object, p_source, p_team, p_now, p_day, p_week, v_lead,
+                            p_users, p_blocked, p_per_day, p_per_week, p_team_per_day,
+                            p_team_per_week, p_max_in_a_row, ARRAY[v_lead], ARRAY[p_crm_id],
+                            ARRAY[p_parent_id], ARRAY[p_rule_index], ARRAY[p_rule_name],
+                            ARRAY[p_sla_minutes], jsonb_build_array(p_detail), ARRAY[0], true);
+            IF r.status = 'no_team' THEN  -- retired while the lead waited: nothing is kept
+                DELETE FROM leads l WHERE l.id = v_lead;
+                status := 'no_team';
+                lead_id := NULL;
+                RETURN NEXT;
+                RETURN;
+            END IF;
+            status := 'routed';
+            reason := r.reason;
+            member_ids := r.member_ids;
+            seat_ids := r.seat_ids;
+            seat_users := r.seat_users;
+            seat_names := r.seat_names;
+            seat_skips := r.seat_skips;
+            RETURN NEXT;
+            RETURN;
+        END IF;
+    END IF;
+    SELECT l.id, a.crm_user_id, t.name, mm.name,
+           CASE WHEN a.crm_user_id IS NULL THEN l.unassigned_reason END
+    INTO lead_id, owner_id, team, owner_name, reason
+    FROM leads l
+    LEFT JOIN assignments a ON a.lead_id = l.id
+    LEFT JOIN teams t ON t.id = a.team_id
+    LEFT JOIN members mm ON mm.id = a.member_id
+    WHERE l.org = p_org AND l.crm_object = p_crm_object AND l.crm_id = p_crm_id
+      AND l.merged_into IS NULL;
+    status := CASE WHEN FOUND THEN 'duplicate' ELSE 'no_team' END;
+    IF NOT FOUND THEN
+        team := p_team;
+    END IF;
+    RETURN NEXT;
+END
+$$;
