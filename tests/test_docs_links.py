@@ -89,7 +89,7 @@ def test_every_connector_command_in_the_docs_exists() -> None:
 
 
 def test_tutorial_config_parses() -> None:
-    from connector.core.config import parse_config
+    from connector.core.config_loading import parse_config
 
     text = (ROOT / "docs" / "tutorial.md").read_text(encoding="utf-8")
     block = next(b for b in re.findall(r"```yaml\n(.*?)```", text, re.S) if b.startswith("org:"))
