@@ -1,4 +1,4 @@
-"""An assignment names a member that exists, checked against member_keys (migration 0026).
+"""An assignment names a member that exists, checked against member_keys.
 
 assignments_member_id_fkey references member_keys, a table of the members' ids that nothing
 updates, instead of members, whose rows every batch updates (a held snapshot kept every

@@ -288,7 +288,7 @@ def test_a_team_edit_restarts_the_credits_with_the_counts(engine: Engine) -> Non
 
 
 def test_a_batchs_decisions_keep_each_picks_seats_in_columns(engine: Engine) -> None:
-    """A batch's picks record their seats in columns of the decision (migration 0022), one
+    """A batch's picks record their seats in columns of the decision, one
     candidate set per distinct set of candidates: read through decision_details, each pick
     shows the counts before it (the previous pick's plus one for its rep), Ada's cap from the
     pick after her second lead, Eve inactive in the overflow team, and its batch, epoch and

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -32,18 +32,16 @@ from connector.routing.teams import apply_teams
 from connector.shell.reps import resolve_rep, set_away
 from connector.shell.store import make_engine
 from testbed.pg import DatabaseFactory
+from tests.helpers.blocking import in_thread, wait_until_blocked
 from tests.helpers.clocks import WallClock
-
-ENV = {"TOKEN": "unused"}
-MONDAY = datetime(2026, 12, 7, 13, 0, tzinfo=UTC)
-# every test config's org and CRM
-HEADER = """
-org: acme
-crm:
-  kind: salesforce
-  instance_url: https://x.my.salesforce.com
-  auth: {method: session, access_token: "${TOKEN}"}
-"""
+from tests.helpers.routing_state import (
+    ENV,
+    HEADER,
+    MONDAY,
+    decisions_by_lead,
+    outcome_row,
+    routing_state,
+)
 
 
 def org(extra: str = "", p_extra: str = "") -> OrgConfig:
@@ -85,39 +83,6 @@ rules:
         "t.yaml",
         ENV,
     )
-
-
-def _wait_until_blocked(engine: Engine, like: str = "%", sessions: int = 1) -> None:
-    """Until ``sessions`` sessions of this database whose query is LIKE ``like`` wait for a
-    lock (on a shared server other tests' sessions wait for locks too)."""
-    with engine.connect() as watch:
-        for _ in range(200):
-            waiting = watch.execute(
-                text(
-                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                    "AND datname = current_database() AND query LIKE :q"
-                ),
-                {"q": like},
-            ).scalar_one()
-            watch.rollback()  # pg_stat_activity is read once per transaction
-            if waiting >= sessions:
-                return
-            threading.Event().wait(0.05)
-    raise AssertionError(f"fewer than {sessions} sessions LIKE {like!r} waited for a lock")
-
-
-def _in_thread(fn: Callable[[], object], errors: list[BaseException]) -> threading.Thread:
-    """``fn`` started in a thread; whatever it raises goes to ``errors``."""
-
-    def guarded() -> None:
-        try:
-            fn()
-        except BaseException as exc:  # the test reports it
-            errors.append(exc)
-
-    t = threading.Thread(target=guarded)
-    t.start()
-    return t
 
 
 def _decision_of(c: Connection, crm_id: str) -> dict[str, Any]:
@@ -163,8 +128,8 @@ def _behind_a_holder(
     with engine.connect() as holder:
         holder.begin()
         first = r.assign_in(holder, [held], "api")[0]
-        waiter = _in_thread(lambda: _assign_one(engine, r, waiting, in_transaction, got), errors)
-        _wait_until_blocked(engine, f"%FROM {function}(%")
+        waiter = in_thread(lambda: _assign_one(engine, r, waiting, in_transaction, got), errors)
+        wait_until_blocked(engine, f"%FROM {function}(%")
         if meanwhile is not None:
             meanwhile(holder)
         holder.commit()
@@ -197,61 +162,6 @@ def test_a_waiter_reads_what_the_lock_holder_committed(engine: Engine) -> None:
         counts = dict(c.execute(text("SELECT crm_user_id, assigned_in_epoch FROM members")).all())
     assert (chosen["count_before"], chosen["team_total_before"]) == (1, 1)
     assert counts["005F"] == 2
-
-
-def _decisions(engine: Engine) -> list[tuple[str, dict[str, Any]]]:
-    """Each lead's decision with member ids replaced by CRM user ids (two databases)."""
-    with engine.connect() as c:
-        users = dict(c.execute(text("SELECT id, crm_user_id FROM members")).all())
-        rows = c.execute(
-            text(
-                "SELECT l.crm_id, d.detail FROM decision_details d JOIN leads l "
-                "ON l.id = d.lead_id ORDER BY l.crm_id"
-            )
-        ).all()
-        leads = dict(c.execute(text("SELECT id, crm_id FROM leads")).all())
-    out = []
-    for crm_id, detail in rows:
-        # the lead's own id (a lead id is drawn even for an insert that conflicts or is
-        # rolled back, so ids differ between paths that try the insert a different number
-        # of times)
-        if detail.get("batch") is not None:
-            detail["batch"] = leads[detail["batch"]]
-        if "seats" in detail:
-            detail["seats"]["ids"] = [users[i] for i in detail["seats"]["ids"]]
-        if detail.get("chosen_id") is not None:
-            detail["chosen_id"] = users[detail["chosen_id"]]
-        out.append((crm_id, detail))
-    return out
-
-
-def _state(engine: Engine) -> dict[str, Any]:
-    with engine.connect() as c:
-
-        def rows(sql: str) -> list[tuple[Any, ...]]:
-            return [tuple(r) for r in c.execute(text(sql))]
-
-        return {
-            "members": rows(
-                "SELECT crm_user_id, assigned_in_epoch, credited_in_epoch FROM members ORDER BY 1"
-            ),
-            "load": rows(
-                "SELECT m.crm_user_id, l.period, l.starts_on, l.assigned FROM member_load l "
-                "JOIN members m ON m.id = l.member_id ORDER BY 1, 2, 3"
-            ),
-            "assignments": rows(
-                "SELECT l.crm_id, a.crm_user_id, a.rule_name, a.epoch, a.source, "
-                "a.sla_due_at - a.assigned_at FROM assignments a JOIN leads l ON l.id = a.lead_id "
-                "ORDER BY a.id"
-            ),
-            "outbox": rows("SELECT crm_id, owner_id, state FROM outbox ORDER BY id"),
-            "leads": rows("SELECT crm_id, unassigned_reason, source FROM leads ORDER BY crm_id"),
-        }
-
-
-def _outcome(o: Outcome, users: dict[int, str]) -> tuple[Any, ...]:
-    cands = tuple((users[m], r) for m, r in o.candidates)
-    return (o.crm_id, o.status, o.team, o.owner_id, o.owner_name, o.reason, cands)
 
 
 def _one_lead_batches(r: Router) -> None:
@@ -287,7 +197,11 @@ def _run(engine: Engine, path: str) -> tuple[list[tuple[Any, ...]], Any, Any]:
         clock.at += timedelta(minutes=23)
     with engine.connect() as c:
         users = dict(c.execute(text("SELECT id, crm_user_id FROM members")).all())
-    return [_outcome(o, users) for o in outcomes], _decisions(engine), _state(engine)
+    return (
+        [outcome_row(o, users) for o in outcomes],
+        decisions_by_lead(engine),
+        routing_state(engine),
+    )
 
 
 def test_single_call_and_batch_plan_record_the_same(databases: DatabaseFactory) -> None:
@@ -408,8 +322,8 @@ def test_a_batch_waiting_for_the_lock_reads_what_the_holder_committed(engine: En
         holder.begin()
         first = r.assign_in(holder, [Lead("00Qpw1", {"Country": "FR"})], "api")[0]
         batch = [Lead("00Qpw2", {"Country": "FR"}), Lead("00Qpw3", {"Country": "FR"})]
-        waiter = _in_thread(lambda: got.append(r.assign_many(batch, "api")), errors)
-        _wait_until_blocked(engine, "%FROM route_team(%")
+        waiter = in_thread(lambda: got.append(r.assign_many(batch, "api")), errors)
+        wait_until_blocked(engine, "%FROM route_team(%")
         holder.commit()
         waiter.join(timeout=30)
     assert errors == []
@@ -452,7 +366,7 @@ def test_a_call_reads_a_team_that_changed_while_it_waited(
         lead = Lead("00Qpc1", {"Country": "FR"})
         waiter = threading.Thread(target=_assign_one, args=(engine, r, lead, in_transaction, got))
         waiter.start()
-        _wait_until_blocked(engine, "%FROM route_new_lead(%")
+        wait_until_blocked(engine, "%FROM route_new_lead(%")
         holder.commit()
         waiter.join(timeout=30)
     with engine.connect() as c:
@@ -572,8 +486,8 @@ def test_a_deactivation_takes_the_team_lock_before_the_members(engine: Engine) -
     with engine.connect() as holder:
         holder.begin()
         first = r.assign_in(holder, [Lead("00Qpd1", {"Country": "FR"})], "api")[0]
-        worker = _in_thread(lambda: deactivate_rep(engine, cfg, "Ida", reroute=False), errors)
-        _wait_until_blocked(engine)  # the deactivation waits for a lock
+        worker = in_thread(lambda: deactivate_rep(engine, cfg, "Ida", reroute=False), errors)
+        wait_until_blocked(engine)  # the deactivation waits for a lock
         # Ida is owed the next lead: this updates her row, which the old order had locked
         second = r.assign_in(holder, [Lead("00Qpd2", {"Country": "FR"})], "api")[0]
         holder.commit()
@@ -743,8 +657,8 @@ def test_rep_commands_lock_the_reps_teams_in_name_order(engine: Engine, command:
     with engine.connect() as holder:
         holder.begin()
         holder.execute(lock, {"name": "a"}).one()
-        worker = _in_thread(run, errors)
-        _wait_until_blocked(engine)
+        worker = in_thread(run, errors)
+        wait_until_blocked(engine)
         holder.execute(lock, {"name": "b"}).one()
         holder.commit()
         worker.join(timeout=30)
@@ -764,10 +678,10 @@ def test_rep_away_waits_for_a_config_apply(engine: Engine) -> None:
         apply.begin()
         apply.execute(text(db.queries("teams")["lock_org"]), {"org": "acme"})
         apply.execute(lock, {"name": "b"}).one()
-        worker = _in_thread(
+        worker = in_thread(
             lambda: set_away(engine, cfg, ada, MONDAY + timedelta(hours=1), None, MONDAY), errors
         )
-        _wait_until_blocked(engine)
+        wait_until_blocked(engine)
         apply.execute(lock, {"name": "a"}).one()  # as retire_teams would
         apply.commit()
         worker.join(timeout=30)
@@ -789,15 +703,15 @@ def test_a_reassignment_to_another_team_locks_both_teams_in_name_order(engine: E
     with engine.connect() as holder:  # b is busy: the reassignment queues for it first
         holder.begin()
         holder.execute(lock).one()
-        mover = _in_thread(
+        mover = in_thread(
             lambda: reassign_lead(engine, cfg, "00Qrr1", to="Oz", reason="reassigned"), errors
         )
-        _wait_until_blocked(engine)
+        wait_until_blocked(engine)
         ada = resolve_rep(cfg, "Ada")
-        away = _in_thread(
+        away = in_thread(
             lambda: set_away(engine, cfg, ada, MONDAY + timedelta(hours=9), None, MONDAY), errors
         )
-        _wait_until_blocked(engine, sessions=2)
+        wait_until_blocked(engine, sessions=2)
         holder.commit()
         mover.join(timeout=30)
         away.join(timeout=30)

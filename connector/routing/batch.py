@@ -27,7 +27,7 @@ import db
 from connector.core.config import OrgConfig
 from connector.routing import accounts
 from connector.routing.calls import TeamInputs, team_params
-from connector.routing.decisions import DecisionRecorder
+from connector.routing.decisions import DecisionRecorder, Standing
 from connector.routing.leads import Lead, Outcome, RoutingError, assigned_outcome
 from connector.routing.rules import CompiledRule, Match, match
 
@@ -41,17 +41,6 @@ class Owner(NamedTuple):
 
     crm_user_id: str
     name: str
-
-
-@dataclass(frozen=True)
-class Standing:
-    """A member as a decision records it: its rotation count at the moment of one pick."""
-
-    id: int
-    crm_user_id: str
-    name: str
-    weight: int
-    assigned_in_epoch: int
 
 
 # a lead a team could not place: (its item, its candidates, the seats' standings, the reps

@@ -13,7 +13,7 @@ judged at), ``batch`` (the first lead id of its batch) and ``away_by_command`` (
 `connector rep away` then): `connector simulate` replays by them. Building the records is pure
 (``trace_rules``, ``pick_standings``).
 
-**A pick is recorded compactly** (since migration 0014): ``seats`` holds four parallel lists
+**A pick is recorded compactly**: ``seats`` holds four parallel lists
 (member ids, weights, rotation counts at that moment, skip reasons) in the rotation's order,
 and ``chosen_id`` the member picked; names, CRM user ids and the chosen rep's standing are
 not repeated in every row. ``expand`` (pure) turns such a record back into the full form
@@ -57,7 +57,7 @@ _SQL: dict[str, TextClause] = {k: text(v) for k, v in db.queries("decisions").it
 
 class SeatRow(Protocol):
     """What the recorder needs of a member row: its rotation turns at the moment of a pick
-    (``batch.Standing`` and ``reassign._Member`` provide these)."""
+    (``Standing`` and ``reassign._Member`` provide these)."""
 
     @property
     def id(self) -> int: ...
@@ -176,7 +176,7 @@ def expand(detail: Mapping[str, Any], who: Mapping[int, tuple[str, str]]) -> dic
         return out
     ids = seats["ids"]
     rows = [
-        _Seat(mid, *who.get(mid, ("?", "?")), w, c)
+        Standing(mid, *who.get(mid, ("?", "?")), w, c)
         for mid, w, c in zip(ids, seats["weights"], seats["counts"], strict=True)
     ]
     candidates = list(zip(ids, seats["skips"], strict=True))
@@ -193,7 +193,9 @@ def expand(detail: Mapping[str, Any], who: Mapping[int, tuple[str, str]]) -> dic
 
 
 @dataclass(frozen=True)
-class _Seat:
+class Standing:
+    """A member as a decision records it: its rotation count at the moment of one pick."""
+
     id: int
     crm_user_id: str
     name: str

@@ -322,7 +322,7 @@ CREATE TABLE routing_decisions (
     kind    text NOT NULL CHECK (kind IN ('route', 'reassign', 'sla')),
     detail  jsonb NOT NULL,
     made_at timestamptz NOT NULL DEFAULT now(),
-    -- What the pick decided, as route_plain writes it (NULL from every other writer,
+    -- What the pick decided, as record_assignments writes it (NULL from every other writer,
     -- which keeps it in detail): read routing decisions through decision_details
     batch        bigint,
     epoch        integer,

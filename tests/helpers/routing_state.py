@@ -38,11 +38,11 @@ def decisions_by_lead(engine: Engine) -> list[tuple[str, dict[str, Any]]]:
         # the lead's own id (a lead id is drawn even for an insert that conflicts or is
         # rolled back, so ids differ between paths that try the insert a different number
         # of times)
-        if "batch" in detail:
+        if detail.get("batch") is not None:
             detail["batch"] = leads[detail["batch"]]
         if "seats" in detail:
             detail["seats"]["ids"] = [users[i] for i in detail["seats"]["ids"]]
-        if "chosen_id" in detail:
+        if detail.get("chosen_id") is not None:
             detail["chosen_id"] = users[detail["chosen_id"]]
         out.append((crm_id, detail))
     return out
