@@ -48,6 +48,7 @@ log = logging.getLogger(__name__)
 _SQL: dict[str, TextClause] = {k: text(v) for k, v in db.queries("reassign").items()}
 _TEAMS: dict[str, TextClause] = {k: text(v) for k, v in db.queries("teams").items()}
 _ROUTING: dict[str, TextClause] = {k: text(v) for k, v in db.queries("routing").items()}
+_REPS: dict[str, TextClause] = {k: text(v) for k, v in db.queries("reps").items()}
 
 Reason = Literal["rotated", "reassigned", "rep_deactivated", "sla_expired"]
 REASONS: tuple[str, ...] = ("rotated", "reassigned", "rep_deactivated", "sla_expired")
@@ -214,9 +215,14 @@ def _team_seats(
         )
     ]
     configured = {m.crm_user_id: m for m in team_cfg.members}
+    reasons = {r.crm_user_id: r.reason for r in conn.execute(_REPS["time_off"], {"org": cfg.org})}
     candidates = {
         m.id: candidate_of(
-            team_cfg, configured.get(m.crm_user_id), m.row, (m.row.day_count, m.row.week_count)
+            team_cfg,
+            configured.get(m.crm_user_id),
+            m.row,
+            (m.row.day_count, m.row.week_count),
+            reasons.get(m.crm_user_id),
         )
         for m in members
     }

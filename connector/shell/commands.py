@@ -363,14 +363,7 @@ def cmd_purge(args: argparse.Namespace) -> int:
 
 def cmd_rep(args: argparse.Namespace) -> int:
     from connector.routing.rep_state import fmt_utc
-    from connector.shell.reps import (
-        check_reason,
-        end_away,
-        parse_until,
-        rep_rows,
-        resolve_rep,
-        set_away,
-    )
+    from connector.shell.reps import away_command, back_command, rep_rows
 
     cfg = pick_org(_configs(args), args.org)
     now = datetime.now(UTC)
@@ -387,16 +380,13 @@ def cmd_rep(args: argparse.Namespace) -> int:
             )
         )
         return EXIT_OK
-    rep = resolve_rep(cfg, args.rep)
     if args.action == "away":
-        if not args.until:
-            raise ConfigError("rep away: --until is required (e.g. --until 2026-12-24T09:00)")
-        until = parse_until(rep, args.until, now)
-        reason = check_reason(args.reason)
-        set_away(open_database([cfg]), cfg, rep, until, reason, now)
+        engine = open_database([cfg])
+        rep, until = away_command(engine, cfg, args.rep, args.until, args.reason, now)
         print(f"{rep.name} ({rep.crm_user_id}) is away until {fmt_utc(until)}")
         return EXIT_OK
-    if end_away(open_database([cfg]), cfg, rep):
+    rep, ended = back_command(open_database([cfg]), cfg, args.rep)
+    if ended:
         print(f"{rep.name} ({rep.crm_user_id}) is back")
     else:
         print(f"{rep.name} ({rep.crm_user_id}) had no time off set from the command line")

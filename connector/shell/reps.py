@@ -124,6 +124,26 @@ def end_away(engine: Engine, cfg: OrgConfig, rep: Rep) -> bool:
     return row is not None
 
 
+def away_command(
+    engine: Engine, cfg: OrgConfig, who: str, until: str | None, reason: str | None, now: datetime
+) -> tuple[Rep, datetime]:
+    """`connector rep away` and the dashboard's Away button: check the input (ConfigError
+    with the one-line message when it is wrong; nothing stored), then store the time off."""
+    rep = resolve_rep(cfg, who)
+    if not until or not until.strip():
+        raise ConfigError("rep away: --until is required (e.g. --until 2026-12-24T09:00)")
+    when = parse_until(rep, until, now)
+    set_away(engine, cfg, rep, when, check_reason(reason), now)
+    return rep, when
+
+
+def back_command(engine: Engine, cfg: OrgConfig, who: str) -> tuple[Rep, bool]:
+    """`connector rep back` and the dashboard's Back button: (the rep, whether it had time
+    off set from the command line, now removed)."""
+    rep = resolve_rep(cfg, who)
+    return rep, end_away(engine, cfg, rep)
+
+
 def rep_rows(engine: Engine, cfg: OrgConfig, now: datetime) -> list[tuple[Rep, str]]:
     """Each configured rep with its state now in its teams, as one line (``rep_state``)."""
     by_team = rep_states(engine, cfg, now)

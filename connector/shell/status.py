@@ -13,6 +13,7 @@ from connector.shell.availability import rep_states
 from connector.shell.tables import table
 
 OUTBOX_STATES = ("pending", "claimed", "sent", "dead", "superseded")
+HEAD_NOW = ("NOW", "WHY BELOW FAIR SHARE")
 
 
 def org_status(engine: Engine, cfg: OrgConfig, now: datetime | None = None) -> dict[str, Any]:
@@ -101,7 +102,7 @@ def format_status(status: dict[str, Any]) -> str:
                 ]
             )
         lines += table(
-            ["REP", "CRM USER", "WEIGHT", "ALL TIME", "24H", "FAIR 24H", "NOW", "WHY BELOW FAIR"],
+            [*("REP", "CRM USER", "WEIGHT", "ALL TIME", "24H", "FAIR 24H"), *HEAD_NOW],
             rows,
             right=(2, 3, 4, 5),
             indent="  ",
