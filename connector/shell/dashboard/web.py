@@ -243,9 +243,8 @@ class _Dashboard:
                 rep, ended = await run_in_threadpool(back_command, self.engine, cfg, who)
                 log.info("dashboard: org %s rep %s back", cfg.org, rep.crm_user_id)
                 done = "back" if ended else "not_away"
-        except ConfigError as exc:
-            message = str(exc).replace("--until", "until").replace("--reason", "reason")
-            return self.refuse(request, 400, "Not changed", message)
+        except ConfigError as exc:  # the command's own message (its option names included)
+            return self.refuse(request, 400, "Not changed", str(exc))
         target = f"/dashboard/org/{cfg.org}?rep={quote(rep.crm_user_id, safe='')}&did={done}"
         return RedirectResponse(target + "#reps", 303)
 
