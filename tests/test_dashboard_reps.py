@@ -200,9 +200,16 @@ def test_rep_action_refusals_change_nothing(engine: Engine, world: World) -> Non
     assert time_off(engine) == []
 
 
-def test_rep_actions_need_the_token(engine: Engine, world: World) -> None:
+def test_rep_actions_and_lookup_need_the_token(engine: Engine, world: World) -> None:
     ada = world.reps[0]
     with dashboard(engine, world, token=TOKEN) as c:
+        for path in (
+            f"/dashboard/org/{ORG}/lead/crm/{world.pushed_crm_id}",
+            f"/dashboard/org/{ORG}/lead?crm_id={world.pushed_crm_id}",
+        ):
+            resp = c.get(path)
+            assert resp.status_code == 401 and 'id="token"' in resp.text, path
+            assert world.pushed_crm_id not in resp.text, path
         forged = security.new_session(security.session_key("not-the-token"))
         c.cookies.set(security.COOKIE, forged, path="/dashboard")
         csrf = security.csrf_token(security.session_key("not-the-token"), forged.split(".")[0])
@@ -248,6 +255,11 @@ def test_lead_by_crm_id_in_any_form(engine: Engine, world: World) -> None:
         assert "a CRM record id has 1 to 64 printable characters." in resp.text
         resp = c.get(f"/dashboard/org/{ORG}/lead", params={"crm_id": "x" * 65})
         assert resp.status_code == 400
+        # self-contained like every page: local links and forms only, no script
+        body = c.get(f"/dashboard/org/{ORG}/lead/crm/{crm_id[:15]}").text
+        for ref in re.findall(r'(?:href|src|action)="([^"]*)"', body):
+            assert ref.startswith("/dashboard/"), ref
+        assert "<script" not in body and "http:" not in body
         assert c.get(f"/dashboard/org/nope/lead/crm/{crm_id}").status_code == 404
 
 

@@ -260,15 +260,19 @@ def check_target(
     """Refuse ``--to`` before any lead moves when the rep cannot take a lead now in the team
     it would get each lead in (the lead's team when the rep is in it); leads that cannot be
     reassigned anyway are refused one by one later."""
+    states: dict[int | None, tuple[Rep, RepState]] = {}  # by the lead's team
     with engine.connect() as conn:
         for crm_id in crm_ids:
             key = {"org": cfg.org, "crm_object": cfg.crm_object, "crm_id": stored_id(cfg, crm_id)}
             team_id = conn.execute(_SQL["current_team"], key).scalar_one_or_none()
             if team_id is None:
                 continue
-            rep = resolve_rep(conn, cfg, to, team_id)
-            now_seats = _team_seats(conn, cfg, rep.team, rep.team_id, now)[2]
-            state = state_now(now_seats[rep.member_id], now, cfg.team(rep.team).timezone)
+            if team_id not in states:
+                rep = resolve_rep(conn, cfg, to, team_id)
+                seats = _team_seats(conn, cfg, rep.team, rep.team_id, now)[2]
+                zone = cfg.team(rep.team).timezone
+                states[team_id] = (rep, state_now(seats[rep.member_id], now, zone))
+            rep, state = states[team_id]
             if not state.available:
                 raise unavailable(rep, state, key["crm_id"])
 
