@@ -124,6 +124,11 @@ def _add_reassign(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     )
     how.add_argument("--to", metavar="REP", help="this rep (crm_user_id or name)")
     s.add_argument("--reason", metavar="TEXT", help="why (kept in the history)")
+    s.add_argument(
+        "--force",
+        action="store_true",
+        help="(--to) give the leads even when the rep is away, off shift or capped now",
+    )
     s.add_argument("crm_ids", nargs="+", metavar="CRM_ID")
     s.set_defaults(func=cmd_reassign)
 
