@@ -81,26 +81,25 @@ def missing(output: str, shown: list[str]) -> str | None:
     """None when ``output`` shows ``shown`` (see the module doc), else the first line not
     found."""
     lines = [line.rstrip() for line in output.splitlines()]
-    groups: list[list[re.Pattern[str]]] = [[]]
+    groups: list[list[tuple[str, re.Pattern[str]]]] = [[]]
     for want in shown:
         if want.strip() == "...":
             groups.append([])
         else:
-            groups[-1].append(
-                re.compile(".*".join(re.escape(p) for p in want.rstrip().split("...")))
-            )
+            parts = want.rstrip().split("...")
+            groups[-1].append((want, re.compile(".*".join(re.escape(p) for p in parts))))
     at = 0
     for group in (g for g in groups if g):
         start = next(
             (
                 i
                 for i in range(at, len(lines) - len(group) + 1)
-                if all(p.fullmatch(lines[i + k]) for k, p in enumerate(group))
+                if all(p.fullmatch(lines[i + k]) for k, (_, p) in enumerate(group))
             ),
             None,
         )
         if start is None:
-            return group[0].pattern
+            return group[0][0]
         at = start + len(group)
     return None
 
