@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -29,12 +30,23 @@ from connector.shell.commands import (
     cmd_reassign,
     cmd_rep,
     cmd_run,
-    cmd_sandbox,
     cmd_serve,
     cmd_simulate,
     cmd_status,
     cmd_sync,
 )
+
+
+def _lazy(module: str, name: str) -> Callable[[argparse.Namespace], int]:
+    """A command handler imported when its command runs (not on every start of the CLI)."""
+
+    def run(args: argparse.Namespace) -> int:
+        handler: Callable[[argparse.Namespace], int] = getattr(
+            importlib.import_module(module), name
+        )
+        return handler(args)
+
+    return run
 
 
 def _positive_int(value: str) -> int:
@@ -346,7 +358,36 @@ def _add_sandbox(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         help="hubspot: calls a token may make in any 10 s before 429 (HubSpot's tiers: 100, "
         "190, 250; default 100)",
     )
-    s.set_defaults(func=cmd_sandbox)
+    s.add_argument(
+        "--write-config",
+        metavar="FILE",
+        help="write a ready org config for this sandbox to FILE and print the export lines "
+        "of the secrets it names",
+    )
+    s.set_defaults(func=_lazy("connector.shell.sandbox_cmd", "cmd_sandbox"))
+
+
+def _add_send(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`connector send`."""
+    s = sub.add_parser(
+        "send",
+        help="push records to a running connector as the CRM would: a Salesforce Outbound "
+        "Message or a signed HubSpot webhook",
+    )
+    s.add_argument("--org")
+    s.add_argument(
+        "--url",
+        metavar="BASE_URL",
+        help="the connector's webhook listener (default http://127.0.0.1:$CONNECTOR_PORT, "
+        "else port 8080)",
+    )
+    s.add_argument(
+        "--object",
+        metavar="KIND",
+        help="the record kind the message names (default: the org's crm.object)",
+    )
+    s.add_argument("record_ids", nargs="+", metavar="RECORD_ID")
+    s.set_defaults(func=_lazy("connector.shell.send", "cmd_send"))
 
 
 def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -379,6 +420,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_purge(sub)
     _add_services(sub)
     _add_sandbox(sub)
+    _add_send(sub)
     _add_demo(sub)
     for subparser in [*sub.choices.values(), *rep_parsers]:
         # after the command too; SUPPRESS keeps a value given before it when this one is absent

@@ -447,14 +447,6 @@ def cmd_sync(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_sandbox(args: argparse.Namespace) -> int:
-    from crm_sandboxes import serve
-
-    print(f"{args.kind} sandbox on http://{args.host}:{args.port}", file=sys.stderr)
-    serve(args.kind, args.host, args.port, hubspot_limit_per_10s=args.limit_per_10s)
-    return EXIT_OK
-
-
 def cmd_demo(args: argparse.Namespace) -> int:
     from connector.shell.demo import run_demo
 
