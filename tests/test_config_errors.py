@@ -400,3 +400,12 @@ def test_other_config_errors_keep_their_one_line() -> None:
     with pytest.raises(ConfigError) as info:
         parse_config("org: [", "acme.yaml", ENV)
     assert isinstance(info.value, ConfigProblems) and len(info.value.lines) == 1
+
+
+def test_a_key_that_is_not_text_does_not_hide_the_other_problems() -> None:
+    assert problems("org: acme\n[1, 2]: y\n") == [
+        "acme.yaml:1: crm: missing; add `crm:`",
+        "acme.yaml:1: teams: missing; add `teams:`",
+        "acme.yaml:1: rules: missing; add `rules:`",
+        "acme.yaml:2: a key that is not plain text; write `name: value`",
+    ]

@@ -69,12 +69,12 @@ def _problems(doc: Document, env: Mapping[str, str]) -> tuple[OrgConfig | None, 
     found = [*doc.problems, *written_secret_problems(doc, secrets)]
     from_env: set[tuple[str | int, ...]] = set()
     resolved = resolve_env(doc.data, env, (), found, from_env)
-    said = {f.loc for f in found}
+    said = {f.loc for f in found if f.loc}
     found += [f for f in resolved_url_problems(doc.data, resolved, secrets) if f.loc not in said]
     try:
         cfg = OrgConfig.model_validate(resolved)
     except ValidationError as exc:
-        said = {f.loc for f in found}  # a value already found wrong is not judged again
+        said = {f.loc for f in found if f.loc}  # a value found wrong is not judged again
         found += [
             f
             for f in validation_problems(OrgConfig, exc, hidden=[*secrets, *from_env])

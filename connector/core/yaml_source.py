@@ -174,7 +174,7 @@ class _Builder:
             )
             if not isinstance(key, str | int | float | bool):
                 self.doc.problems.append(
-                    Found(loc, f"a key on line {line} is not plain text; write `name: value`")
+                    Found(loc, "a key that is not plain text; write `name: value`", line)
                 )
                 continue
             if isinstance(key, bool | float):
