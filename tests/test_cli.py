@@ -23,6 +23,7 @@ crm:
   instance_url: https://acme.my.salesforce.com
   auth: {method: session, access_token: "${ACME_TOKEN}"}
   object: Lead
+  organization_id: 00D5g000004ABCDEA4
   outbound_secrets: ["${ACME_OM}"]
 intake_owner_ids: ["00G000000000001"]
 teams:
@@ -94,10 +95,7 @@ def test_check_config_error_names_file_and_key(
     bad.write_text(CONFIG.replace("weight: 2}", "weigth: 2}"), encoding="utf-8")
     code, out, err = run(capsys, "--config", str(bad), "check-config")
     assert (code, out) == (2, "")
-    assert err == (
-        f"connector: {bad}: invalid configuration\n"
-        "  teams[0].members[1].weigth: Extra inputs are not permitted\n"
-    )
+    assert err == f"{bad}:15: teams[0].members[1].weigth: unknown key; did you mean `weight`?\n"
 
 
 def test_check_config_missing_env_var(
@@ -107,8 +105,8 @@ def test_check_config_missing_env_var(
     code, out, err = run(capsys, "check-config")
     assert (code, out) == (2, "")
     assert err == (
-        f"connector: {cfg_file}: crm.auth.access_token: "
-        "environment variable ACME_TOKEN is not set\n"
+        f"{cfg_file}:6: crm.auth.access_token: "
+        "environment variable ACME_TOKEN is not set; set it where the connector runs\n"
     )
 
 
@@ -524,6 +522,7 @@ crm:
   kind: salesforce
   instance_url: {url}
   auth: {{method: client_credentials, client_id: "${{SF_ID}}", client_secret: "${{{secret_var}}}"}}
+  organization_id: 00D5g000004ABCDEA4
   outbound_secrets: ["${{SF_OM}}"]
 intake_owner_ids: ["00G000000000001"]
 teams:

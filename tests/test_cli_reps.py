@@ -107,6 +107,10 @@ BAD = [
         "`connector rep list` shows them)\n",
     ),
     (
+        ["rep", "away", "ada lovelance", "--until", "2099-01-01"],
+        "connector: org acme: no rep 'ada lovelance' in the config; did you mean 'Ada Lovelace'?\n",
+    ),
+    (
         ["rep", "back", "005Z"],
         "connector: org acme: no rep '005Z' in the config (give a crm_user_id or a name; "
         "`connector rep list` shows them)\n",

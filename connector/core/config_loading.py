@@ -2,146 +2,136 @@
 ``connector.core.config``.
 
 Secrets never live in the file: a value may be written as ``${ENV_NAME}`` and is resolved from
-the environment when the file is loaded. Errors name the file, the key path and the problem.
+the environment when the file is loaded. Every problem of a file is reported at once, one line
+each: ``file:line: key.path: what is wrong; what to write``.
 """
 
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl
 
-import yaml
 from pydantic import ValidationError
 
-from connector.core.config import ConfigError, OrgConfig
-from connector.core.crm_kinds import CRM_KINDS
+from connector.core.config import ConfigError, ConfigWarning, OrgConfig
+from connector.core.config_checks import team_references
+from connector.core.config_errors import problems as validation_problems
+from connector.core.config_secrets import (
+    ENV_REF,
+    resolve_env,
+    resolved_url_problems,
+    secret_fields,
+    written_secret_problems,
+)
+from connector.core.yaml_source import Document, Found, YamlSyntaxError, read_yaml
 
-ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
-# scheme://user[:password]@ at the start of a database URL
-_URL_USERINFO = re.compile(r"[\w+.-]+://[^:/@]*(?::(?P<password>[^@]*))?@")
-
-
-def _resolve_env(value: Any, env: Mapping[str, str], path: str, missing: list[str]) -> Any:
-    if isinstance(value, str):
-
-        def sub(m: re.Match[str]) -> str:
-            name = m.group(1)
-            if name not in env:
-                missing.append(f"{path}: environment variable {name} is not set")
-                return ""
-            return env[name]
-
-        return ENV_REF.sub(sub, value)
-    if isinstance(value, dict):
-        return {
-            k: _resolve_env(v, env, f"{path}.{k}" if path else str(k), missing)
-            for k, v in value.items()
-        }
-    if isinstance(value, list):
-        return [_resolve_env(v, env, f"{path}[{i}]", missing) for i, v in enumerate(value)]
-    return value
+__all__ = ["ENV_REF", "ConfigProblems", "load_configs", "load_sources", "parse_config"]
 
 
-_SECRET_KEYS = {
-    "outbound_secrets",
-    "client_secret",
-    "password",
-    "security_token",
-    "private_key",
-    "access_token",
-    "webhook_secrets",
-}
+class ConfigProblems(ConfigError):
+    """Every problem of one or more files, one line each:
+    ``file:line: key.path: what is wrong; what to write``."""
+
+    def __init__(self, lines: list[str]) -> None:
+        super().__init__("\n".join(lines))
+        self.lines = lines
 
 
-def _url_has_literal_password(url: str) -> bool:
-    """True when a database URL carries a password that is not a ${ENV} reference.
+@dataclass
+class Source:
+    """One loaded file: its config and the line of each key path (for warnings)."""
 
-    The whole URL may be a reference (``${DATABASE_URL}``); otherwise the password, in the
-    userinfo (``user:${PGPASS}@host``) or a ``password=`` query parameter, must be one. The
-    userinfo is split the way SQLAlchemy splits it (the password runs to the first ``@``).
-    """
-    text = url.strip()
-    if ENV_REF.fullmatch(text):
-        return False
-    m = _URL_USERINFO.match(text)
-    passwords = [m.group("password") or ""] if m else []
-    rest = text[m.end() :] if m else text
-    query = rest.partition("?")[2]
-    passwords += [v for k, v in parse_qsl(query, keep_blank_values=True) if k == "password"]
-    return any(pw and not ENV_REF.fullmatch(pw) for pw in passwords)
+    file: str
+    config: OrgConfig
+    doc: Document = field(repr=False)
+
+    def located(self, warning: ConfigWarning) -> str:
+        """``file:line: warning: key.path: ...`` for one of the config's warnings."""
+        return f"{self.file}:{self.doc.line_of(warning.loc)}: warning: {warning}"
 
 
-def _literal_secrets(value: Any, path: str = "") -> list[str]:
-    """Key paths of secrets written into the file itself instead of as ${ENV} references."""
-    found: list[str] = []
-    if isinstance(value, dict):
-        for k, v in value.items():
-            sub = f"{path}.{k}" if path else str(k)
-            if k == "database_url" and not path:
-                if isinstance(v, str) and _url_has_literal_password(v):
-                    found.append(sub)
-            elif (
-                k in _SECRET_KEYS and isinstance(v, str) and v and not ENV_REF.fullmatch(v.strip())
-            ):
-                found.append(sub)
-            elif k in _SECRET_KEYS and isinstance(v, list):
-                found.extend(
-                    f"{sub}[{i}]"
-                    for i, item in enumerate(v)
-                    if isinstance(item, str) and not ENV_REF.fullmatch(item.strip())
-                )
-            else:
-                found.extend(_literal_secrets(v, sub))
-    elif isinstance(value, list):
-        for i, v in enumerate(value):
-            found.extend(_literal_secrets(v, f"{path}[{i}]"))
-    return found
+def _line(source: str, doc: Document, found: Found) -> str:
+    line = found.line if found.line is not None else doc.line_of(found.loc)
+    where = f"{found.where}: " if found.loc else ""
+    return f"{source}:{line}: {where}{found.message}"
 
 
-def _format_validation(source: str, err: ValidationError) -> str:
-    lines = [f"{source}: invalid configuration"]
-    for e in err.errors():
-        parts = list(e["loc"])
-        if parts[:1] == ["crm"] and len(parts) > 1 and parts[1] in CRM_KINDS:
-            del parts[1]  # the union's tag, not a key written in the file
-        loc = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in parts)
-        loc = loc.replace(".[", "[")
-        msg = e["msg"].removeprefix("Value error, ")
-        lines.append(f"  {loc or '(top level)'}: {msg}")
-    return "\n".join(lines)
+def _problems(doc: Document, env: Mapping[str, str]) -> tuple[OrgConfig | None, list[Found]]:
+    """The config of a read document, or every problem found in it."""
+    if not isinstance(doc.data, dict):
+        if doc.problems:
+            return None, doc.problems
+        return None, [Found((), "expected `key: value` lines at the top level (org:, crm:, ...)")]
+    secrets = secret_fields(OrgConfig, doc.data)
+    found = [*doc.problems, *written_secret_problems(doc, secrets)]
+    from_env: set[tuple[str | int, ...]] = set()
+    resolved = resolve_env(doc.data, env, (), found, from_env)
+    said = {f.loc for f in found if f.loc}
+    found += [f for f in resolved_url_problems(doc.data, resolved, secrets) if f.loc not in said]
+    try:
+        cfg = OrgConfig.model_validate(resolved)
+    except ValidationError as exc:
+        said = {f.loc for f in found if f.loc}  # a value found wrong is not judged again
+        found += [
+            f
+            for f in validation_problems(OrgConfig, exc, hidden=[*secrets, *from_env])
+            if not any(f.loc[: len(loc)] == loc for loc in said)
+        ]
+        if not any(f.loc[:1] == ("teams",) and f.loc[2:3] in ((), ("name",)) for f in found):
+            found += _references(resolved)  # (with a team's name wrong, they would mislead)
+        cfg = None
+    if found:
+        return None, _unique(found)
+    return cfg, []
+
+
+def _references(data: dict[Any, Any]) -> list[Found]:
+    """The checks between entries, on the entries as written (the model's own run of them
+    is skipped by pydantic when any field failed)."""
+    teams, rules = data.get("teams"), data.get("rules")
+    if not isinstance(teams, list) or not isinstance(rules, list):
+        return []
+    entries = [(t.get("name"), t.get("overflow_team")) for t in teams if isinstance(t, dict)]
+    if len(entries) < len(teams):
+        return []  # indexes would not match the file
+    rule_teams = [r.get("team") if isinstance(r, dict) else None for r in rules]
+    return [Found(loc, message) for loc, message in team_references(entries, rule_teams)]
+
+
+def _unique(found: list[Found]) -> list[Found]:
+    seen: set[tuple[object, ...]] = set()
+    out: list[Found] = []
+    for f in found:
+        if (f.loc, f.message) not in seen:
+            seen.add((f.loc, f.message))
+            out.append(f)
+    return out
+
+
+def _read(text: str, source: str, env: Mapping[str, str] | None) -> Source | list[str]:
+    """The loaded file, or its problem lines in the order of the file."""
+    try:
+        doc = read_yaml(text)
+    except YamlSyntaxError as exc:
+        return [_line(source, Document(), exc.found)]
+    cfg, found = _problems(doc, os.environ if env is None else env)
+    if cfg is None:
+        ordered = sorted(found, key=lambda f: f.line if f.line is not None else doc.line_of(f.loc))
+        return [_line(source, doc, f) for f in ordered]
+    return Source(source, cfg, doc)
 
 
 def parse_config(
     text: str, source: str = "<string>", env: Mapping[str, str] | None = None
 ) -> OrgConfig:
     """Parse one org's YAML text; ``source`` names it in error messages."""
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or "not valid YAML"
-        raise ConfigError(f"{source}: {problem}{where}") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{source}: expected a mapping at the top level")
-    literal = _literal_secrets(raw)
-    if literal:
-        raise ConfigError(
-            f"{source}: secrets must be ${{ENV_NAME}} references, not literal values: "
-            + ", ".join(literal)
-        )
-    missing: list[str] = []
-    resolved = _resolve_env(raw, os.environ if env is None else env, "", missing)
-    if missing:
-        raise ConfigError(f"{source}: " + "; ".join(missing))
-    try:
-        return OrgConfig.model_validate(resolved)
-    except ValidationError as exc:
-        raise ConfigError(_format_validation(source, exc)) from None
+    read = _read(text, source, env)
+    if isinstance(read, list):
+        raise ConfigProblems(read)
+    return read.config
 
 
 def _config_files(path: Path) -> list[Path]:
@@ -155,19 +145,40 @@ def _config_files(path: Path) -> list[Path]:
     raise ConfigError(f"{path}: no such file or folder")
 
 
-def load_configs(path: str | Path, env: Mapping[str, str] | None = None) -> dict[str, OrgConfig]:
-    """Load a YAML file or every YAML file in a folder, keyed by org name."""
-    configs: dict[str, OrgConfig] = {}
+def load_sources(path: str | Path, env: Mapping[str, str] | None = None) -> list[Source]:
+    """Load a YAML file or every YAML file in a folder; the problems of all of them are
+    raised at once (ConfigProblems)."""
+    sources: list[Source] = []
+    lines: list[str] = []
+    orgs: dict[str, str] = {}
     for file in _config_files(Path(path)):
         try:
             text = file.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"{file}: cannot read: {exc}") from None
-        cfg = parse_config(text, str(file), env)
-        if cfg.org in configs:
-            raise ConfigError(f"{file}: org {cfg.org!r} is already defined by another file")
-        configs[cfg.org] = cfg
-    return configs
+            lines.append(f"{file}:1: cannot read: {exc}")
+            continue
+        read = _read(text, str(file), env)
+        if isinstance(read, list):
+            lines += read
+            continue
+        org = read.config.org
+        if org in orgs:
+            line = read.doc.line_of(("org",))
+            lines.append(
+                f"{file}:{line}: org: `{org}` is already defined by {orgs[org]}; "
+                "give each file its own org"
+            )
+            continue
+        orgs[org] = str(file)
+        sources.append(read)
+    if lines:
+        raise ConfigProblems(lines)
+    return sources
+
+
+def load_configs(path: str | Path, env: Mapping[str, str] | None = None) -> dict[str, OrgConfig]:
+    """Load a YAML file or every YAML file in a folder, keyed by org name."""
+    return {s.config.org: s.config for s in load_sources(path, env)}
 
 
 def config_path_from(arg: str | None, env: Mapping[str, str] | None = None) -> str:

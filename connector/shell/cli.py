@@ -13,6 +13,7 @@ from pathlib import Path
 
 from connector import __version__
 from connector.core.config import ConfigError
+from connector.core.config_loading import ConfigProblems
 from connector.core.errors import DatabaseError, DatabaseUnavailable, UsageError
 from connector.shell.commands import (
     EXIT_DB_UNAVAILABLE,
@@ -438,6 +439,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         code: int = args.func(args)
         return code
+    except ConfigProblems as exc:  # one line each: file:line: key.path: problem; fix
+        print("\n".join(exc.lines), file=sys.stderr)
+        return EXIT_USAGE
     except (ConfigError, UsageError) as exc:
         print(f"connector: {exc}", file=sys.stderr)
         return EXIT_USAGE

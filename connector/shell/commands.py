@@ -14,10 +14,16 @@ from pathlib import Path
 from typing import Any
 
 from connector.core.config import ConfigError, OrgConfig
-from connector.core.config_loading import all_orgs, config_path_from, load_configs, pick_org
+from connector.core.config_loading import (
+    all_orgs,
+    config_path_from,
+    load_configs,
+    load_sources,
+    pick_org,
+)
 from connector.core.crm_kinds import crm_kind
 from connector.core.errors import UsageError
-from connector.shell.store import open_database, warn_if_vacuum_off
+from connector.shell.store import open_database, resolve_database_url, warn_if_vacuum_off
 from connector.shell.tables import table
 from crm_adapters.base import CrmError
 
@@ -136,8 +142,11 @@ def _crm_problem(exc: CrmError | OSError) -> str:
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
-    configs = _configs(args)
-    for cfg in all_orgs(configs):
+    sources = sorted(load_sources(config_path_from(args.config)), key=lambda s: s.config.org)
+    configs = {s.config.org: s.config for s in sources}
+    resolve_database_url(configs.values())  # its form, checked without connecting
+    for source in sources:
+        cfg = source.config
         members = sum(len(t.members) for t in cfg.teams)
         active = sum(1 for t in cfg.teams for m in t.members if m.active)
         default = any(r.when is None for r in cfg.rules)
@@ -147,7 +156,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
             + ("" if default else " (no default rule: unmatched leads stay unassigned)")
         )
         for warning in cfg.warnings():
-            print(f"org {cfg.org}: warning: {warning}", file=sys.stderr)
+            print(source.located(warning), file=sys.stderr)
     if not args.online:
         return EXIT_OK
     from connector.shell.adapters import adapter_for

@@ -7,6 +7,7 @@ are: a rep is named by its crm_user_id or its name in the org's YAML.
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -52,6 +53,12 @@ def resolve_rep(cfg: OrgConfig, who: str) -> Rep:
     if len(named) > 1:
         ids = ", ".join(r.crm_user_id for r in named)
         raise ConfigError(f"org {cfg.org}: {who!r} names several reps ({ids}): give a crm_user_id")
+    by_name = {r.name.casefold(): r.name for r in reps}
+    close = difflib.get_close_matches(who.strip().casefold(), by_name, n=1, cutoff=0.75)
+    if close:
+        raise ConfigError(
+            f"org {cfg.org}: no rep {who!r} in the config; did you mean {by_name[close[0]]!r}?"
+        )
     raise ConfigError(
         f"org {cfg.org}: no rep {who!r} in the config (give a crm_user_id or a name; "
         "`connector rep list` shows them)"
