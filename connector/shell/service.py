@@ -32,9 +32,17 @@ from connector.core.config import ConfigError, OrgConfig
 from connector.core.crm_kinds import org_pacing
 from connector.core.metrics import Metrics
 from connector.core.pacing import Nudges, Spacer
+from connector.intake.admission import DEFAULT_MAX_CONNECTIONS_PER_PEER
 from connector.intake.http_server import build_server
 from connector.intake.poller import Poller
 from connector.shell.adapters import Adapters
+from connector.shell.fd_limits import (
+    DEFAULT_MAX_CONNECTIONS,
+    connection_cap,
+    engine_connections,
+    raise_file_limit,
+    reserved_descriptors,
+)
 from connector.shell.store import warn_if_vacuum_off
 from connector.writeback.dispatch import Dispatcher, DispatchStats
 from connector.writeback.wakeups import announce, listener_for
@@ -48,22 +56,27 @@ class ListenFailed(ConfigError):
     the operator's to fix, so the command's one-line error (exit 2), not a traceback."""
 
 
+ADMIN_MAX_CONNECTIONS = 64
+"""The admin listener's connection cap (an operator, a scraper and a health check need few)."""
+ADMIN_LIMITS: dict[str, Any] = {
+    "max_connections": ADMIN_MAX_CONNECTIONS,
+    "max_connections_per_peer": None,  # on loopback every client is one address
+}
+
+
 @contextmanager
 def serve_in_thread(
-    app: Any, host: str = "127.0.0.1", port: int = 0, what: str = "the web server"
+    app: Any,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    what: str = "the web server",
+    **limits: Any,
 ) -> Iterator[str]:
-    """Run an ASGI app under uvicorn in a background thread; yields its base URL. A startup
-    that fails (uvicorn logged why, e.g. the address in use) is ``ListenFailed``."""
-    config = uvicorn.Config(
-        app,
-        host=host,
-        port=port,
-        log_level="warning",
-        lifespan="on",
-        proxy_headers=False,
-        access_log=False,
-    )
-    server = uvicorn.Server(config)
+    """Run an ASGI app in a background thread on the hardened server of
+    ``connector.intake.http_server`` (header deadline, header cap, connection caps; ``limits``
+    are its ``receiver_config`` arguments); yields its base URL. A startup that fails
+    (uvicorn logged why, e.g. the address in use) is ``ListenFailed``."""
+    server = build_server(app, host, port, lifespan="on", **limits)
 
     def run() -> None:
         with suppress(SystemExit):  # how uvicorn ends a startup that failed
@@ -276,11 +289,17 @@ def run_dispatch_service(
     admin: AbstractContextManager[str] = (
         serve_in_thread(
             create_admin_app(
-                engine, metrics, token=admin_token, configs=configs, waiting_for=waiting_for
+                engine,
+                metrics,
+                token=admin_token,
+                configs=configs,
+                waiting_for=waiting_for,
+                bound_host=admin_host,
             ),
             admin_host,
             admin_port,
             "the admin listener",
+            **ADMIN_LIMITS,
         )
         if admin_port is not None
         else nullcontext("")
@@ -343,8 +362,21 @@ def _loopback(host: str) -> bool:
         return False
 
 
+MIN_ADMIN_TOKEN_CHARS = 32
+
+
 def check_admin_binding(host: str, token: str | None) -> None:
-    """Health and metrics name the orgs and their queues: off loopback they need a token."""
+    """Health and metrics name the orgs and their queues: off loopback they need a token, and
+    a token, wherever it is set, must be long enough not to be guessed."""
+    if token is not None and len(token) < MIN_ADMIN_TOKEN_CHARS:
+        raise ConfigError(
+            f"CONNECTOR_ADMIN_TOKEN is {len(token)} characters; use at least "
+            f'{MIN_ADMIN_TOKEN_CHARS} (e.g. python3 -c "import secrets; '
+            'print(secrets.token_urlsafe(32))")'
+        )
+    from connector.shell.dashboard.security import session_seconds_from_env
+
+    session_seconds_from_env()  # a bad value stops the start here, in one line
     if not _loopback(host) and not token:
         raise ConfigError(
             f"the admin listener on {host} is reachable from other machines: set "
@@ -374,7 +406,7 @@ def _receiver_app(
     trusted_proxies: Sequence[Any],
 ) -> Starlette:
     """The webhook receiver (its inbox worker included)."""
-    from connector.intake.receivers import create_app
+    from connector.intake.receivers import create_app, unauthenticated_bytes_from_env
 
     return create_app(
         engine,
@@ -384,6 +416,7 @@ def _receiver_app(
         inbox_lease_seconds=lease_seconds or 120.0,
         trusted_proxies=trusted_proxies,
         metrics=metrics,
+        unauthenticated_bytes=unauthenticated_bytes_from_env(),
     )
 
 
@@ -402,31 +435,53 @@ def _admin_listener(
     if admin_port is None:
         return nullcontext("")
     return serve_in_thread(
-        create_admin_app(engine, metrics, token=admin_token, configs=configs),
+        create_admin_app(
+            engine, metrics, token=admin_token, configs=configs, bound_host=admin_host
+        ),
         admin_host,
         admin_port,
         "the admin listener",
+        **ADMIN_LIMITS,
     )
 
 
 def _serve_until_signalled(
-    app: Starlette | None, host: str, port: int, max_connections: int, stop: threading.Event
+    app: Starlette | None, host: str, port: int, limits: Mapping[str, Any], stop: threading.Event
 ) -> None:
     """Serve the receiver, or with none just wait, until SIGTERM/SIGINT."""
     if app is not None:
-        server = build_server(
-            app,
-            host,
-            port,
-            max_connections=max_connections,
-            server_class=_GracefulServer,
-        )
+        server = build_server(app, host, port, server_class=_GracefulServer, **limits)
         settle_garbage_collector()
         server.run()  # returns after SIGTERM/SIGINT, requests done
     else:
         signalled = _signals_received()
         while not (stop.wait(0.5) or signalled):
             pass
+
+
+def _connection_cap(
+    engine: Engine, configs: Mapping[str, OrgConfig], wanted: int, *, admin: bool
+) -> int:
+    """Raise the soft file limit to the hard one; the public listener's connection cap that
+    leaves room for the database pools, the CRM clients and the admin listener."""
+    from connector.intake.receivers import STORE_POOL_SIZE
+
+    file_limit = raise_file_limit()
+    reserved = reserved_descriptors(
+        # the engine's pools, the receivers' insert pool, the outbox LISTEN connection
+        database_connections=engine_connections(engine) + STORE_POOL_SIZE + 1,
+        orgs=len(configs),
+        admin_connections=ADMIN_MAX_CONNECTIONS if admin else 0,
+    )
+    cap = connection_cap(file_limit, reserved, wanted)
+    if cap < wanted:
+        log.warning(
+            "the open-file limit (%d) leaves room for %d public connections, not %d",
+            file_limit,
+            cap,
+            wanted,
+        )
+    return cap
 
 
 def _shut_down(
@@ -460,17 +515,34 @@ def run_service(
     admin_port: int | None = 9100,
     admin_token: str | None = None,
     trusted_proxies: Sequence[Any] = (),
-    max_connections: int = 1000,
+    max_connections: int = DEFAULT_MAX_CONNECTIONS,
+    max_connections_per_peer: int | None = DEFAULT_MAX_CONNECTIONS_PER_PEER,
 ) -> int:
     """Run the chosen parts until SIGTERM/SIGINT; returns the exit status.
 
     ``lease_seconds`` (default: 60 for outbox claims, 120 for inbox claims) bounds how long
     the claims of a process that died stay blocked before another process takes them over.
     The admin listener (``admin_port``; None turns it off) serves /healthz, /metrics and the
-    dashboard (/dashboard/).
+    dashboard (/dashboard/). The public listener holds at most ``max_connections``
+    connections, fewer when the open-file limit (raised to its hard limit here) leaves less
+    (``connector.shell.fd_limits``), and at most ``max_connections_per_peer`` from one
+    address (None: no such cap).
     """
     if admin_port is not None:
         check_admin_binding(admin_host, admin_token)
+    if receiver:
+        from connector.intake.receivers import unauthenticated_bytes_from_env
+
+        unauthenticated_bytes_from_env()  # a bad value stops the start here, in one line
+    limits = {
+        "max_connections": _connection_cap(
+            engine, configs, max_connections, admin=admin_port is not None
+        )
+        if receiver
+        else max_connections,
+        "max_connections_per_peer": max_connections_per_peer,
+        "trusted_proxies": trusted_proxies,
+    }
     warn_if_vacuum_off(engine)
     adapters = Adapters(configs)
     metrics = Metrics(engine, configs)
@@ -520,7 +592,7 @@ def run_service(
                 len(threads),
                 admin_url or "off",
             )
-            _serve_until_signalled(app, host, port, max_connections, stop)
+            _serve_until_signalled(app, host, port, limits, stop)
     finally:
         _shut_down(stop, nudges, sched, threads)
     return 0
@@ -530,7 +602,11 @@ def app_from_env() -> Starlette:
     """Factory for ``uvicorn --factory``: configs from $CONNECTOR_CONFIG, the database from
     $DATABASE_URL (or the embedded one), migrated and with the teams applied."""
     from connector.core.config_loading import config_path_from, load_configs
-    from connector.intake.receivers import create_app, trusted_proxies_from_env
+    from connector.intake.receivers import (
+        create_app,
+        trusted_proxies_from_env,
+        unauthenticated_bytes_from_env,
+    )
     from connector.shell.store import open_database
 
     configs = load_configs(config_path_from(None))
@@ -541,6 +617,7 @@ def app_from_env() -> Starlette:
         adapters=Adapters(configs).get,
         public_base_url=os.environ.get("CONNECTOR_PUBLIC_BASE_URL") or None,
         trusted_proxies=trusted_proxies_from_env(),
+        unauthenticated_bytes=unauthenticated_bytes_from_env(),
     )
     wake_dispatchers_of(app, engine, None)  # no dispatchers here: `connector dispatch`'s
     return app
