@@ -555,3 +555,26 @@ def test_pieces_of_text_are_counted() -> None:
     assert len(pieces) <= DEFAULT_MAX_BYTES
     assert _error(pieces).code == "too_much_text"
     assert parse_outbound_message(_maximal_message())  # the largest real shape passes
+
+
+def test_a_large_body_is_parsed_in_the_parser_process_with_the_same_answers() -> None:
+    """Over INLINE_PARSE_BYTES the parse runs in another process: its result and its
+    SoapError come back whole (code, status, message)."""
+    import asyncio
+    import pickle
+
+    from connector.intake.parsing import INLINE_PARSE_BYTES, close_parsers, parse_body
+
+    err = SoapError("too_deep", 400, "x")
+    assert repr(pickle.loads(pickle.dumps(err))) == repr(err)
+    body = _maximal_message()
+    assert len(body) > INLINE_PARSE_BYTES
+    bad = REAL_ENVELOPE.replace(b"<sf:Country>DE", b"<sf:X/>" * 100_000 + b"<sf:Country>DE")
+    try:
+        message = asyncio.run(parse_body(parse_outbound_message, body, DEFAULT_MAX_BYTES))
+        assert message == parse_outbound_message(body)
+        with pytest.raises(SoapError) as info:
+            asyncio.run(parse_body(parse_outbound_message, bad, DEFAULT_MAX_BYTES))
+        assert repr(info.value) == repr(_error(bad))
+    finally:
+        close_parsers()

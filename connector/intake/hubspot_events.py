@@ -40,6 +40,10 @@ class EventError(Exception):
     def __repr__(self) -> str:
         return f"EventError({self.code!r}, {self.http_status}, {self.message!r})"
 
+    def __reduce__(self) -> tuple[type[EventError], tuple[str, int, str, int | None]]:
+        """Raised in the parser process, it crosses back whole (``connector.intake.parsing``)."""
+        return (type(self), (self.code, self.http_status, self.message, self.index))
+
 
 @dataclass(frozen=True, slots=True)
 class HubSpotEvent:

@@ -64,6 +64,7 @@ from connector.intake.http_server import (
 )
 from connector.intake.hubspot_events import EventError, dedupe_latest, lead_events, parse_events
 from connector.intake.inbox import AdapterSource, EventWriter, InboxWorker
+from connector.intake.parsing import ParserUnavailable, close_parsers, parse_body
 from connector.intake.senders import (
     IPNetwork,
     client_address,
@@ -90,10 +91,6 @@ HUBSPOT_OBJECT_TYPE_IDS = {"contacts": "0-1", "leads": "0-136"}
 RETRY_AFTER_SECONDS = 5
 SOAP_CONTENT_TYPE = "text/xml; charset=utf-8"
 BODY_TIMEOUT_SECONDS = DEFAULT_BODY_TIMEOUT
-INLINE_PARSE_BYTES = 32_768
-"""Bodies up to this size are parsed on the event loop (a one-event HubSpot body parses in
-about 10 us, a thread hop costs more); larger ones in a worker thread so that a 1 MiB body
-does not stall every other request."""
 STORE_POOL_SIZE = 8
 """Database connections the receivers' inserts may use at once (one statement each)."""
 DEFAULT_UNAUTHENTICATED_BYTES = 32 * 1_048_576
@@ -454,15 +451,21 @@ class _App:
             yield
         finally:
             await self.store_pool.close()
+            close_parsers()
             if self.worker is not None:
                 await run_in_threadpool(self.worker.stop)
 
 
 async def _parse(parse: Callable[[bytes, int], T], body: bytes, limit: int) -> T:
-    """``parse(body, limit)``: inline for a small body, in a worker thread for a large one."""
-    if len(body) <= INLINE_PARSE_BYTES:
-        return parse(body, limit)
-    return await run_in_threadpool(parse, body, limit)
+    """``parse(body, limit)`` where it costs the other requests least
+    (``connector.intake.parsing``); a parser process that died is a 503 (the sender retries)."""
+    try:
+        return await parse_body(parse, body, limit)
+    except ParserUnavailable:
+        log.error("the body parser process stopped; starting another for the next body")
+        raise ApiError(
+            503, "parser_unavailable", "the body parser restarted", RETRY_AFTER_SECONDS
+        ) from None
 
 
 def _headers(exc: ApiError) -> dict[str, str]:

@@ -84,6 +84,10 @@ class SoapError(Exception):
     def __repr__(self) -> str:
         return f"SoapError({self.code!r}, {self.http_status}, {self.message!r})"
 
+    def __reduce__(self) -> tuple[type[SoapError], tuple[str, int, str]]:
+        """Raised in the parser process, it crosses back whole (``connector.intake.parsing``)."""
+        return (type(self), (self.code, self.http_status, self.message))
+
 
 @dataclass(frozen=True, slots=True)
 class Notification:
