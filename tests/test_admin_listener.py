@@ -167,7 +167,8 @@ def test_origin_allowed() -> None:
     assert origin_allowed(None, host, None)  # curl: no browser, no CSRF risk from a page
     assert not origin_allowed("http://evil.example", host, None)
     assert not origin_allowed("http://127.0.0.1:9101", host, None)
-    assert not origin_allowed("null", host, None)
+    assert origin_allowed("null", host, "same-origin")  # the dashboard's own form
+    assert not origin_allowed("null", host, "cross-site")
     assert not origin_allowed(None, host, "cross-site")
     assert not origin_allowed("http://127.0.0.1:9100", host, "same-site")
 
@@ -215,7 +216,8 @@ def test_a_cross_site_post_is_refused_before_the_csrf_check(engine: Engine, worl
         csrf = csrf_of(c.get(f"/dashboard/org/{ORG}").text)
         for headers in (
             {"Origin": "http://evil.example"},
-            {"Origin": "null"},
+            {"Origin": "null", "Sec-Fetch-Site": "cross-site"},
+            {"Origin": "http://evil.example", "Sec-Fetch-Site": "same-origin"},
             {"Sec-Fetch-Site": "cross-site"},
         ):
             resp = c.post(url, data={"csrf": csrf}, headers=headers)

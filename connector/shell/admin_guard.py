@@ -7,7 +7,7 @@ how fast one address may try credentials.
   the attacker's name in ``Host``, so only loopback names and addresses, the address the
   listener is bound to, and the names in ``CONNECTOR_ADMIN_HOSTS`` are answered; anything
   else gets 400.
-* **Origin check**: a POST whose ``Origin`` is not the listener's own (or is ``null``), or
+* **Origin check**: a POST whose ``Origin`` names another host than the listener's own, or
   that the browser marks ``Sec-Fetch-Site: cross-site``/``same-site``, gets 403, before the
   CSRF value is even looked at.
 * **Sign-in backoff**: a request that presents a credential (a bearer header, or the sign-in
@@ -105,12 +105,14 @@ def host_allowed(name: str | None, allowed: frozenset[str]) -> bool:
 
 
 def origin_allowed(origin: str | None, host: str, fetch_site: str | None) -> bool:
-    """Whether a POST comes from the listener's own pages: an ``Origin`` naming the same host
-    and port as ``Host`` (browsers send it on every POST), or no Origin from a client that is
-    no browser; never ``null`` or a cross-site fetch."""
+    """Whether a POST may come from the listener's own pages: not one the browser marks
+    ``Sec-Fetch-Site: cross-site`` or ``same-site``, and not one whose ``Origin`` names
+    another host and port than ``Host``. ``Origin: null`` tells nothing (the dashboard's
+    ``Referrer-Policy: no-referrer`` makes browsers send it on its own forms), nor does its
+    absence (a client that is no browser); then the CSRF value decides."""
     if fetch_site is not None and fetch_site.strip().lower() in ("cross-site", "same-site"):
         return False
-    if origin is None:
+    if origin is None or origin.strip() == "null":
         return True
     parts = urlsplit(origin.strip())
     if parts.scheme not in ("http", "https") or not parts.netloc:
