@@ -19,7 +19,7 @@ from sqlalchemy import Engine
 from connector.core.config import ConfigError
 from connector.core.metrics import Metrics
 from connector.intake.http_server import DEFAULT_HEADER_TIMEOUT
-from connector.shell import service
+from connector.shell import listeners, service
 from connector.shell.admin_guard import (
     FREE_FAILURES,
     backoff_delay,
@@ -98,8 +98,8 @@ def test_slow_headers_are_closed_and_cannot_hold_more_than_the_cap(engine: Engin
             s.close()
     refused = [a for a in answers if a.startswith(b"HTTP/1.1 503 ")]
     timed_out = [a for a in answers if a.startswith(b"HTTP/1.1 408 ")]
-    assert len(refused) == 200 - service.ADMIN_MAX_CONNECTIONS
-    assert len(timed_out) == service.ADMIN_MAX_CONNECTIONS
+    assert len(refused) == 200 - listeners.ADMIN_MAX_CONNECTIONS
+    assert len(timed_out) == listeners.ADMIN_MAX_CONNECTIONS
     assert elapsed >= DEFAULT_HEADER_TIMEOUT * 0.9
 
 
@@ -302,9 +302,9 @@ def test_session_seconds_must_be_sane(raw: str) -> None:
 
 def test_a_short_admin_token_is_refused() -> None:
     with pytest.raises(ConfigError) as refused:
-        service.check_admin_binding("127.0.0.1", "x" * 31)
+        listeners.check_admin_binding("127.0.0.1", "x" * 31)
     assert str(refused.value) == (
         "CONNECTOR_ADMIN_TOKEN is 31 characters; use at least 32 (e.g. python3 -c "
         '"import secrets; print(secrets.token_urlsafe(32))")'
     )
-    service.check_admin_binding("0.0.0.0", "x" * 32)
+    listeners.check_admin_binding("0.0.0.0", "x" * 32)

@@ -36,12 +36,11 @@ from connector.intake.admission import DEFAULT_MAX_CONNECTIONS_PER_PEER
 from connector.intake.http_server import build_server
 from connector.intake.poller import Poller
 from connector.shell.adapters import Adapters
-from connector.shell.fd_limits import (
-    DEFAULT_MAX_CONNECTIONS,
-    connection_cap,
-    engine_connections,
-    raise_file_limit,
-    reserved_descriptors,
+from connector.shell.fd_limits import DEFAULT_MAX_CONNECTIONS
+from connector.shell.listeners import (
+    ADMIN_LIMITS,
+    check_admin_binding,
+    public_connection_cap,
 )
 from connector.shell.store import warn_if_vacuum_off
 from connector.writeback.dispatch import Dispatcher, DispatchStats
@@ -54,14 +53,6 @@ log = logging.getLogger(__name__)
 class ListenFailed(ConfigError):
     """A web server of this process could not take its address (the port is in use, say):
     the operator's to fix, so the command's one-line error (exit 2), not a traceback."""
-
-
-ADMIN_MAX_CONNECTIONS = 64
-"""The admin listener's connection cap (an operator, a scraper and a health check need few)."""
-ADMIN_LIMITS: dict[str, Any] = {
-    "max_connections": ADMIN_MAX_CONNECTIONS,
-    "max_connections_per_peer": None,  # on loopback every client is one address
-}
 
 
 @contextmanager
@@ -351,39 +342,6 @@ def _join_all(threads: Sequence[threading.Thread], seconds: float) -> None:
         t.join(max(deadline - time.monotonic(), 0.0))
 
 
-def _loopback(host: str) -> bool:
-    import ipaddress
-
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-MIN_ADMIN_TOKEN_CHARS = 32
-
-
-def check_admin_binding(host: str, token: str | None) -> None:
-    """Health and metrics name the orgs and their queues: off loopback they need a token, and
-    a token, wherever it is set, must be long enough not to be guessed."""
-    if token is not None and len(token) < MIN_ADMIN_TOKEN_CHARS:
-        raise ConfigError(
-            f"CONNECTOR_ADMIN_TOKEN is {len(token)} characters; use at least "
-            f'{MIN_ADMIN_TOKEN_CHARS} (e.g. python3 -c "import secrets; '
-            'print(secrets.token_urlsafe(32))")'
-        )
-    from connector.shell.dashboard.security import session_seconds_from_env
-
-    session_seconds_from_env()  # a bad value stops the start here, in one line
-    if not _loopback(host) and not token:
-        raise ConfigError(
-            f"the admin listener on {host} is reachable from other machines: set "
-            "CONNECTOR_ADMIN_TOKEN, or bind it to 127.0.0.1 (--admin-host)"
-        )
-
-
 def settle_garbage_collector() -> None:
     """Move everything built at start-up out of the collector's sight (``gc.freeze``).
 
@@ -459,31 +417,6 @@ def _serve_until_signalled(
             pass
 
 
-def _connection_cap(
-    engine: Engine, configs: Mapping[str, OrgConfig], wanted: int, *, admin: bool
-) -> int:
-    """Raise the soft file limit to the hard one; the public listener's connection cap that
-    leaves room for the database pools, the CRM clients and the admin listener."""
-    from connector.intake.receivers import STORE_POOL_SIZE
-
-    file_limit = raise_file_limit()
-    reserved = reserved_descriptors(
-        # the engine's pools, the receivers' insert pool, the outbox LISTEN connection
-        database_connections=engine_connections(engine) + STORE_POOL_SIZE + 1,
-        orgs=len(configs),
-        admin_connections=ADMIN_MAX_CONNECTIONS if admin else 0,
-    )
-    cap = connection_cap(file_limit, reserved, wanted)
-    if cap < wanted:
-        log.warning(
-            "the open-file limit (%d) leaves room for %d public connections, not %d",
-            file_limit,
-            cap,
-            wanted,
-        )
-    return cap
-
-
 def _shut_down(
     stop: threading.Event,
     nudges: Nudges | None,
@@ -535,7 +468,7 @@ def run_service(
 
         unauthenticated_bytes_from_env()  # a bad value stops the start here, in one line
     limits = {
-        "max_connections": _connection_cap(
+        "max_connections": public_connection_cap(
             engine, configs, max_connections, admin=admin_port is not None
         )
         if receiver
