@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -694,6 +695,89 @@ def test_dispatch_admin_listener_off_loopback_needs_a_token(
         "connector: the admin listener on 0.0.0.0 is reachable from other machines: set "
         "CONNECTOR_ADMIN_TOKEN, or bind it to 127.0.0.1 (--admin-host)\n"
     )
+
+
+def test_a_short_admin_token_stops_the_start(
+    cli_env: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CONNECTOR_ADMIN_TOKEN", "x")
+    for argv in (("dispatch", "--admin-port", "9"), ("serve", "--port", "9", "--admin-port", "9")):
+        code, out, err = run(capsys, *argv)
+        assert (code, out) == (2, ""), argv
+        assert err == (
+            "connector: CONNECTOR_ADMIN_TOKEN is 1 characters; use at least 32 (e.g. python3 -c "
+            '"import secrets; print(secrets.token_urlsafe(32))")\n'
+        ), argv
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        (
+            "CONNECTOR_MAX_CONNECTIONS",
+            "many",
+            "CONNECTOR_MAX_CONNECTIONS must be a whole number, got 'many'",
+        ),
+        ("CONNECTOR_MAX_CONNECTIONS", "0", "CONNECTOR_MAX_CONNECTIONS must be at least 1"),
+        (
+            "CONNECTOR_MAX_CONNECTIONS_PER_PEER",
+            "-3",
+            "CONNECTOR_MAX_CONNECTIONS_PER_PEER must be a whole number, got '-3'",
+        ),
+        (
+            "CONNECTOR_MAX_UNAUTHENTICATED_BYTES",
+            "10",
+            "CONNECTOR_MAX_UNAUTHENTICATED_BYTES must be a whole number of bytes, at least 65536,"
+            " got '10'",
+        ),
+        (
+            "CONNECTOR_ADMIN_SESSION_SECONDS",
+            "forever",
+            "CONNECTOR_ADMIN_SESSION_SECONDS must be a whole number of seconds from 60 to"
+            " 31622400, got 'forever'",
+        ),
+    ],
+)
+def test_listener_settings_are_checked_at_start(
+    cli_env: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    name: str,
+    value: str,
+    message: str,
+) -> None:
+    monkeypatch.setenv(name, value)
+    code, out, err = run(capsys, "serve", "--port", "9", "--admin-port", "9")
+    assert (code, out, err) == (2, "", f"connector: {message}\n")
+
+
+def test_a_file_limit_too_small_for_the_pools_stops_the_start(
+    cli_env: Path, db_url: str, engine: Engine
+) -> None:
+    """The soft and hard open-file limits at 250: the pools, CRM clients and the admin
+    listener need more than that leaves room for, so `connector serve` refuses in one line."""
+    import resource
+
+    def low_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (250, 250))
+
+    done = subprocess.run(
+        [*_connector(), "serve", "--port", "9"],
+        env={**os.environ, "DATABASE_URL": db_url, "CONNECTOR_AUTO_MIGRATE": "1"},
+        preexec_fn=low_limit,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1, done.stderr
+    assert re.fullmatch(
+        r"connector: the open-file limit \(250\) leaves \d+ connections after the \d+ files "
+        r"the database pools, CRM clients and admin listener need; raise it \(ulimit -n, the "
+        r"hard limit\) to at least \d+",
+        lines[0],
+    ), lines[0]
 
 
 def test_dispatch_once_takes_no_admin_port(

@@ -7,6 +7,7 @@ within a generous bound, and not before the deadline that should close it.
 from __future__ import annotations
 
 import asyncio
+import resource
 import select
 import socket
 import threading
@@ -22,6 +23,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
+from connector.intake.admission import DEFAULT_MAX_CONNECTIONS_PER_PEER
 from connector.intake.http_server import (
     DEFAULT_MAX_CONNECTIONS,
     BodyError,
@@ -369,9 +371,9 @@ def test_connections_beyond_max_get_503() -> None:
                 sock.sendall(get("/ok"))
                 assert read_response(sock)[0] == 200  # both served and kept open
             with connect(port) as extra:
-                extra.sendall(get("/ok"))
-                status, headers, _ = read_response(extra)
-                assert status == 503
+                # refused when it is accepted, before it sent anything
+                status, headers, body = read_response(extra)
+                assert (status, body) == (503, b"Service Unavailable")
                 assert headers["connection"] == "close"
                 wait_closed(extra, time.monotonic())
             held.pop().close()
@@ -389,3 +391,74 @@ def test_connections_beyond_max_get_503() -> None:
         finally:
             for sock in held:
                 sock.close()
+
+
+SLOW_SENDERS = 1_050
+DELIVERIES = 20
+
+
+def connect_from(source: str, port: int) -> socket.socket:
+    """A connection to the server from ``source``, another loopback address (127.0.0.0/8
+    is all loopback on Linux)."""
+    sock = socket.create_connection(
+        ("127.0.0.1", port), timeout=CLOSE_BOUND, source_address=(source, 0)
+    )
+    sock.settimeout(CLOSE_BOUND)
+    return sock
+
+
+def raise_soft_file_limit(needed: int) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < needed:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, needed), hard))
+    if resource.getrlimit(resource.RLIMIT_NOFILE)[0] < needed:
+        pytest.skip(f"this test needs {needed} open files; the hard limit is {hard}")
+
+
+@pytest.mark.parametrize("per_peer", [DEFAULT_MAX_CONNECTIONS_PER_PEER, None])
+def test_one_address_cannot_take_every_slot(per_peer: int | None) -> None:
+    """1,050 connections from 127.0.0.1 that never finish their headers; deliveries from
+    127.0.0.2 are served. Without the per-peer cap (None) the same flood takes every one of
+    the 1,000 slots and the deliveries are refused: the test catches the naive server."""
+    raise_soft_file_limit(3 * SLOW_SENDERS + 200)  # client and server ends, plus slack
+    limits: dict[str, Any] = {
+        "header_timeout": 60,
+        "keep_alive_timeout": 30,
+        "max_connections_per_peer": per_peer,
+    }
+    slow: list[socket.socket] = []
+    with running(**limits) as port:
+        try:
+            for _ in range(SLOW_SENDERS):
+                sock = connect_from("127.0.0.1", port)
+                sock.sendall(b"POST /echo HTTP/1.1\r\nHost: test\r\nX-Slow: ")
+                slow.append(sock)
+            # the server has accepted every one and answered those over a cap (503, closed)
+            admitted = per_peer or DEFAULT_MAX_CONNECTIONS
+            wait_until(
+                lambda: answered(slow) >= SLOW_SENDERS - admitted,
+                CLOSE_BOUND * 4,
+                "the connections over the cap to be refused",
+            )
+            statuses = []
+            for _ in range(DELIVERIES):
+                with connect_from("127.0.0.2", port) as sock:
+                    sock.sendall(post_head(5) + b"hello")
+                    try:
+                        statuses.append(read_response(sock)[0])
+                    except (AssertionError, ConnectionResetError):
+                        statuses.append(0)  # closed without an answer
+            refused = answered(slow)
+        finally:
+            for sock in slow:
+                sock.close()
+    assert refused == SLOW_SENDERS - admitted
+    assert statuses == [503 if per_peer is None else 200] * DELIVERIES, statuses
+
+
+def answered(socks: list[socket.socket]) -> int:
+    """How many of ``socks`` have something to read (poll: their descriptors pass 1,024)."""
+    poller = select.poll()
+    for sock in socks:
+        poller.register(sock, select.POLLIN)
+    return len(poller.poll(0))

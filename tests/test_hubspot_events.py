@@ -336,3 +336,16 @@ def test_fuzz_json_shapes(value: object) -> None:
     assert set(kept) <= set(events)
     deduped = dedupe_latest(events)
     assert len({(e.portal_id, e.object_type, e.object_id) for e in events}) == len(deduped)
+
+
+def test_the_event_count_is_bounded_before_the_rest_is_parsed() -> None:
+    """1,001 items followed by bytes that are not JSON at all: too_many_events, so the
+    parser stopped at the 1,001st item (a full parse would call it malformed)."""
+    body = b"[" + b",".join([b"{}"] * 1001) + b"," + b"\x00garbage" * 50_000
+    err = _error(body)
+    assert (err.code, err.http_status) == ("too_many_events", 400)
+    assert err.message == "more than 1000 events are not allowed"
+    assert _error(b"[" + b",".join([b"1"] * 500_000) + b"]").code == "too_many_events"
+    assert _error(b"[1] x").code == "malformed_json"
+    assert _error(b"[1 2]").code == "malformed_json"
+    assert _error(b" {}").code == "not_an_array"

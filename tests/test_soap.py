@@ -7,9 +7,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from connector.intake.soap import (
+    DEFAULT_MAX_ATTRIBUTES,
     DEFAULT_MAX_BYTES,
     DEFAULT_MAX_DEPTH,
     DEFAULT_MAX_ELEMENTS,
+    MAX_ATTRIBUTES_PER_ELEMENT,
     SoapError,
     ack_response,
     build_outbound_message,
@@ -501,3 +503,78 @@ def test_builder_round_trip_fuzz(
     assert [(n.notification_id, n.sobject_type, n.fields) for n in message.notifications] == (
         notifications
     )
+
+
+# --- what a parse costs: attributes and text ---------------------------------------------
+
+
+def test_ninety_thousand_attributes_on_one_element_are_refused_before_expat() -> None:
+    attrs = b" ".join(b'a%d="1"' % i for i in range(90_000))
+    body = REAL_ENVELOPE.replace(b"<Notification>", b"<Notification " + attrs + b">", 1)
+    assert len(body) <= DEFAULT_MAX_BYTES
+    err = _error(body)
+    assert (err.code, err.http_status) == ("too_many_attributes", 413)
+    assert err.message == (
+        f"an XML element with more than {MAX_ATTRIBUTES_PER_ELEMENT} attributes; "
+        "an Outbound Message has at most 3"
+    )
+    # namespace declarations count too; single quotes and spaces around "=" do not hide any
+    decls = b" ".join(b"xmlns:n%d = 'u%d'" % (i, i) for i in range(MAX_ATTRIBUTES_PER_ELEMENT + 1))
+    assert (
+        _error(REAL_ENVELOPE.replace(b"<Notification>", b"<Notification " + decls + b">", 1)).code
+        == "too_many_attributes"
+    )
+    # at the per-element cap an element is fine
+    ok = b" ".join(b'a%d="1"' % i for i in range(MAX_ATTRIBUTES_PER_ELEMENT))
+    assert parse_outbound_message(
+        REAL_ENVELOPE.replace(b"<Notification>", b"<Notification " + ok + b">", 1)
+    )
+
+
+def test_attributes_are_counted_across_elements() -> None:
+    tag = b"<sf:X " + b" ".join(b'a%d="1"' % i for i in range(10)) + b"/>"
+    body = REAL_ENVELOPE.replace(b"<sf:Country>DE", tag * 6_000 + b"<sf:Country>DE", 1)
+    assert len(body) <= DEFAULT_MAX_BYTES
+    err = _error(body)
+    assert (err.code, err.http_status) == ("too_many_attributes", 413)
+    assert str(DEFAULT_MAX_ATTRIBUTES) in err.message
+    # the real envelope's own attributes are well under a tight cap
+    assert parse_outbound_message(REAL_ENVELOPE, max_attributes=12)
+    assert parse_outbound_message(REAL_ENVELOPE, max_attributes=5)  # xmlns are no attributes
+    assert _error(REAL_ENVELOPE, max_attributes=4).code == "too_many_attributes"
+
+
+def test_pieces_of_text_are_counted() -> None:
+    err = _error(REAL_ENVELOPE, max_text_pieces=10)
+    assert (err.code, err.http_status) == ("too_much_text", 413)
+    assert err.message == ("more than 10 pieces of XML text; an Outbound Message has far fewer")
+    # 40,000 elements (under their cap), each with text and a tail: 80,000 pieces
+    pieces = REAL_ENVELOPE.replace(
+        b"<sf:Company>Globex", b"<sf:Company>Globex" + b"<sf:X>a</sf:X> " * 40_000, 1
+    )
+    assert len(pieces) <= DEFAULT_MAX_BYTES
+    assert _error(pieces).code == "too_much_text"
+    assert parse_outbound_message(_maximal_message())  # the largest real shape passes
+
+
+def test_a_large_body_is_parsed_in_the_parser_process_with_the_same_answers() -> None:
+    """Over INLINE_PARSE_BYTES the parse runs in another process: its result and its
+    SoapError come back whole (code, status, message)."""
+    import asyncio
+    import pickle
+
+    from connector.intake.parsing import INLINE_PARSE_BYTES, close_parsers, parse_body
+
+    err = SoapError("too_deep", 400, "x")
+    assert repr(pickle.loads(pickle.dumps(err))) == repr(err)
+    body = _maximal_message()
+    assert len(body) > INLINE_PARSE_BYTES
+    bad = REAL_ENVELOPE.replace(b"<sf:Country>DE", b"<sf:X/>" * 100_000 + b"<sf:Country>DE")
+    try:
+        message = asyncio.run(parse_body(parse_outbound_message, body, DEFAULT_MAX_BYTES))
+        assert message == parse_outbound_message(body)
+        with pytest.raises(SoapError) as info:
+            asyncio.run(parse_body(parse_outbound_message, bad, DEFAULT_MAX_BYTES))
+        assert repr(info.value) == repr(_error(bad))
+    finally:
+        close_parsers()

@@ -7,9 +7,12 @@ Each limit and what it protects against:
   its previous response finishing. Stops slowloris clients that open connections and trickle
   (or never send) header bytes to hold sockets and connection slots forever; uvicorn's own
   keep-alive timer is reset by every byte received, so it does not stop a trickle.
-* ``max_connections`` (uvicorn's ``limit_concurrency``): a request arriving while more
-  connections are open is answered 503 and closed, so a flood of connections cannot make
-  the process run unbounded concurrent requests (and database work) for them.
+* ``max_connections`` and ``max_connections_per_peer`` (``connector.intake.admission``): a
+  connection opened while ``max_connections`` are open, or from a peer that already holds
+  ``max_connections_per_peer``, gets a bare 503 and is closed at once, so one address cannot
+  take every slot and the open sockets stay within the file limit the cap was derived from;
+  uvicorn's ``limit_concurrency`` (the same cap) also bounds the requests in flight. Behind
+  ``trusted_proxies`` the per-peer cap counts each forwarded client's requests in flight.
 * ``keep_alive_timeout``: an idle keep-alive connection is closed after this many seconds.
 * ``max_header_bytes``: a request head still incomplete after this many bytes is refused with
   400, so a connection's pending headers cannot grow memory without bound (a head that
@@ -31,7 +34,8 @@ the receivers' other changes, not apart).
 from __future__ import annotations
 
 import asyncio
-from contextlib import aclosing
+from collections.abc import Iterator, Sequence
+from contextlib import aclosing, contextmanager
 from typing import Any, Literal
 
 import h11
@@ -39,6 +43,15 @@ import uvicorn
 from starlette.requests import ClientDisconnect, Request
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from connector.intake.admission import (
+    DEFAULT_MAX_CONNECTIONS_PER_PEER,
+    SERVICE_UNAVAILABLE,
+    Admission,
+    ForwardedPeerLimit,
+    transport_peer,
+)
+from connector.intake.senders import IPNetwork
 
 DEFAULT_HEADER_TIMEOUT = 10.0
 DEFAULT_BODY_TIMEOUT = 30.0
@@ -57,7 +70,8 @@ _REQUEST_TIMEOUT_RESPONSE = (
 
 
 class ReceiverConfig(uvicorn.Config):
-    """A uvicorn Config that also carries the header limits our protocol classes read."""
+    """A uvicorn Config that also carries the header limits and the connection admission our
+    protocol classes read."""
 
     def __init__(
         self,
@@ -65,11 +79,48 @@ class ReceiverConfig(uvicorn.Config):
         *,
         header_timeout: float,
         max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES,
+        admission: Admission | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(app, **kwargs)
         self.header_timeout = header_timeout
         self.max_header_bytes = max_header_bytes
+        self.admission = admission
+
+
+class _Admitted:
+    """Connection admission (``connector.intake.admission``): a connection over the total cap
+    or its peer's gets a bare 503 and is closed before the HTTP protocol sees it."""
+
+    admission: Admission | None
+    _admitted: bool
+    _peer_key: str | None
+
+    def _init_admission(self, config: uvicorn.Config) -> None:
+        self.admission = config.admission if isinstance(config, ReceiverConfig) else None
+        self._admitted = True
+        self._peer_key = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        if self.admission is not None:
+            self._admitted, self._peer_key = self.admission.admit(transport_peer(transport))
+            if not self._admitted:
+                transport.write(SERVICE_UNAVAILABLE)
+                transport.close()
+                return
+        super().connection_made(transport)  # type: ignore[misc]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self._admitted:
+            return
+        if self.admission is not None:
+            self.admission.release(self._peer_key)
+            self.admission = None  # released once
+        super().connection_lost(exc)  # type: ignore[misc]
+
+    def data_received(self, data: bytes) -> None:
+        if self._admitted:
+            super().data_received(data)  # type: ignore[misc]
 
 
 class _HeaderDeadline:
@@ -123,7 +174,7 @@ class _HeaderDeadline:
 
 
 # (uvicorn's protocols narrow connection_made to asyncio.Transport, as the mixin does)
-class HeaderTimeoutH11Protocol(_HeaderDeadline, H11Protocol):  # type: ignore[misc]
+class HeaderTimeoutH11Protocol(_Admitted, _HeaderDeadline, H11Protocol):  # type: ignore[misc]
     """uvicorn's h11 protocol plus a deadline for each request's line and headers.
 
     The timer is armed when the connection opens and when a response completes, and is
@@ -137,6 +188,7 @@ class HeaderTimeoutH11Protocol(_HeaderDeadline, H11Protocol):  # type: ignore[mi
             config.header_timeout if isinstance(config, ReceiverConfig) else DEFAULT_HEADER_TIMEOUT
         )
         self._header_timer: asyncio.TimerHandle | None = None
+        self._init_admission(config)
 
     def handle_events(self) -> None:
         """A new request cycle means its headers are complete: the deadline was met."""
@@ -158,7 +210,7 @@ class HeaderTimeoutH11Protocol(_HeaderDeadline, H11Protocol):  # type: ignore[mi
         return self.conn.their_state is h11.IDLE and bool(self.conn.trailing_data[0])
 
 
-class HeaderTimeoutHttpToolsProtocol(_HeaderDeadline, HttpToolsProtocol):  # type: ignore[misc]
+class HeaderTimeoutHttpToolsProtocol(_Admitted, _HeaderDeadline, HttpToolsProtocol):  # type: ignore[misc]
     """uvicorn's httptools protocol plus the header deadline and a cap on a pending head.
 
     The deadline works as in ``HeaderTimeoutH11Protocol``: armed when the connection opens
@@ -175,9 +227,12 @@ class HeaderTimeoutHttpToolsProtocol(_HeaderDeadline, HttpToolsProtocol):  # typ
         self.max_header_bytes = receiver.max_header_bytes if receiver else DEFAULT_MAX_HEADER_BYTES
         self._header_timer: asyncio.TimerHandle | None = None
         self._head_bytes: int | None = 0  # None while no head is pending (a body is)
+        self._init_admission(config)
 
     def data_received(self, data: bytes) -> None:
         """Feed the parser; refuse a head that is still incomplete past the cap."""
+        if not self._admitted:
+            return
         if self._head_bytes is not None:
             self._head_bytes += len(data)
         super().data_received(data)
@@ -226,6 +281,8 @@ def receiver_config(
     header_timeout: float = DEFAULT_HEADER_TIMEOUT,
     keep_alive_timeout: int = DEFAULT_KEEP_ALIVE_TIMEOUT,
     max_connections: int = DEFAULT_MAX_CONNECTIONS,
+    max_connections_per_peer: int | None = DEFAULT_MAX_CONNECTIONS_PER_PEER,
+    trusted_proxies: Sequence[IPNetwork] = (),
     max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES,
     log_level: str = "warning",
     lifespan: Literal["auto", "on", "off"] = "auto",
@@ -233,18 +290,22 @@ def receiver_config(
 ) -> ReceiverConfig:
     """The public listener's uvicorn Config: every limit in the module docstring is set here.
 
-    ``max_connections`` is the number of open connections that are still served: uvicorn
-    counts the connection asking among the open ones and answers 503 when that count reaches
-    ``limit_concurrency``, so the limit is set one higher.
+    ``max_connections`` is the number of open connections that are served (a connection
+    opened past it is refused); uvicorn counts the connection asking among the open ones and
+    answers 503 when that count reaches ``limit_concurrency``, so that is set one higher.
+    ``max_connections_per_peer`` (None: no such cap) is the most one address may hold; behind
+    ``trusted_proxies`` it caps each forwarded client's requests in flight.
     """
     if header_timeout <= 0 or keep_alive_timeout <= 0:
         raise ValueError("timeouts must be positive")
-    if max_connections < 1:
-        raise ValueError("max_connections must be at least 1")
+    admission = Admission(max_connections, max_connections_per_peer, trusted_proxies)
+    if trusted_proxies and max_connections_per_peer is not None:
+        app = ForwardedPeerLimit(app, max_connections_per_peer, trusted_proxies)
     return ReceiverConfig(
         app,
         header_timeout=header_timeout,
         max_header_bytes=max_header_bytes,
+        admission=admission,
         host=host,
         port=port,
         http=PROTOCOLS[http],
@@ -277,6 +338,9 @@ def build_server(
 # --- request bodies ----------------------------------------------------------------------------
 
 
+BUSY_RETRY_AFTER_SECONDS = 5
+
+
 class BodyError(Exception):
     """A body refused while reading it: HTTP ``status``, a stable ``code``, a safe message.
 
@@ -292,8 +356,10 @@ class BodyError(Exception):
 
     @property
     def headers(self) -> dict[str, str]:
-        """Response headers that close the connection instead of draining the unread body."""
-        return {"Connection": "close"}
+        """Response headers that close the connection instead of draining the unread body
+        (and, for a 503, say when to retry)."""
+        retry = {"Retry-After": str(BUSY_RETRY_AFTER_SECONDS)} if self.status == 503 else {}
+        return {"Connection": "close", **retry}
 
     def __repr__(self) -> str:
         return f"BodyError({self.status}, {self.code!r}, {self.message!r})"
@@ -308,13 +374,60 @@ def _declared_length(request: Request) -> int | None:
     return int(declared) if len(declared) <= 18 else 10**18
 
 
-async def read_body(request: Request, limit: int, timeout: float = DEFAULT_BODY_TIMEOUT) -> bytes:
+class ByteBudget:
+    """Bytes the process lets requests hold at once before they are authenticated (event loop
+    thread only): a body read under ``hold()`` takes its bytes as they arrive and gives them
+    back when the block ends (the sender is authenticated or refused by then), so strangers
+    sending large bodies at once cannot grow memory past ``limit`` together."""
+
+    def __init__(self, limit: int) -> None:
+        if limit < 1:
+            raise ValueError("the byte budget must be at least 1")
+        self.limit = limit
+        self.held = 0
+
+    @contextmanager
+    def hold(self) -> Iterator[Holding]:
+        holding = Holding(self)
+        try:
+            yield holding
+        finally:
+            holding.release()
+
+
+class Holding:
+    """The bytes one request holds of a ``ByteBudget``."""
+
+    def __init__(self, budget: ByteBudget) -> None:
+        self.budget = budget
+        self.bytes = 0
+
+    def take(self, n: int) -> bool:
+        """Hold ``n`` more bytes; False (nothing taken) when the budget has no room."""
+        if self.budget.held + n > self.budget.limit:
+            return False
+        self.budget.held += n
+        self.bytes += n
+        return True
+
+    def release(self) -> None:
+        self.budget.held -= self.bytes
+        self.bytes = 0
+
+
+async def read_body(
+    request: Request,
+    limit: int,
+    timeout: float = DEFAULT_BODY_TIMEOUT,
+    holding: Holding | None = None,
+) -> bytes:
     """The body, at most ``limit`` bytes, in full within ``timeout`` seconds of this call.
 
     A Content-Length over the cap is refused (413 ``body_too_large``) before reading, which
     also keeps uvicorn from sending ``100 Continue``; a smaller or absent one is not trusted:
     the count is of the bytes received. A body not complete in time is 408 ``body_timeout``;
-    a client gone mid-body is 400 ``client_disconnected``.
+    a client gone mid-body is 400 ``client_disconnected``. With ``holding`` each chunk is
+    taken from its budget as it arrives; past the budget the request is 503 ``busy``.
     """
     declared = _declared_length(request)
     if declared is not None and declared > limit:
@@ -327,6 +440,10 @@ async def read_body(request: Request, limit: int, timeout: float = DEFAULT_BODY_
                 size += len(chunk)
                 if size > limit:
                     raise BodyError(413, "body_too_large", f"body exceeds {limit} bytes")
+                if holding is not None and not holding.take(len(chunk)):
+                    raise BodyError(
+                        503, "busy", "too many request bytes are waiting to be authenticated"
+                    )
                 chunks.append(chunk)
     except TimeoutError:
         raise BodyError(
@@ -335,3 +452,44 @@ async def read_body(request: Request, limit: int, timeout: float = DEFAULT_BODY_
     except ClientDisconnect:
         raise BodyError(400, "client_disconnected", "the client closed the request") from None
     return b"".join(chunks)
+
+
+class BufferedBodies:
+    """ASGI middleware for a listener whose requests carry small bodies (the admin one): each
+    request's body is read in full, under ``limit`` bytes and within ``timeout`` seconds,
+    before the app sees the request (over the cap 413, late 408, as ``read_body``), so no
+    handler can be held by a slow or endless body."""
+
+    def __init__(self, app: Any, limit: int, timeout: float = DEFAULT_BODY_TIMEOUT) -> None:
+        self.app = app
+        self.limit = limit
+        self.timeout = timeout
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        try:
+            body = await read_body(Request(scope, receive), self.limit, self.timeout)
+        except BodyError as exc:
+            headers = [(k.lower().encode(), v.encode()) for k, v in exc.headers.items()]
+            message = exc.message.encode()
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": exc.status,
+                    "headers": [(b"content-type", b"text/plain; charset=utf-8"), *headers],
+                }
+            )
+            await send({"type": "http.response.body", "body": message})
+            return
+        replayed = False
+
+        async def replay() -> Any:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)

@@ -43,6 +43,10 @@ class EventError(Exception):
     def __repr__(self) -> str:
         return f"EventError({self.code!r}, {self.http_status}, {self.message!r})"
 
+    def __reduce__(self) -> tuple[type[EventError], tuple[str, int, str, int | None]]:
+        """Raised in the parser process, it crosses back whole (``connector.intake.parsing``)."""
+        return (type(self), (self.code, self.http_status, self.message, self.index))
+
 
 @dataclass(frozen=True, slots=True)
 class HubSpotEvent:
@@ -130,24 +134,64 @@ def _event(raw: object) -> HubSpotEvent:
     )
 
 
+_JSON_SPACE = " \t\n\r"
+
+
+def _skip_space(text: str, i: int) -> int:
+    while i < len(text) and text[i] in _JSON_SPACE:
+        i += 1
+    return i
+
+
+def _top_level_items(body: bytes, max_events: int) -> list[Any]:
+    """The items of a JSON array, decoded one at a time, stopping at the first past
+    ``max_events`` (EventError ``too_many_events``) instead of building all of them first.
+    ValueError for malformed JSON; EventError ``not_an_array`` for any other JSON value."""
+    text = body.decode(json.detect_encoding(body), "surrogatepass")
+    decoder = json.JSONDecoder(parse_constant=_reject_constant)
+    i = _skip_space(text, 0)
+    if not text.startswith("[", i):
+        decoder.decode(text)  # malformed JSON is reported as such (ValueError)
+        raise EventError("not_an_array", 400, "body must be a JSON array of events")
+    items: list[Any] = []
+    i = _skip_space(text, i + 1)
+    if text.startswith("]", i):
+        i += 1
+    else:
+        while True:
+            item, i = decoder.raw_decode(text, i)
+            items.append(item)
+            if len(items) > max_events:
+                raise EventError(
+                    "too_many_events", 400, f"more than {max_events} events are not allowed"
+                )
+            i = _skip_space(text, i)
+            if text.startswith(",", i):
+                i = _skip_space(text, i + 1)
+            elif text.startswith("]", i):
+                i += 1
+                break
+            else:
+                raise ValueError(f"expected ',' or ']' at character {i}")
+    if _skip_space(text, i) != len(text):
+        raise ValueError(f"extra data at character {i}")
+    return items
+
+
 def parse_events(
     body: bytes, max_bytes: int = DEFAULT_MAX_BYTES, max_events: int = DEFAULT_MAX_EVENTS
 ) -> list[HubSpotEvent]:
-    """Parse one webhook body; raises EventError and nothing else on bad input."""
+    """Parse one webhook body; raises EventError and nothing else on bad input. The array's
+    items are decoded one by one, so a body of more than ``max_events`` items is refused
+    after ``max_events + 1`` of them, not after all."""
     if len(body) > max_bytes:
         raise EventError("body_too_large", 413, f"body exceeds {max_bytes} bytes")
     try:
-        data = json.loads(body, parse_constant=_reject_constant)
+        data = _top_level_items(body, max_events)
     except RecursionError:
         raise EventError("malformed_json", 400, "JSON nests too deeply") from None
     except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, huge integers
         raise EventError("malformed_json", 400, f"malformed JSON: {exc}") from None
-    if not isinstance(data, list):
-        raise EventError("not_an_array", 400, "body must be a JSON array of events")
-    if len(data) > max_events:
-        raise EventError(
-            "too_many_events", 400, f"{len(data)} events, at most {max_events} are allowed"
-        )
     events = []
     for index, raw in enumerate(data):
         try:

@@ -16,7 +16,13 @@ Senders:
   ``crm.outbound_allow_cidrs``. An unknown org, a missing or wrong secret and a refused
   address all get the same 404, so org names cannot be enumerated.
 - HubSpot: a v3 signature with one of ``crm.webhook_secrets``; events of any portal other than
-  ``crm.portal_id`` are refused and nothing of them is stored.
+  ``crm.portal_id`` are refused and nothing of them is stored. The org, the signature and
+  timestamp headers are checked before the body is read, the body is read under a
+  process-wide budget of bytes held for senders not yet authenticated (503 past it), and an
+  unknown org, a missing or stale header and a wrong signature all get the same 404.
+
+Refusals are logged with their reason, at most one line per reason per 10 s with a count of
+the rest (``connector.core.throttled_log``).
 
 The public listener serves only the webhook paths; ``/healthz`` and ``/metrics`` are on the
 admin app (``connector.shell.admin``), which ``connector run`` binds to localhost by default.
@@ -44,11 +50,18 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from connector.core.config import HubSpotCrm, OrgConfig, SalesforceCrm
+from connector.core.config import ConfigError, HubSpotCrm, OrgConfig, SalesforceCrm
 from connector.core.database import AsyncPool, async_pool_for
 from connector.core.errors import Conflict, DatabaseError, DatabaseUnavailable
 from connector.core.metrics import Metrics
-from connector.intake.http_server import DEFAULT_BODY_TIMEOUT, BodyError, read_body
+from connector.core.throttled_log import ThrottledLog
+from connector.intake.http_server import (
+    DEFAULT_BODY_TIMEOUT,
+    BodyError,
+    ByteBudget,
+    Holding,
+    read_body,
+)
 from connector.intake.hubspot_events import (
     HUBSPOT_OBJECT_TYPE_IDS,
     EventError,
@@ -57,6 +70,7 @@ from connector.intake.hubspot_events import (
     parse_events,
 )
 from connector.intake.inbox import AdapterSource, EventWriter, InboxWorker
+from connector.intake.parsing import ParserUnavailable, close_parsers, parse_body
 from connector.intake.senders import (
     IPNetwork,
     client_address,
@@ -69,6 +83,7 @@ from connector.intake.signatures import (
     SIGNATURE_HEADER,
     TIMESTAMP_HEADER,
     SignatureError,
+    check_v3_headers,
     verify_v3,
 )
 from connector.intake.soap import SoapError, ack_response, parse_outbound_message, soap_fault
@@ -81,12 +96,11 @@ T = TypeVar("T")
 RETRY_AFTER_SECONDS = 5
 SOAP_CONTENT_TYPE = "text/xml; charset=utf-8"
 BODY_TIMEOUT_SECONDS = DEFAULT_BODY_TIMEOUT
-INLINE_PARSE_BYTES = 32_768
-"""Bodies up to this size are parsed on the event loop (a one-event HubSpot body parses in
-about 10 us, a thread hop costs more); larger ones in a worker thread so that a 1 MiB body
-does not stall every other request."""
 STORE_POOL_SIZE = 8
 """Database connections the receivers' inserts may use at once (one statement each)."""
+DEFAULT_UNAUTHENTICATED_BYTES = 32 * 1_048_576
+"""Bytes of bodies not yet authenticated the process holds at once: 32 bodies at the 1 MiB
+cap, thousands of real HubSpot deliveries (a few KiB each)."""
 
 
 class ApiError(Exception):
@@ -110,17 +124,23 @@ class ApiError(Exception):
 
 # One answer for every request that is not from a known, authenticated sender.
 NOT_FOUND = ApiError(404, "not_found", "Not Found")
+# The same for HubSpot, where it may come before the body was read: the connection is closed
+# rather than drained, for every refusal alike, so the answers are the same bytes.
+NOT_FOUND_CLOSE = ApiError(404, "not_found", "Not Found", headers={"Connection": "close"})
+_refusals = ThrottledLog(log)
 
 
 # --- request helpers ------------------------------------------------------------------------
 
 
-async def read_capped(request: Request, limit: int) -> bytes:
-    """The body under the size cap and the body timeout (see connector.intake.http_server)."""
+async def read_capped(request: Request, limit: int, holding: Holding | None = None) -> bytes:
+    """The body under the size cap and the body timeout (see connector.intake.http_server),
+    its bytes taken from ``holding``'s budget as they arrive."""
     try:
-        return await read_body(request, limit, BODY_TIMEOUT_SECONDS)
+        return await read_body(request, limit, BODY_TIMEOUT_SECONDS, holding)
     except BodyError as exc:
-        raise ApiError(exc.status, exc.code, exc.message, headers=exc.headers) from None
+        retry = RETRY_AFTER_SECONDS if exc.status == 503 else None
+        raise ApiError(exc.status, exc.code, exc.message, retry, headers=exc.headers) from None
 
 
 def signed_uri(request: Request, public_base_url: str | None) -> str:
@@ -173,8 +193,10 @@ class _App:
         trusted_proxies: Sequence[IPNetwork],
         metrics: Metrics | None,
         store_pool: AsyncPool | None,
+        unauthenticated_bytes: int,
     ) -> None:
         self.engine = engine
+        self.unauthenticated = ByteBudget(unauthenticated_bytes)
         self.store_pool = store_pool or async_pool_for(engine, max_size=STORE_POOL_SIZE)
         self.writer = EventWriter(self.store_pool, max_in_flight=STORE_POOL_SIZE // 2)
         self.configs = dict(configs)
@@ -240,9 +262,18 @@ class _App:
         self._observe(endpoint, started, response.status_code)
         return response
 
-    def _refuse(self, kind: str, org: str, why: str) -> ApiError:
-        log.warning("%s webhook refused for org %s: %s", kind, printable_id(org, 64), why)
-        return NOT_FOUND
+    def _refuse(
+        self, kind: str, org: str, reason: str, why: str, answer: ApiError = NOT_FOUND
+    ) -> ApiError:
+        """Log a refused sender (throttled per reason) and return the one answer for all."""
+        _refusals(
+            f"{kind}:{reason}",
+            "%s webhook refused for org %s: %s",
+            kind,
+            printable_id(org, 64),
+            why,
+        )
+        return answer
 
     # -- Salesforce ------------------------------------------------------------------------
 
@@ -257,13 +288,15 @@ class _App:
         crm = cfg.crm if cfg is not None else None
         if cfg is None or not isinstance(crm, SalesforceCrm):
             secret_matches(given, ["-" * 32])  # same work as a real check
-            raise self._refuse("salesforce", org, "no such Salesforce org")
+            raise self._refuse("salesforce", org, "no_org", "no such Salesforce org")
         secrets = [s.get_secret_value() for s in crm.outbound_secrets if s.get_secret_value()]
         if not secrets:
             secret_matches(given, ["-" * 32])  # same work as a real check
-            raise self._refuse("salesforce", org, "crm.outbound_secrets is not configured")
+            raise self._refuse(
+                "salesforce", org, "not_configured", "crm.outbound_secrets is not configured"
+            )
         if not secret_matches(given, secrets):
-            raise self._refuse("salesforce", org, "missing or wrong URL secret")
+            raise self._refuse("salesforce", org, "secret", "missing or wrong URL secret")
         networks = self.allow.get(cfg.org) or []
         if networks:
             peer = request.client.host if request.client else None
@@ -271,7 +304,9 @@ class _App:
                 peer, request.headers.get("x-forwarded-for"), self.trusted_proxies
             )
             if not in_networks(address, networks):
-                raise self._refuse("salesforce", org, f"address {address} is not allowed")
+                raise self._refuse(
+                    "salesforce", org, "address", f"address {address} is not allowed"
+                )
         return cfg
 
     async def _salesforce(self, request: Request) -> Response:
@@ -329,29 +364,46 @@ class _App:
     async def hubspot(self, request: Request) -> Response:
         return await self._answer("hubspot", self._hubspot, _json_error, request)
 
+    def _hubspot_refused(self, org: str, reason: str, why: str) -> ApiError:
+        return self._refuse("hubspot", org, reason, why, NOT_FOUND_CLOSE)
+
     async def _hubspot(self, request: Request) -> Response:
         org = request.path_params["org"]
         cfg = self.configs.get(org)
         crm = cfg.crm if cfg is not None else None
         if cfg is None or not isinstance(crm, HubSpotCrm):
-            raise self._refuse("hubspot", org, "no such HubSpot org")
+            raise self._hubspot_refused(org, "no_org", "no such HubSpot org")
         secrets = [s.get_secret_value() for s in crm.webhook_secrets if s.get_secret_value()]
         if not secrets or crm.portal_id is None:
-            raise self._refuse("hubspot", org, "crm.webhook_secrets is not configured")
-        limit = cfg.webhook.max_body_bytes
-        body = await read_capped(request, limit)
-        try:
-            verify_v3(
-                secrets,
-                request.method,
-                signed_uri(request, self.public_base_url),
-                body,
-                request.headers.get(SIGNATURE_HEADER),
-                request.headers.get(TIMESTAMP_HEADER),
-                int(self.clock() * 1000),
+            raise self._hubspot_refused(
+                org, "not_configured", "crm.webhook_secrets is not configured"
             )
+        signature = request.headers.get(SIGNATURE_HEADER)
+        timestamp = request.headers.get(TIMESTAMP_HEADER)
+        now_ms = int(self.clock() * 1000)
+        try:
+            # everything that needs no body, before a byte of it is read
+            check_v3_headers(signature, timestamp, now_ms)
+        except SignatureError as exc:
+            raise self._hubspot_refused(org, exc.code, exc.message) from None
+        limit = cfg.webhook.max_body_bytes
+        with self.unauthenticated.hold() as holding:
+            body = await read_capped(request, limit, holding)
+            try:
+                verify_v3(
+                    secrets,
+                    request.method,
+                    signed_uri(request, self.public_base_url),
+                    body,
+                    signature,
+                    timestamp,
+                    now_ms,
+                )
+            except SignatureError as exc:
+                raise self._hubspot_refused(org, exc.code, exc.message) from None
+        try:
             events = await _parse(parse_events, body, limit)
-        except (SignatureError, EventError) as exc:
+        except EventError as exc:
             raise ApiError(exc.http_status, exc.code, exc.message) from None
         own = [e for e in events if e.portal_id == crm.portal_id]
         foreign = len(events) - len(own)
@@ -404,15 +456,21 @@ class _App:
             yield
         finally:
             await self.store_pool.close()
+            close_parsers()
             if self.worker is not None:
                 await run_in_threadpool(self.worker.stop)
 
 
 async def _parse(parse: Callable[[bytes, int], T], body: bytes, limit: int) -> T:
-    """``parse(body, limit)``: inline for a small body, in a worker thread for a large one."""
-    if len(body) <= INLINE_PARSE_BYTES:
-        return parse(body, limit)
-    return await run_in_threadpool(parse, body, limit)
+    """``parse(body, limit)`` where it costs the other requests least
+    (``connector.intake.parsing``); a parser process that died is a 503 (the sender retries)."""
+    try:
+        return await parse_body(parse, body, limit)
+    except ParserUnavailable:
+        log.error("the body parser process stopped; starting another for the next body")
+        raise ApiError(
+            503, "parser_unavailable", "the body parser restarted", RETRY_AFTER_SECONDS
+        ) from None
 
 
 def _headers(exc: ApiError) -> dict[str, str]:
@@ -457,6 +515,7 @@ def create_app(
     trusted_proxies: Sequence[IPNetwork] = (),
     metrics: Metrics | None = None,
     store_pool: AsyncPool | None = None,
+    unauthenticated_bytes: int = DEFAULT_UNAUTHENTICATED_BYTES,
 ) -> Starlette:
     """The public ASGI app: POST /webhooks/salesforce/{org}/{secret} and
     POST /webhooks/hubspot/{org}, nothing else.
@@ -470,6 +529,8 @@ def create_app(
     events. ``app.state.metrics`` is the registry to serve on the admin listener.
     ``store_pool`` is where the events are inserted (default: a pool of ``STORE_POOL_SIZE``
     asyncio connections to ``engine``'s database, closed by the app's lifespan).
+    ``unauthenticated_bytes`` is the budget of body bytes held for senders not yet
+    authenticated (a HubSpot body before its signature is checked); past it, 503.
     """
     state = _App(
         engine,
@@ -481,6 +542,7 @@ def create_app(
         trusted_proxies,
         metrics,
         store_pool,
+        unauthenticated_bytes,
     )
     app = Starlette(
         routes=[
@@ -502,3 +564,18 @@ def trusted_proxies_from_env(env: Mapping[str, str] | None = None) -> list[IPNet
     believed (nothing by default)."""
     raw = (os.environ if env is None else env).get("CONNECTOR_TRUSTED_PROXIES", "")
     return parse_networks(raw.split(","))
+
+
+def unauthenticated_bytes_from_env(env: Mapping[str, str] | None = None) -> int:
+    """$CONNECTOR_MAX_UNAUTHENTICATED_BYTES: body bytes held at once for senders not yet
+    authenticated (default 32 MiB); ConfigError (one line) for anything but a whole number
+    of at least 65,536."""
+    name = "CONNECTOR_MAX_UNAUTHENTICATED_BYTES"
+    raw = (os.environ if env is None else env).get(name, "").strip()
+    if not raw:
+        return DEFAULT_UNAUTHENTICATED_BYTES
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 12) or int(raw) < 65_536:
+        raise ConfigError(
+            f"{name} must be a whole number of bytes, at least 65536, got {raw[:20]!r}"
+        )
+    return int(raw)

@@ -84,24 +84,16 @@ def signed_headers(secret: str, url: str, body: bytes, timestamp_ms: int) -> dic
     }
 
 
-def verify_v3(
-    secrets: Sequence[str],
-    method: str,
-    uri: str,
-    body: bytes,
+def check_v3_headers(
     signature: str | None,
     timestamp: str | None,
     now_ms: int,
     max_age_ms: int = DEFAULT_MAX_AGE_MS,
-) -> None:
-    """Return if the request is signed by any of ``secrets`` within ``max_age_ms`` of
-    ``now_ms`` (either side, to bound clock skew and replay); raise SignatureError otherwise.
-
-    ``signature`` and ``timestamp`` are the raw header values (None when absent). The timestamp
-    is signed exactly as sent. Raises ValueError if ``secrets`` is empty (a configuration bug).
-    """
-    if not secrets:
-        raise ValueError("no HubSpot client secret configured")
+) -> bytes:
+    """The checks that need no body, so a receiver can make them before reading one: both
+    headers present, the timestamp a millisecond time within ``max_age_ms`` of ``now_ms``
+    (either side, to bound clock skew and replay), the signature a base64 SHA-256 digest.
+    Returns the digest presented; raises SignatureError otherwise."""
     if signature is None or not signature.strip():
         raise SignatureError("missing_signature", 401, f"{SIGNATURE_HEADER} header is missing")
     if timestamp is None or not timestamp.strip():
@@ -119,6 +111,32 @@ def verify_v3(
         presented = base64.b64decode(signature.strip().encode("ascii"), validate=True)
     except (UnicodeEncodeError, ValueError):
         raise SignatureError("bad_signature", 401, "signature is not base64") from None
+    if len(presented) != hashlib.sha256().digest_size:
+        raise SignatureError("bad_signature", 401, "signature is not a SHA-256 digest")
+    return presented
+
+
+def verify_v3(
+    secrets: Sequence[str],
+    method: str,
+    uri: str,
+    body: bytes,
+    signature: str | None,
+    timestamp: str | None,
+    now_ms: int,
+    max_age_ms: int = DEFAULT_MAX_AGE_MS,
+) -> None:
+    """Return if the request is signed by any of ``secrets`` within ``max_age_ms`` of
+    ``now_ms`` (either side, to bound clock skew and replay); raise SignatureError otherwise.
+
+    ``signature`` and ``timestamp`` are the raw header values (None when absent), checked
+    first by ``check_v3_headers``. The timestamp is signed exactly as sent. Raises
+    ValueError if ``secrets`` is empty (a configuration bug).
+    """
+    if not secrets:
+        raise ValueError("no HubSpot client secret configured")
+    presented = check_v3_headers(signature, timestamp, now_ms, max_age_ms)
+    assert timestamp is not None  # checked above
     matched = False
     for secret in secrets:
         # Check every secret so timing does not reveal which one (if any) matched.

@@ -38,6 +38,25 @@ DEFAULT_MAX_ELEMENTS = 50_000
 DEFAULT_MAX_DEPTH = 16
 """A real message nests 6 deep (Envelope/Body/notifications/Notification/sObject/field)."""
 
+MAX_ATTRIBUTES_PER_ELEMENT = 16
+"""A real element carries at most 3 (namespace declarations and ``xsi:type``). Checked on
+the bytes before expat sees them: expat reads a whole start tag before any callback, so a
+tag of 90,000 attributes would cost its full price before a count in the callback could
+stop it."""
+DEFAULT_MAX_ATTRIBUTES = 50_000
+"""A maximal real message (every one of 100 x 200 fields nil) has about 20,300."""
+DEFAULT_MAX_TEXT_PIECES = 60_000
+"""Pieces of text handed to the tree builder (a run of text between two tags is one piece,
+whitespace between elements included): each is a call into Python. A maximal real message
+has about 20,100, 40,200 when pretty-printed."""
+
+# A start tag with more than MAX_ATTRIBUTES_PER_ELEMENT attributes. Attribute values cannot
+# hold "<", so no match runs past the tag it started in.
+_MANY_ATTRIBUTES_RE = re.compile(
+    rb"<[A-Za-z_][^\s/>]*(?:\s+[^\s=<>/]+\s*=\s*(?:\"[^\"<]*\"|'[^'<]*')){%d}"
+    % (MAX_ATTRIBUTES_PER_ELEMENT + 1)
+)
+
 _ENVELOPE = f"{{{SOAP_ENV_NS}}}Envelope"
 _BODY = f"{{{SOAP_ENV_NS}}}Body"
 _NOTIFICATIONS = f"{{{OUTBOUND_NS}}}notifications"
@@ -64,6 +83,10 @@ class SoapError(Exception):
 
     def __repr__(self) -> str:
         return f"SoapError({self.code!r}, {self.http_status}, {self.message!r})"
+
+    def __reduce__(self) -> tuple[type[SoapError], tuple[str, int, str]]:
+        """Raised in the parser process, it crosses back whole (``connector.intake.parsing``)."""
+        return (type(self), (self.code, self.http_status, self.message))
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,18 +137,33 @@ def _required(parent: Element, ns: str, name: str) -> str:
 
 
 class _CappedTreeBuilder:
-    """An ElementTree target that refuses, at the element that crosses it, a count or depth cap."""
+    """An ElementTree target that refuses, at the element (or text) that crosses it, a count
+    cap (elements, attributes, pieces of text) or the depth cap."""
 
-    def __init__(self, max_elements: int, max_depth: int) -> None:
+    def __init__(
+        self, max_elements: int, max_depth: int, max_attributes: int, max_text_pieces: int
+    ) -> None:
         self._builder = TreeBuilder()
         self._max_elements = max_elements
         self._max_depth = max_depth
+        self._max_attributes = max_attributes
+        self._max_text_pieces = max_text_pieces
         self._elements = 0
         self._depth = 0
+        self._attributes = 0
+        self._text_pieces = 0
 
     def start(self, tag: str, attrs: dict[str, str]) -> Element:
         self._elements += 1
         self._depth += 1
+        self._attributes += len(attrs)
+        if self._attributes > self._max_attributes:
+            raise SoapError(
+                "too_many_attributes",
+                413,
+                f"more than {self._max_attributes} XML attributes; "
+                "an Outbound Message has far fewer",
+            )
         if self._elements > self._max_elements:
             raise SoapError(
                 "too_many_elements",
@@ -146,16 +184,33 @@ class _CappedTreeBuilder:
         return self._builder.end(tag)
 
     def data(self, data: str) -> None:
+        self._text_pieces += 1
+        if self._text_pieces > self._max_text_pieces:
+            raise SoapError(
+                "too_much_text",
+                413,
+                f"more than {self._max_text_pieces} pieces of XML text; "
+                "an Outbound Message has far fewer",
+            )
         self._builder.data(data)
 
     def close(self) -> Element:
         return self._builder.close()
 
 
-def _parse_xml(body: bytes, max_elements: int, max_depth: int) -> Element:
+def _parse_xml(
+    body: bytes, max_elements: int, max_depth: int, max_attributes: int, max_text_pieces: int
+) -> Element:
+    if _MANY_ATTRIBUTES_RE.search(body):
+        raise SoapError(
+            "too_many_attributes",
+            413,
+            f"an XML element with more than {MAX_ATTRIBUTES_PER_ELEMENT} attributes; "
+            "an Outbound Message has at most 3",
+        )
     try:
         parser = safe_et.DefusedXMLParser(
-            target=_CappedTreeBuilder(max_elements, max_depth),
+            target=_CappedTreeBuilder(max_elements, max_depth, max_attributes, max_text_pieces),
             forbid_dtd=True,
             forbid_entities=True,
             forbid_external=True,
@@ -217,16 +272,20 @@ def parse_outbound_message(
     max_bytes: int = DEFAULT_MAX_BYTES,
     max_elements: int = DEFAULT_MAX_ELEMENTS,
     max_depth: int = DEFAULT_MAX_DEPTH,
+    max_attributes: int = DEFAULT_MAX_ATTRIBUTES,
+    max_text_pieces: int = DEFAULT_MAX_TEXT_PIECES,
 ) -> OutboundMessage:
     """Parse one Outbound Message body; raises SoapError and nothing else on bad input.
 
     Over ``max_elements`` elements is ``too_many_elements`` (413, a size limit like
-    ``body_too_large``); nesting over ``max_depth`` is ``too_deep`` (400, no real message
-    has that shape).
+    ``body_too_large``), and so are over ``max_attributes`` attributes in all or
+    ``MAX_ATTRIBUTES_PER_ELEMENT`` on one element (``too_many_attributes``) and over
+    ``max_text_pieces`` pieces of text (``too_much_text``): each counts what the parse
+    costs. Nesting over ``max_depth`` is ``too_deep`` (400, no real message has that shape).
     """
     if len(body) > max_bytes:
         raise SoapError("body_too_large", 413, f"body exceeds {max_bytes} bytes")
-    root = _parse_xml(body, max_elements, max_depth)
+    root = _parse_xml(body, max_elements, max_depth, max_attributes, max_text_pieces)
     if root.tag != _ENVELOPE:
         raise SoapError("not_outbound_message", 400, "root element is not a SOAP 1.1 Envelope")
     soap_body = root.find(_BODY)

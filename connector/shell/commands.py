@@ -403,9 +403,17 @@ def cmd_rep(args: argparse.Namespace) -> int:
 
 
 def _service(args: argparse.Namespace, *, receiver: bool, scheduler: bool, dispatch: bool) -> int:
+    from connector.intake.admission import DEFAULT_MAX_CONNECTIONS_PER_PEER
     from connector.intake.receivers import trusted_proxies_from_env
+    from connector.shell.fd_limits import DEFAULT_MAX_CONNECTIONS, count_from_env
     from connector.shell.service import run_service
 
+    max_connections = count_from_env("CONNECTOR_MAX_CONNECTIONS", DEFAULT_MAX_CONNECTIONS)
+    if max_connections < 1:
+        raise ConfigError("CONNECTOR_MAX_CONNECTIONS must be at least 1")
+    per_peer = count_from_env(
+        "CONNECTOR_MAX_CONNECTIONS_PER_PEER", DEFAULT_MAX_CONNECTIONS_PER_PEER
+    )
     configs = _configs(args)
     engine = open_database(list(configs.values()))
     return run_service(
@@ -423,6 +431,8 @@ def _service(args: argparse.Namespace, *, receiver: bool, scheduler: bool, dispa
         admin_port=None if args.no_admin else args.admin_port,
         admin_token=os.environ.get("CONNECTOR_ADMIN_TOKEN") or None,
         trusted_proxies=trusted_proxies_from_env(),
+        max_connections=max_connections,
+        max_connections_per_peer=per_peer or None,
     )
 
 

@@ -32,9 +32,16 @@ from connector.core.config import ConfigError, OrgConfig
 from connector.core.crm_kinds import org_pacing
 from connector.core.metrics import Metrics
 from connector.core.pacing import Nudges, Spacer
+from connector.intake.admission import DEFAULT_MAX_CONNECTIONS_PER_PEER
 from connector.intake.http_server import build_server
 from connector.intake.poller import Poller
 from connector.shell.adapters import Adapters
+from connector.shell.fd_limits import DEFAULT_MAX_CONNECTIONS
+from connector.shell.listeners import (
+    ADMIN_LIMITS,
+    check_admin_binding,
+    public_connection_cap,
+)
 from connector.shell.store import warn_if_vacuum_off
 from connector.writeback.dispatch import Dispatcher, DispatchStats
 from connector.writeback.wakeups import announce, listener_for
@@ -50,20 +57,17 @@ class ListenFailed(ConfigError):
 
 @contextmanager
 def serve_in_thread(
-    app: Any, host: str = "127.0.0.1", port: int = 0, what: str = "the web server"
+    app: Any,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    what: str = "the web server",
+    **limits: Any,
 ) -> Iterator[str]:
-    """Run an ASGI app under uvicorn in a background thread; yields its base URL. A startup
-    that fails (uvicorn logged why, e.g. the address in use) is ``ListenFailed``."""
-    config = uvicorn.Config(
-        app,
-        host=host,
-        port=port,
-        log_level="warning",
-        lifespan="on",
-        proxy_headers=False,
-        access_log=False,
-    )
-    server = uvicorn.Server(config)
+    """Run an ASGI app in a background thread on the hardened server of
+    ``connector.intake.http_server`` (header deadline, header cap, connection caps; ``limits``
+    are its ``receiver_config`` arguments); yields its base URL. A startup that fails
+    (uvicorn logged why, e.g. the address in use) is ``ListenFailed``."""
+    server = build_server(app, host, port, lifespan="on", **limits)
 
     def run() -> None:
         with suppress(SystemExit):  # how uvicorn ends a startup that failed
@@ -276,11 +280,17 @@ def run_dispatch_service(
     admin: AbstractContextManager[str] = (
         serve_in_thread(
             create_admin_app(
-                engine, metrics, token=admin_token, configs=configs, waiting_for=waiting_for
+                engine,
+                metrics,
+                token=admin_token,
+                configs=configs,
+                waiting_for=waiting_for,
+                bound_host=admin_host,
             ),
             admin_host,
             admin_port,
             "the admin listener",
+            **ADMIN_LIMITS,
         )
         if admin_port is not None
         else nullcontext("")
@@ -332,26 +342,6 @@ def _join_all(threads: Sequence[threading.Thread], seconds: float) -> None:
         t.join(max(deadline - time.monotonic(), 0.0))
 
 
-def _loopback(host: str) -> bool:
-    import ipaddress
-
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def check_admin_binding(host: str, token: str | None) -> None:
-    """Health and metrics name the orgs and their queues: off loopback they need a token."""
-    if not _loopback(host) and not token:
-        raise ConfigError(
-            f"the admin listener on {host} is reachable from other machines: set "
-            "CONNECTOR_ADMIN_TOKEN, or bind it to 127.0.0.1 (--admin-host)"
-        )
-
-
 def settle_garbage_collector() -> None:
     """Move everything built at start-up out of the collector's sight (``gc.freeze``).
 
@@ -374,7 +364,7 @@ def _receiver_app(
     trusted_proxies: Sequence[Any],
 ) -> Starlette:
     """The webhook receiver (its inbox worker included)."""
-    from connector.intake.receivers import create_app
+    from connector.intake.receivers import create_app, unauthenticated_bytes_from_env
 
     return create_app(
         engine,
@@ -384,6 +374,7 @@ def _receiver_app(
         inbox_lease_seconds=lease_seconds or 120.0,
         trusted_proxies=trusted_proxies,
         metrics=metrics,
+        unauthenticated_bytes=unauthenticated_bytes_from_env(),
     )
 
 
@@ -402,25 +393,22 @@ def _admin_listener(
     if admin_port is None:
         return nullcontext("")
     return serve_in_thread(
-        create_admin_app(engine, metrics, token=admin_token, configs=configs),
+        create_admin_app(
+            engine, metrics, token=admin_token, configs=configs, bound_host=admin_host
+        ),
         admin_host,
         admin_port,
         "the admin listener",
+        **ADMIN_LIMITS,
     )
 
 
 def _serve_until_signalled(
-    app: Starlette | None, host: str, port: int, max_connections: int, stop: threading.Event
+    app: Starlette | None, host: str, port: int, limits: Mapping[str, Any], stop: threading.Event
 ) -> None:
     """Serve the receiver, or with none just wait, until SIGTERM/SIGINT."""
     if app is not None:
-        server = build_server(
-            app,
-            host,
-            port,
-            max_connections=max_connections,
-            server_class=_GracefulServer,
-        )
+        server = build_server(app, host, port, server_class=_GracefulServer, **limits)
         settle_garbage_collector()
         server.run()  # returns after SIGTERM/SIGINT, requests done
     else:
@@ -460,17 +448,34 @@ def run_service(
     admin_port: int | None = 9100,
     admin_token: str | None = None,
     trusted_proxies: Sequence[Any] = (),
-    max_connections: int = 1000,
+    max_connections: int = DEFAULT_MAX_CONNECTIONS,
+    max_connections_per_peer: int | None = DEFAULT_MAX_CONNECTIONS_PER_PEER,
 ) -> int:
     """Run the chosen parts until SIGTERM/SIGINT; returns the exit status.
 
     ``lease_seconds`` (default: 60 for outbox claims, 120 for inbox claims) bounds how long
     the claims of a process that died stay blocked before another process takes them over.
     The admin listener (``admin_port``; None turns it off) serves /healthz, /metrics and the
-    dashboard (/dashboard/).
+    dashboard (/dashboard/). The public listener holds at most ``max_connections``
+    connections, fewer when the open-file limit (raised to its hard limit here) leaves less
+    (``connector.shell.fd_limits``), and at most ``max_connections_per_peer`` from one
+    address (None: no such cap).
     """
     if admin_port is not None:
         check_admin_binding(admin_host, admin_token)
+    if receiver:
+        from connector.intake.receivers import unauthenticated_bytes_from_env
+
+        unauthenticated_bytes_from_env()  # a bad value stops the start here, in one line
+    limits = {
+        "max_connections": public_connection_cap(
+            engine, configs, max_connections, admin=admin_port is not None
+        )
+        if receiver
+        else max_connections,
+        "max_connections_per_peer": max_connections_per_peer,
+        "trusted_proxies": trusted_proxies,
+    }
     warn_if_vacuum_off(engine)
     adapters = Adapters(configs)
     metrics = Metrics(engine, configs)
@@ -520,7 +525,7 @@ def run_service(
                 len(threads),
                 admin_url or "off",
             )
-            _serve_until_signalled(app, host, port, max_connections, stop)
+            _serve_until_signalled(app, host, port, limits, stop)
     finally:
         _shut_down(stop, nudges, sched, threads)
     return 0
@@ -530,7 +535,11 @@ def app_from_env() -> Starlette:
     """Factory for ``uvicorn --factory``: configs from $CONNECTOR_CONFIG, the database from
     $DATABASE_URL (or the embedded one), migrated and with the teams applied."""
     from connector.core.config_loading import config_path_from, load_configs
-    from connector.intake.receivers import create_app, trusted_proxies_from_env
+    from connector.intake.receivers import (
+        create_app,
+        trusted_proxies_from_env,
+        unauthenticated_bytes_from_env,
+    )
     from connector.shell.store import open_database
 
     configs = load_configs(config_path_from(None))
@@ -541,6 +550,7 @@ def app_from_env() -> Starlette:
         adapters=Adapters(configs).get,
         public_base_url=os.environ.get("CONNECTOR_PUBLIC_BASE_URL") or None,
         trusted_proxies=trusted_proxies_from_env(),
+        unauthenticated_bytes=unauthenticated_bytes_from_env(),
     )
     wake_dispatchers_of(app, engine, None)  # no dispatchers here: `connector dispatch`'s
     return app
