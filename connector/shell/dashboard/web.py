@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from connector.core import charts
+from connector.core import charts, limits
 from connector.core.config import OrgConfig
 from connector.shell.dashboard import data, figures, security
 from connector.writeback.dispatch import retry_dead
@@ -136,7 +136,7 @@ class _Dashboard:
             {
                 "org": cfg.org,
                 "view": view,
-                "retried": int(retried) if retried.isdigit() else None,
+                "retried": _shown_id(retried),
                 "charts": {
                     "today": [
                         fair_share_chart(w, f"{w.team}: leads today vs fair share", f"today-{i}")
@@ -166,7 +166,10 @@ class _Dashboard:
         cfg = self.org_or_404(request)
         if cfg is None:
             return self.refuse(request, 404, "Not found", "No such org.")
-        lead_id = int(request.path_params["lead_id"])
+        try:
+            lead_id = limits.row_id(request.path_params["lead_id"], "lead id")
+        except limits.InputRangeError as exc:
+            return self.refuse(request, 400, "Bad request", f"{exc}.")
         story = await run_in_threadpool(data.lead_story, self.engine, cfg.org, lead_id)
         if story is None:
             return self.refuse(request, 404, "Not found", f"Org {cfg.org} has no lead {lead_id}.")
@@ -185,7 +188,10 @@ class _Dashboard:
         cfg = self.org_or_404(request)
         if cfg is None:
             return self.refuse(request, 404, "Not found", "No such org.")
-        row_id = int(request.path_params["row_id"])
+        try:
+            row_id = limits.row_id(request.path_params["row_id"], "outbox row id")
+        except limits.InputRangeError as exc:
+            return self.refuse(request, 400, "Bad request", f"{exc}.")
         n = await run_in_threadpool(retry_dead, self.engine, cfg.org, [row_id])
         if n == 0:
             return self.refuse(
@@ -232,6 +238,14 @@ def dashboard_routes(
         Route("/dashboard/org/{org}/lead/{lead_id:int}", d.lead_page, methods=["GET"]),
         Route("/dashboard/org/{org}/outbox/{row_id:int}/retry", d.retry, methods=["POST"]),
     ]
+
+
+def _shown_id(value: str) -> int | None:
+    """A row id a link carries for display only (``?retried=``), None when it is not one."""
+    try:
+        return limits.row_id(value)
+    except limits.InputRangeError:
+        return None
 
 
 def _set_cookie(response: Response, value: str) -> None:
