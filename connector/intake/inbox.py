@@ -35,6 +35,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, TextClause, text
 
 import db
+from connector.core import outage
 from connector.core.config import OrgConfig
 from connector.core.crm_kinds import crm_kind, org_pacing
 from connector.core.database import AsyncPool
@@ -231,17 +232,19 @@ def _settle(done: asyncio.Future[int], outcome: int | Exception) -> None:
 
 
 def record_skips(conn: Connection, cfg: OrgConfig, source: str, skips: Sequence[Verdict]) -> None:
-    """Remember why records were not routed (latest reason per record)."""
+    """Remember why records were not routed (latest reason per record), record and owner ids
+    in their stored form (Salesforce: 18 characters)."""
     if skips:
+        key = crm_kind(cfg.crm.kind).id_key
         conn.execute(
             SQL["record_skips"],
             {
                 "org": cfg.org,
                 "crm_object": cfg.crm_object,
                 "source": source,
-                "crm_ids": [v.crm_id for v in skips],
+                "crm_ids": [key(v.crm_id) for v in skips],
                 "reasons": [v.reason or "" for v in skips],
-                "owners": [v.owner for v in skips],
+                "owners": [None if v.owner is None else key(v.owner) for v in skips],
             },
         )
 
@@ -262,7 +265,8 @@ def read_unrouted(
     our own write-back would otherwise look like a person's owner. No transaction is open
     while the CRM is called.
     """
-    ids = list(dict.fromkeys(crm_ids))
+    key = crm_kind(cfg.crm.kind).id_key  # compared with leads' stored ids
+    ids = list(dict.fromkeys(key(i) for i in crm_ids))
     with engine.connect() as conn:
         routed = {
             r.crm_id
@@ -370,7 +374,8 @@ class InboxWorker:
                 try:
                     done += self.drain_once([org], started=started)
                 except Exception as exc:  # keep the worker alive; a full claim frees leases
-                    log.warning("inbox worker: org %s: %s", org, type(exc).__name__)
+                    if not outage.counted("inbox rounds", exc):
+                        log.warning("inbox worker: org %s: %s", org, type(exc).__name__)
                     self._next_claim[org] = started + self.spacing[org]
             if done == 0:  # nothing came: sleep until a delivery wakes us, or poll
                 now = time.monotonic()
@@ -468,7 +473,8 @@ class InboxWorker:
             # pending again under their old ids: the floor must not pass them
             self.floors[org].rescheduled((r.id, r.due_in) for r in back if r.state == "pending")
         except DatabaseError as exc:
-            log.warning("inbox: cannot reschedule (%s); the lease will", type(exc).__name__)
+            if not outage.counted("inbox rounds", exc):
+                log.warning("inbox: cannot reschedule (%s); the lease will", type(exc).__name__)
 
     def _process(self, cfg: OrgConfig, rows: list[InboxRow]) -> None:
         source = crm_kind(cfg.crm.kind).intake_source
@@ -478,8 +484,9 @@ class InboxWorker:
             )
         except Exception as exc:  # a CRM or database error, or an adapter bug: retry later
             code = str(getattr(exc, "code", "") or type(exc).__name__)[:100]
-            self.metrics.crm_errors.labels(cfg.org, code).inc()
-            log.warning("inbox: CRM read for org %s failed (%s); will retry", cfg.org, code)
+            if not outage.counted("inbox rounds", exc):
+                self.metrics.crm_errors.labels(cfg.org, code).inc()
+                log.warning("inbox: CRM read for org %s failed (%s); will retry", cfg.org, code)
             limited = exc if isinstance(exc, RateLimitedError) else None
             self._retry_later(cfg.org, rows, f"CRM read failed: {code}", limited)
             return
@@ -490,8 +497,9 @@ class InboxWorker:
         skips = [v for v in verdicts.values() if v.reason is not None]
         states: list[str] = []
         notes: list[str | None] = []
+        key = crm_kind(cfg.crm.kind).id_key  # verdicts are by stored id
         for row in rows:
-            v = verdicts.get(row.crm_id)
+            v = verdicts.get(key(row.crm_id))
             if v is None or v.reason is None:
                 states.append("done")
                 notes.append("already routed" if v is None else None)
@@ -517,7 +525,8 @@ class InboxWorker:
         except (DatabaseError, RoutingError) as exc:
             # Rolled back; back off (and dead-letter after max_attempts). If even that fails
             # (database down), the lease expires and another claim rescues the rows.
-            log.warning("inbox: routing for org %s failed: %s", cfg.org, type(exc).__name__)
+            if not outage.counted("inbox rounds", exc):
+                log.warning("inbox: routing for org %s failed: %s", cfg.org, type(exc).__name__)
             self._retry_later(cfg.org, rows, f"routing failed: {type(exc).__name__}")
             return
         outcomes = routed_now()  # after the commit, without the teams' locks

@@ -44,6 +44,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from connector.core import outage
 from connector.core.config import HubSpotCrm, OrgConfig, SalesforceCrm
 from connector.core.database import AsyncPool, async_pool_for
 from connector.core.errors import Conflict, DatabaseError, DatabaseUnavailable
@@ -211,8 +212,9 @@ class _App:
             mapped = db_errors(exc)
             if mapped is None:
                 raise
-            # a DatabaseError's message holds SQLSTATE and names, never values
-            log.error("%s", exc if isinstance(exc, DatabaseError) else type(exc).__name__)
+            if not outage.counted("webhook deliveries", exc):
+                # a DatabaseError's message holds SQLSTATE and names, never values
+                log.error("%s", exc if isinstance(exc, DatabaseError) else type(exc).__name__)
             raise mapped from None
 
     async def _answer(

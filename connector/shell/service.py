@@ -28,6 +28,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from sqlalchemy import Engine
 from starlette.applications import Starlette
 
+from connector.core import outage
 from connector.core.config import ConfigError, OrgConfig
 from connector.core.crm_kinds import org_pacing
 from connector.core.metrics import Metrics
@@ -144,8 +145,9 @@ def _safe_purge(engine: Engine, configs: Sequence[OrgConfig]) -> None:
     for cfg in configs:
         try:
             purge(engine, cfg.org, cfg.retention_days)
-        except Exception:
-            log.exception("org %s: retention purge failed; the next round will retry", cfg.org)
+        except Exception as exc:
+            if not outage.counted("retention purges", exc):
+                log.exception("org %s: retention purge failed; the next round will retry", cfg.org)
 
 
 def _now() -> Any:
@@ -157,8 +159,9 @@ def _now() -> Any:
 def _safe_poll(poller: Poller) -> None:
     try:
         poller.poll_once()
-    except Exception:
-        log.exception("org %s: poll failed; the next round will retry", poller.cfg.org)
+    except Exception as exc:
+        if not outage.counted("polls", exc):
+            log.exception("org %s: poll failed; the next round will retry", poller.cfg.org)
 
 
 def _record_stats(metrics: Metrics | None, org: str, adapter: CrmAdapter) -> Any:

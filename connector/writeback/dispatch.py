@@ -47,6 +47,7 @@ from typing import Any
 from sqlalchemy import Engine, TextClause, text
 
 import db
+from connector.core import outage
 from connector.core.errors import DatabaseError
 from connector.core.floor import ClaimFloor
 from connector.core.ownership import owner_key
@@ -534,8 +535,9 @@ class Dispatcher:
                 stats = self.run_once()
                 if on_stats is not None:
                     on_stats(stats)
-            except Exception:
-                log.exception("org %s: dispatcher round failed; retrying", self.org)
+            except Exception as exc:
+                if not outage.counted("dispatcher rounds", exc):
+                    log.exception("org %s: dispatcher round failed; retrying", self.org)
                 full = False
                 stop.wait(1.0)
                 continue
