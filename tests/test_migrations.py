@@ -275,6 +275,7 @@ def test_a_database_at_0027_moves_to_the_new_layout_with_nothing_lost(
             "route_new_lead",
             "team_seats",
             "members_add_key",
+            "crm_budget_take",
         } == {r[0] for r in got["functions"]}
         assert [r[0] for r in got["views"]] == ["decision_details"]
         assert [r[:2] for r in got["triggers"]] == [("members", "members_add_key")]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
 import math
 import os
@@ -41,6 +42,7 @@ from connector.core.crm_kinds import crm_kind, org_pacing
 from connector.core.database import AsyncPool
 from connector.core.errors import DatabaseError, DatabaseUnavailable
 from connector.core.floor import ClaimFloor
+from connector.core.leases import DEFAULT_LEASE_S, LeaseKeeper
 from connector.core.metrics import Metrics
 from connector.intake.verify import Verdict, judge_all, readable_ids
 from connector.routing.assign import Outcome, Router, RoutingError
@@ -302,7 +304,7 @@ class InboxWorker:
         metrics: Metrics,
         *,
         batch_size: int = 200,
-        lease_seconds: float = 120.0,
+        lease_seconds: float = DEFAULT_LEASE_S,
         max_attempts: int = 10,
         base_delay: float = 1.0,
         max_delay: float = 300.0,
@@ -396,7 +398,8 @@ class InboxWorker:
             if started is not None and len(rows) < self.batch_size:  # empty ones too
                 self._next_claim[org] = started + self.spacing[org]
             if rows:
-                self._process(self.configs[org], rows)
+                with LeaseKeeper(functools.partial(self._renew, rows), self.lease_seconds):
+                    self._process(self.configs[org], rows)
                 handled += len(rows)
                 if self.on_routed is not None:
                     self.on_routed(org)
@@ -445,6 +448,19 @@ class InboxWorker:
             ).all()
         floors.claimed((r.id for r in result), due, exhausted=len(result) < self.batch_size)
         return [InboxRow(r.id, r.crm_id) for r in result]
+
+    def _renew(self, rows: list[InboxRow]) -> bool:
+        """Extend the claim's lease; False when a row was taken back (the lease had ended)."""
+        with self.engine.begin() as conn:
+            renewed = conn.execute(
+                SQL["renew"],
+                {
+                    "ids": [r.id for r in rows],
+                    "worker": self.worker_id,
+                    "lease_seconds": self.lease_seconds,
+                },
+            ).all()
+        return len(renewed) == len(rows)
 
     def _retry_later(
         self,

@@ -48,6 +48,7 @@ from connector.core import outage
 from connector.core.config import HubSpotCrm, OrgConfig, SalesforceCrm
 from connector.core.database import AsyncPool, async_pool_for
 from connector.core.errors import Conflict, DatabaseError, DatabaseUnavailable
+from connector.core.leases import DEFAULT_LEASE_S
 from connector.core.metrics import Metrics
 from connector.intake.http_server import DEFAULT_BODY_TIMEOUT, BodyError, read_body
 from connector.intake.hubspot_events import EventError, dedupe_latest, lead_events, parse_events
@@ -450,7 +451,7 @@ def create_app(
     adapters: AdapterSource | None = None,
     clock: Callable[[], float] = time.time,
     public_base_url: str | None = None,
-    inbox_lease_seconds: float = 120.0,
+    inbox_lease_seconds: float = DEFAULT_LEASE_S,
     trusted_proxies: Sequence[IPNetwork] = (),
     metrics: Metrics | None = None,
     store_pool: AsyncPool | None = None,

@@ -368,7 +368,8 @@ def _add_services(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
             type=_seconds(1, MAX_SECONDS),
             default=None,
             help="claims of a process that died are taken over after this "
-            "(default 60 for CRM writes, 120 for webhook events)",
+            "(default 60 for CRM writes, 10 for webhook events, whose claims renew it while "
+            "they work)",
         )
         if name == "sync":
             s.add_argument("--once", action="store_true", help="poll every org once, then exit")

@@ -31,6 +31,7 @@ from starlette.applications import Starlette
 from connector.core import outage
 from connector.core.config import ConfigError, OrgConfig
 from connector.core.crm_kinds import org_pacing
+from connector.core.leases import DEFAULT_LEASE_S
 from connector.core.metrics import Metrics
 from connector.core.pacing import Nudges, Spacer
 from connector.intake.http_server import build_server
@@ -293,7 +294,14 @@ def run_dispatch_service(
         try:
             threads.append(listener.start(stop))
             dispatchers += start_dispatchers(
-                engine, configs, Adapters(configs), stop, per_org, metrics, lease_seconds, nudges
+                engine,
+                configs,
+                Adapters(configs, engine),
+                stop,
+                per_org,
+                metrics,
+                lease_seconds,
+                nudges,
             )
             threads += dispatchers
             log.info(
@@ -384,7 +392,7 @@ def _receiver_app(
         configs,
         adapters=adapters.get,
         public_base_url=public_base_url,
-        inbox_lease_seconds=lease_seconds or 120.0,
+        inbox_lease_seconds=lease_seconds or DEFAULT_LEASE_S,
         trusted_proxies=trusted_proxies,
         metrics=metrics,
     )
@@ -467,7 +475,7 @@ def run_service(
 ) -> int:
     """Run the chosen parts until SIGTERM/SIGINT; returns the exit status.
 
-    ``lease_seconds`` (default: 60 for outbox claims, 120 for inbox claims) bounds how long
+    ``lease_seconds`` (default: 60 for outbox claims, 10 for inbox claims) bounds how long
     the claims of a process that died stay blocked before another process takes them over.
     The admin listener (``admin_port``; None turns it off) serves /healthz, /metrics and the
     dashboard (/dashboard/).
@@ -475,7 +483,7 @@ def run_service(
     if admin_port is not None:
         check_admin_binding(admin_host, admin_token)
     warn_if_vacuum_off(engine)
-    adapters = Adapters(configs)
+    adapters = Adapters(configs, engine)
     metrics = Metrics(engine, configs)
     stop = threading.Event()
     sched = start_scheduler(engine, configs, adapters) if scheduler else None
@@ -541,7 +549,7 @@ def app_from_env() -> Starlette:
     app = create_app(
         engine,
         configs,
-        adapters=Adapters(configs).get,
+        adapters=Adapters(configs, engine).get,
         public_base_url=os.environ.get("CONNECTOR_PUBLIC_BASE_URL") or None,
         trusted_proxies=trusted_proxies_from_env(),
     )
