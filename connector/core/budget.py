@@ -2,10 +2,9 @@
 
 Each process keeps its own rolling-window limiter (``crm_adapters/ratelimit.py``), which
 alone lets N processes together make N times the CRM's limit. Before each call an adapter
-also takes one call from the org's token bucket in ``crm_budgets`` (``crm_budget_take`` in
-``db/functions/budget.sql``: one statement, the row locked for it, the server's clock), so
-all of them together stay under the limit. The bucket's shape (``bucket_for``, pure) is
-chosen so that no rolling window of the CRM's length ever holds more than its limit.
+also takes one call from the org's row in ``crm_budgets`` (``crm_budget_take`` in
+``db/functions/budget.sql``: one statement, the row locked for it, the server's clock): at
+most the limit in any window, counted over every process, as the CRM counts it.
 """
 
 from __future__ import annotations
@@ -13,7 +12,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from sqlalchemy import Engine
 
@@ -26,42 +24,35 @@ log = logging.getLogger(__name__)
 _TAKE = db.pyformat(db.queries("budget")["take"])
 
 WINDOW_PAD = 1.05
-"""The server counts arrival times; processes count send times: windows are padded."""
+"""The server counts arrival times; processes count send times: windows are padded (as the
+HubSpot adapter pads its own)."""
 
 MAX_WAIT_S = 60.0
 """The longest one call waits for the shared budget; then it goes (the local limiter and
 the CRM's 429 handling still apply)."""
 
 
-@dataclass(frozen=True)
-class Bucket:
-    rate: float  # calls per second
-    burst: float  # calls that may go at once after a quiet spell
-
-
-def bucket_for(limit: int, window_s: float = 10.0) -> Bucket:
-    """A bucket that gives at most ``limit`` calls in any ``window_s``: at most ``burst`` at
-    once plus ``rate * window_s`` while the window lasts, and burst + (limit - burst) /
-    WINDOW_PAD stays under the limit. The burst is a tenth of the limit (at least 1)."""
-    if limit < 1 or window_s <= 0:
-        raise ValueError("limit must be >= 1 and window_s > 0")
-    burst = max(1.0, float(limit // 10))
-    rate = max(limit - burst, 1.0) / (window_s * WINDOW_PAD)
-    return Bucket(rate, burst)
+def padded_window(window_s: float) -> float:
+    """The window the shared budget counts in for a CRM window of ``window_s``."""
+    return window_s * WINDOW_PAD + 0.05
 
 
 class SharedBudget:
-    """``acquire()`` blocks until the org's shared bucket gave this process one call."""
+    """``acquire()`` blocks until the org's shared budget gave this process one call: at
+    most ``limit`` calls in any ``window_s`` (padded) over every process."""
 
     def __init__(
         self,
         engine: Engine,
         org: str,
-        bucket: Bucket,
+        limit: int,
+        window_s: float = 10.0,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
+        if limit < 1 or window_s <= 0:
+            raise ValueError("limit must be >= 1 and window_s > 0")
         self.engine = engine
-        self.params = {"org": org, "rate": bucket.rate, "burst": bucket.burst}
+        self.params = {"org": org, "limit": limit, "window_s": padded_window(window_s)}
         self.sleep = sleep
         self.waited_s = 0.0
 

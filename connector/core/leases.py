@@ -14,7 +14,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from types import TracebackType
 
 from connector.core import outage
@@ -58,6 +59,13 @@ class LeaseKeeper:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
+    def since(self, lease_from: float | None) -> float | None:
+        """When the claim's lease started, given the caller's own idea of it (None: the
+        claim stops): the keeper's latest renewal if later, None once it lost rows."""
+        if lease_from is None or self.lost:
+            return None
+        return max(lease_from, self.renewed_at)
+
     def __enter__(self) -> LeaseKeeper:
         self._thread.start()
         return self
@@ -85,3 +93,31 @@ class LeaseKeeper:
                 return
             self.renewed_at = at
             self.renewals += 1
+
+
+class HeldRows:
+    """The rows of a claim not finished yet: a ``LeaseKeeper`` renews these, the worker
+    finishes them, one at a time, so a renewal never misses a row the worker just finished
+    and takes it for a row taken back."""
+
+    def __init__(self, ids: Iterable[int]) -> None:
+        self.ids = set(ids)
+        self._lock = threading.Lock()
+
+    def renewal(self, renew: Callable[[list[int]], bool]) -> Callable[[], bool]:
+        """``renew(ids)`` of the rows still held, for a LeaseKeeper (True when none)."""
+
+        def run() -> bool:
+            with self._lock:
+                ids = sorted(self.ids)
+                return renew(ids) if ids else True
+
+        return run
+
+    @contextmanager
+    def finishing(self, ids: Iterable[int]) -> Iterator[None]:
+        """Around the statement that finishes ``ids``: no renewal runs meanwhile, and they
+        are no longer held after it."""
+        with self._lock:
+            yield
+            self.ids.difference_update(ids)

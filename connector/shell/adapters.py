@@ -7,7 +7,7 @@ from collections.abc import Mapping
 
 from sqlalchemy import Engine
 
-from connector.core.budget import SharedBudget, bucket_for
+from connector.core.budget import SharedBudget
 from connector.core.config import OrgConfig
 from connector.core.crm_kinds import crm_kind
 from crm_adapters.base import CrmAdapter
@@ -21,7 +21,7 @@ def adapter_for(cfg: OrgConfig, engine: Engine | None = None) -> CrmAdapter:
     limit = kind.limit_per_10s(cfg.crm)
     budget = None
     if engine is not None and limit is not None:
-        budget = SharedBudget(engine, cfg.org, bucket_for(limit)).acquire
+        budget = SharedBudget(engine, cfg.org, limit).acquire
     return kind.adapter(cfg, budget)
 
 

@@ -15,6 +15,7 @@ from connector import __version__
 from connector.core import limits
 from connector.core.config import ConfigError
 from connector.core.errors import DatabaseError, DatabaseUnavailable, UsageError
+from connector.core.leases import DEFAULT_LEASE_S
 from connector.shell.commands import (
     EXIT_DB_UNAVAILABLE,
     EXIT_ERROR,
@@ -246,10 +247,9 @@ def _add_dispatch(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     s.add_argument(
         "--lease-seconds",
         type=_seconds(1, MAX_SECONDS),
-        default=60.0,
-        help="a claim not finished within this is taken over by another dispatcher (a live "
-        "claim renews it before a CRM call once a quarter has gone; keep it above 55 s: the "
-        "CRM timeout of 30 s plus a rate-limit wait must fit in three quarters of it)",
+        default=DEFAULT_LEASE_S,
+        help="a claim of a dispatcher that died is taken over after this (a live claim "
+        "renews it every quarter while it works, CRM calls included; default 10)",
     )
     _admin_args(
         s,
@@ -368,8 +368,7 @@ def _add_services(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
             type=_seconds(1, MAX_SECONDS),
             default=None,
             help="claims of a process that died are taken over after this "
-            "(default 60 for CRM writes, 10 for webhook events, whose claims renew it while "
-            "they work)",
+            "(default 10; a live claim renews it every quarter while it works)",
         )
         if name == "sync":
             s.add_argument("--once", action="store_true", help="poll every org once, then exit")

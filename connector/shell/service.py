@@ -193,7 +193,7 @@ def start_dispatchers(
     stop: threading.Event,
     per_org: int = 2,
     metrics: Metrics | None = None,
-    lease_seconds: float = 60.0,
+    lease_seconds: float = DEFAULT_LEASE_S,
     nudges: Nudges | None = None,
 ) -> list[threading.Thread]:
     """``per_org`` dispatcher threads per org. With ``nudges`` (set by an inbox worker in this
@@ -240,7 +240,7 @@ def run_dispatch_service(
     configs: Mapping[str, OrgConfig],
     *,
     per_org: int = 2,
-    lease_seconds: float = 60.0,
+    lease_seconds: float = DEFAULT_LEASE_S,
     stop: threading.Event | None = None,
     admin_host: str = "127.0.0.1",
     admin_port: int | None = None,
@@ -475,7 +475,7 @@ def run_service(
 ) -> int:
     """Run the chosen parts until SIGTERM/SIGINT; returns the exit status.
 
-    ``lease_seconds`` (default: 60 for outbox claims, 10 for inbox claims) bounds how long
+    ``lease_seconds`` (default 10 s, renewed while a claim works) bounds how long
     the claims of a process that died stay blocked before another process takes them over.
     The admin listener (``admin_port``; None turns it off) serves /healthz, /metrics and the
     dashboard (/dashboard/).
@@ -515,7 +515,7 @@ def run_service(
             stop,
             dispatchers_per_org,
             metrics,
-            lease_seconds or 60.0,
+            lease_seconds or DEFAULT_LEASE_S,
             nudges=nudges,
         )
         if dispatch

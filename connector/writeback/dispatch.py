@@ -14,11 +14,11 @@ partial request of its own.) Each claim first frees the rows whose lease ended s
 same thread's previous claim (a full claim from the start, every min(30 s, a quarter of the
 lease), frees every expired lease), so the rows of a dispatcher that died are claimed again
 once their lease expires; the dead worker's late result is ignored because finishing checks
-the claim token. A live claim renews its lease before a CRM call once a quarter of it has
-gone (``lease_wants_renewal``), so every call starts with at least three quarters of a lease
-left: with the defaults (60 s lease, 30 s CRM timeout) a call's limiter wait and HTTP
-exchange end within the lease. Not covered: a write split after a whole-batch validation
-error (several calls), or a lease set below about 55 s with `--lease-seconds`.
+the claim token. While a claim works, a ``LeaseKeeper`` thread (connector/core/leases.py)
+renews the lease of its rows not finished yet every quarter of it, during CRM calls too, so
+the lease is short (10 s) and a dead dispatcher's rows are taken over about a lease after it
+died; a claim also renews before a CRM call once a quarter of the lease has gone since the
+last renewal (``lease_wants_renewal``), and stops when a renewal found rows taken back.
 
 The CRM is the system of record: just before each write request the dispatcher reads the
 current owners of its records (one read per request, same batching) and writes only those
@@ -34,6 +34,7 @@ trip, typically well under a second) can still be overwritten.
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 import threading
@@ -50,6 +51,7 @@ import db
 from connector.core import outage
 from connector.core.errors import DatabaseError
 from connector.core.floor import ClaimFloor
+from connector.core.leases import DEFAULT_LEASE_S, HeldRows, LeaseKeeper
 from connector.core.ownership import owner_key
 from connector.core.pacing import NOMINAL_CALLS_PER_S, Spacer, pacing_for
 from connector.writeback.outcomes import (
@@ -141,7 +143,7 @@ class Dispatcher:
         adapter: CrmAdapter,
         *,
         claim_limit: int | None = None,
-        lease_seconds: float = 60.0,
+        lease_seconds: float = DEFAULT_LEASE_S,
         max_attempts: int = 8,
         backoff_base: float = 0.5,
         backoff_cap: float = 60.0,
@@ -299,11 +301,27 @@ class Dispatcher:
         stats = DispatchStats(claimed=len(claimed))
         if not claimed:
             return stats
+        held = HeldRows(c.id for c in claimed)
+        renew = held.renewal(functools.partial(self._renew_held, token))
+        with LeaseKeeper(renew, self.lease_seconds, started_at=claimed_at, clock=self.clock) as k:
+            self._send(token, claimed, claimed_at, stats, held, k)
+        return stats
+
+    def _send(
+        self,
+        token: str,
+        claimed: Sequence[Any],
+        claimed_at: float,
+        stats: DispatchStats,
+        held: HeldRows,
+        keeper: LeaseKeeper,
+    ) -> None:
+        """The claim's requests, in order, while ``keeper`` renews its lease."""
         rows = {str(c.id): c for c in claimed}
         batches = requests_of(claimed, self.adapter.max_batch)
         lease_from: float | None = claimed_at
         for i, batch in enumerate(batches):
-            lease_from = self._keep_lease(token, batches[i:], lease_from, stats)
+            lease_from = self._keep_lease(token, batches[i:], keeper.since(lease_from), stats)
             if lease_from is None:
                 break
             decisions: list[Decision] = []
@@ -314,10 +332,10 @@ class Dispatcher:
                 if to_write:
                     # the owner read may have been slow: the write needs the lease too
                     lease_from = self._keep_lease(
-                        token, [to_write, *batches[i + 1 :]], lease_from, stats
+                        token, [to_write, *batches[i + 1 :]], keeper.since(lease_from), stats
                     )
                     if lease_from is None:
-                        self._record(token, decisions, stats)
+                        self._record(token, decisions, stats, held)
                         break
                     stats.requests += 1
                     outcomes = self.adapter.write_owners(to_write)
@@ -348,10 +366,9 @@ class Dispatcher:
                             pause.seconds,
                         )
                     self._pause(pause)
-                self._record(token, decisions, stats)
+                self._record(token, decisions, stats, held)
                 break
-            self._record(token, decisions, stats)
-        return stats
+            self._record(token, decisions, stats, held)
 
     def _keep_lease(
         self,
@@ -380,18 +397,23 @@ class Dispatcher:
         """Extend the lease of these rows of the claim (one statement): False, with nothing
         changed, when any was taken back or the database could not be reached."""
         try:
-            with self.engine.begin() as conn:
-                params = {"ids": ids, "token": token, "lease_seconds": self.lease_seconds}
-                if len(conn.execute(_SQL["renew"], params).all()) != len(ids):
-                    # rolled back: the rows still ours keep the lease they had, so their
-                    # parents are not held for another lease by a claim that stops here
-                    raise _TakenBack
-        except _TakenBack:
-            return False
+            return self._renew_held(token, ids)
         except DatabaseError:  # the engine translates driver errors (core/database.py)
             # not the CRM's failure, so no row is judged by it: the rows stay claimed until
             # their lease ends and are taken again then
             log.warning("org %s: could not renew a claim's lease; stopping it", self.org)
+            return False
+
+    def _renew_held(self, token: str, ids: list[int]) -> bool:
+        """Renew: False when a row was taken back (rolled back: the rows still ours keep the
+        lease they had, so their parents are not held another lease by a claim that stops);
+        a database error is raised (the keeper tries again next period)."""
+        try:
+            with self.engine.begin() as conn:
+                params = {"ids": ids, "token": token, "lease_seconds": self.lease_seconds}
+                if len(conn.execute(_SQL["renew"], params).all()) != len(ids):
+                    raise _TakenBack
+        except _TakenBack:
             return False
         return True
 
@@ -431,11 +453,18 @@ class Dispatcher:
             )
         return write
 
-    def _record(self, token: str, decisions: Sequence[Decision], stats: DispatchStats) -> None:
+    def _record(
+        self,
+        token: str,
+        decisions: Sequence[Decision],
+        stats: DispatchStats,
+        held: HeldRows | None = None,
+    ) -> None:
         """Store a request's decisions (one statement); rows no longer ours are not touched."""
         applied = 0
+        held = held or HeldRows(())
         if decisions:
-            with self.engine.begin() as conn:
+            with held.finishing(d.row_id for d in decisions), self.engine.begin() as conn:
                 params = {**finish_params(decisions), "token": token}
                 applied = len(conn.execute(_SQL["finish"], params).all())
         # pending again under their ids, due later: the floor must not pass them

@@ -1,12 +1,12 @@
 -- One CRM API budget per org shared by every process, and Salesforce ids stored in their
 -- 18-character form in the tables that could still hold a 15-character one.
 
--- The org's CRM call budget as a token bucket (connector/core/budget.py): `tokens` calls
--- were left at `updated_at`; it refills at the org's rate up to its burst. Every process
--- takes its calls from this row, in one UPDATE, so N processes together keep one budget.
+-- The org's CRM call budget (connector/core/budget.py): the send times of its calls in the
+-- last window, oldest first. Every process takes its calls from this row, in one statement,
+-- so N processes together keep one budget.
 CREATE TABLE crm_budgets (
     org        text PRIMARY KEY,
-    tokens     double precision NOT NULL,
+    calls      timestamptz[] NOT NULL DEFAULT '{}',
     updated_at timestamptz NOT NULL DEFAULT clock_timestamp()
 );
 
