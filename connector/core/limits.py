@@ -67,11 +67,6 @@ def row_id(value: str | int, what: str = "id") -> int:
     return whole_number(value, what, 1, BIGINT_MAX)
 
 
-def count(value: str | int, what: str, low: int = 1, high: int = INT_MAX) -> int:
-    """A count or limit stored or compared as a PostgreSQL integer."""
-    return whole_number(value, what, low, high)
-
-
 def seconds(value: str | float, what: str, low: float, high: float) -> float:
     """A finite number of seconds from ``low`` to ``high`` (no nan, no inf)."""
     try:
