@@ -39,7 +39,7 @@ import db
 from connector.core import outage
 from connector.core.config import OrgConfig
 from connector.core.crm_kinds import crm_kind, org_pacing
-from connector.core.database import AsyncPool
+from connector.core.database import AsyncPool, one_statement
 from connector.core.errors import DatabaseError, DatabaseUnavailable
 from connector.core.floor import ClaimFloor
 from connector.core.leases import DEFAULT_LEASE_S, LeaseKeeper
@@ -53,6 +53,7 @@ log = logging.getLogger(__name__)
 SQL: dict[str, TextClause] = {k: text(v) for k, v in db.queries("inbox").items()}
 INSERT_EVENTS_NOW = db.pyformat(db.queries("inbox")["insert_events"])
 INSERT_EVENT_BATCH = db.pyformat(db.queries("inbox")["insert_event_batch"])
+RENEW_NOW = db.pyformat(db.queries("inbox")["renew"])
 
 INBOX_STATES = ("pending", "claimed", "done", "skipped", "dead")
 
@@ -451,16 +452,13 @@ class InboxWorker:
 
     def _renew(self, rows: list[InboxRow]) -> bool:
         """Extend the claim's lease; False when a row was taken back (the lease had ended)."""
-        with self.engine.begin() as conn:
-            renewed = conn.execute(
-                SQL["renew"],
-                {
-                    "ids": [r.id for r in rows],
-                    "worker": self.worker_id,
-                    "lease_seconds": self.lease_seconds,
-                },
-            ).all()
-        return len(renewed) == len(rows)
+        params = {
+            "ids": [r.id for r in rows],
+            "worker": self.worker_id,
+            "lease_seconds": self.lease_seconds,
+        }
+        row = one_statement(self.engine, RENEW_NOW, params)
+        return row is not None and row[0] == len(rows)
 
     def _retry_later(
         self,

@@ -49,6 +49,7 @@ from sqlalchemy import Engine, TextClause, text
 
 import db
 from connector.core import outage
+from connector.core.database import one_statement
 from connector.core.errors import DatabaseError
 from connector.core.floor import ClaimFloor
 from connector.core.leases import DEFAULT_LEASE_S, HeldRows, LeaseKeeper
@@ -89,6 +90,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _SQL: dict[str, TextClause] = {k: text(v) for k, v in db.queries("outbox").items()}
+_RENEW_HELD = db.pyformat(db.queries("outbox")["renew_held"])
 
 
 class _Deferred(Exception):
@@ -397,25 +399,27 @@ class Dispatcher:
         """Extend the lease of these rows of the claim (one statement): False, with nothing
         changed, when any was taken back or the database could not be reached."""
         try:
-            return self._renew_held(token, ids)
+            with self.engine.begin() as conn:
+                params = {"ids": ids, "token": token, "lease_seconds": self.lease_seconds}
+                if len(conn.execute(_SQL["renew"], params).all()) != len(ids):
+                    # rolled back: the rows still ours keep the lease they had, so their
+                    # parents are not held for another lease by a claim that stops here
+                    raise _TakenBack
+        except _TakenBack:
+            return False
         except DatabaseError:  # the engine translates driver errors (core/database.py)
             # not the CRM's failure, so no row is judged by it: the rows stay claimed until
             # their lease ends and are taken again then
             log.warning("org %s: could not renew a claim's lease; stopping it", self.org)
             return False
+        return True
 
     def _renew_held(self, token: str, ids: list[int]) -> bool:
-        """Renew: False when a row was taken back (rolled back: the rows still ours keep the
-        lease they had, so their parents are not held another lease by a claim that stops);
-        a database error is raised (the keeper tries again next period)."""
-        try:
-            with self.engine.begin() as conn:
-                params = {"ids": ids, "token": token, "lease_seconds": self.lease_seconds}
-                if len(conn.execute(_SQL["renew"], params).all()) != len(ids):
-                    raise _TakenBack
-        except _TakenBack:
-            return False
-        return True
+        """The keeper's renewal (one autocommit statement: a process frozen meanwhile holds
+        no row lock): False when a row was taken back; database errors are raised."""
+        params = {"ids": ids, "token": token, "lease_seconds": self.lease_seconds}
+        row = one_statement(self.engine, _RENEW_HELD, params)
+        return row is not None and row[0] == len(ids)
 
     def _give_up(self, left: Sequence[Sequence[OwnerWrite]], stats: DispatchStats) -> None:
         """The claim sends nothing more: its unsent writes are counted stale."""
