@@ -21,6 +21,11 @@ from connector.core.errors import DatabaseUnavailable
 
 SUMMARY_EVERY_S = 30.0
 
+AFTERMATH_S = 5.0
+"""After the database is back, connections that died with it still fail once each as their
+pools reach them: failures this soon after the end of an outage are counted with it
+(``late_failures``), not taken for a new one."""
+
 
 def _first_line(exc: BaseException) -> str:
     text = str(getattr(exc, "message", "") or exc).strip()
@@ -44,13 +49,18 @@ class Outage:
         self._lock = threading.Lock()
         self.down_since: float | None = None
         self._summary_at = 0.0
+        self._back_at = -float("inf")
         self._failures: Counter[str] = Counter()
+        self.late_failures = 0
 
     def failed(self, where: str, exc: BaseException) -> None:
         """One operation at ``where`` failed because the database is unavailable."""
         with self._lock:
             now = self.clock()
             first = self.down_since is None
+            if first and now - self._back_at < AFTERMATH_S:
+                self.late_failures += 1
+                return
             if first:
                 self.down_since = self._summary_at = now
                 self._failures.clear()
@@ -83,7 +93,8 @@ class Outage:
         with self._lock:
             if self.down_since is None:
                 return
-            down_s, total, detail = self._state(self.clock())
+            self._back_at = self.clock()
+            down_s, total, detail = self._state(self._back_at)
             self.down_since = None
             self._failures.clear()
         self.log.warning(
