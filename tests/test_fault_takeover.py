@@ -2,8 +2,8 @@
 taken over by a living one within 15 s.
 
 Two `connector serve` processes share one database. Process A stores 200 pushed HubSpot
-events and claims them; the HubSpot sandbox answers after 30 s, so A is still reading them
-back. The claims' lease is 10 s (connector/core/leases.py): A's LeaseKeeper renews it while
+events and claims them (B starts once A holds them all); the HubSpot sandbox answers after
+30 s, so A is still reading them back. The claims' lease is 10 s (connector/core/leases.py): A's LeaseKeeper renews it while
 A works, so process B, running beside it, takes none of them for longer than a lease. Then A
 is killed with SIGKILL (the sandbox answers at once again), and the time until B has
 claimed every one of A's events is measured: about one lease, plus B's next full claim.
@@ -66,10 +66,8 @@ def test_a_killed_process_events_are_taken_over_within_15_s(
     b = service("b", "serve", two_orgs.config_dir, env, tmp_path)
     hs = two_orgs.hs
     try:
-        for p in (a, b):
-            p.start()
-        for p in (a, b):
-            p.wait_healthy()
+        a.start()
+        a.wait_healthy()
         assert a.proc is not None
         ids = [hs.add_record("contacts", properties={"country": "Canada"}) for _ in range(EVENTS)]
         hs.set_latency(CRM_SLOW_S)  # A's read-back hangs while it holds the claims
@@ -82,6 +80,8 @@ def test_a_killed_process_events_are_taken_over_within_15_s(
             30,
             "A to claim every event",
         )
+        b.start()  # only now: B would otherwise claim some of the events itself
+        b.wait_healthy()
         # Longer than a lease: A's keeper renews it, so B takes nothing of A's claim.
         time.sleep(12.0)  # not synchronisation: outliving the lease is the point
         renewed = held_by(engine, a.proc.pid)[0]
