@@ -5,8 +5,9 @@ Two `connector serve` processes share one database. Process A stores 200 pushed 
 events and claims them (B starts once A holds them all); the HubSpot sandbox answers after
 30 s, so A is still reading them back. The claims' lease is 10 s (connector/core/leases.py):
 A's LeaseKeeper renews it while A works, so process B, running beside it, takes none of them
-for longer than a lease. Then A is killed with SIGKILL (the sandbox answers at once again), and the time until B has
-claimed every one of A's events is measured: about one lease, plus B's next full claim.
+for longer than a lease. Then A is killed with SIGKILL (the sandbox answers at once again),
+and the time until B has claimed every one of A's events is measured: about one lease, plus
+B's next full claim.
 """
 
 from __future__ import annotations
