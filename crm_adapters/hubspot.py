@@ -196,6 +196,10 @@ class HubSpotSettings:
     extra_properties: tuple[str, ...] = ()
     search_result_cap: int = 10_000
     pool_size: int = 16
+    # Called before each call of the account's general budget, after this process's own
+    # limiter: blocks until the budget shared with other processes allows it (the connector
+    # passes connector/core/budget.py SharedBudget.acquire).
+    shared_budget: Callable[[], Any] | None = field(default=None, repr=False, compare=False)
 
     @property
     def modified_property(self) -> str:
@@ -300,6 +304,8 @@ class HubSpotAdapter:
     def _call(self, fn: Callable[..., Any], *args: Any, search: bool = False, **kw: Any) -> Any:
         """Call a generated API method under the client-side budget; return the parsed JSON."""
         (self._search_limiter if search else self._limiter).acquire()
+        if not search and self.settings.shared_budget is not None:
+            self.settings.shared_budget()
         sent_at = time.monotonic()
         try:
             resp = fn(*args, _preload_content=False, _request_timeout=self.settings.timeout, **kw)

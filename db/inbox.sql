@@ -53,6 +53,19 @@ SET state = 'pending', claimed_by = NULL, lease_until = NULL
 WHERE org = :org AND state = 'claimed' AND lease_until < now()
 RETURNING id
 
+-- name: renew
+-- A claim being worked on keeps its lease (connector/core/leases.py LeaseKeeper, every
+-- quarter of it), in one autocommit statement (a process frozen mid-renewal holds no row
+-- lock): only rows still claimed by this worker whose lease has not ended; how many. A row
+-- missing was taken back; its late result changes nothing (`finish` checks the worker).
+WITH renewed AS (
+    UPDATE intake_events SET lease_until = now() + make_interval(secs => :lease_seconds)
+    WHERE id = ANY(CAST(:ids AS bigint[])) AND state = 'claimed' AND claimed_by = :worker
+      AND lease_until > now()
+    RETURNING id
+)
+SELECT count(*) AS n FROM renewed
+
 -- name: already_routed
 SELECT crm_id FROM leads
 WHERE org = :org AND crm_object = :crm_object AND crm_id = ANY(CAST(:crm_ids AS text[]))

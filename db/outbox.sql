@@ -120,6 +120,18 @@ WHERE id = ANY(CAST(:ids AS bigint[])) AND state = 'claimed' AND claimed_by = :t
   AND lease_until > now()
 RETURNING id
 
+-- name: renew_held
+-- The LeaseKeeper's renewal of a claim's unfinished rows (connector/core/leases.py): one
+-- autocommit statement, so a process frozen mid-renewal holds no row lock; how many rows
+-- were still ours (fewer: some were taken back, and the claim stops).
+WITH renewed AS (
+    UPDATE outbox SET lease_until = now() + make_interval(secs => :lease_seconds)
+    WHERE id = ANY(CAST(:ids AS bigint[])) AND state = 'claimed' AND claimed_by = :token
+      AND lease_until > now()
+    RETURNING id
+)
+SELECT count(*) AS n FROM renewed
+
 -- name: release
 -- Give back, in the claiming transaction, the rows of a partial last request the claim holds
 -- back (decisions.hold_tail), so they fill a later claim's requests instead of going out in

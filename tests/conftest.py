@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,7 +15,7 @@ from connector.routing.teams import apply_teams
 from connector.shell.store import make_engine
 from crm_sandboxes import HubSpotSandbox, SalesforceSandbox
 from testbed.pg import DatabaseFactory, test_server
-from tests.helpers.faults import TwoOrgs, open_two_orgs
+from tests.helpers.faults import DedicatedPostgres, TwoOrgs, open_two_orgs
 from tests.helpers.sample_org import SAMPLE_ENV, SAMPLE_YAML
 
 SLOW_TIMEOUT_S = 900  # pytest-timeout for tests marked slow (pyproject: 300 for the others)
@@ -82,6 +84,21 @@ def two_orgs(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[TwoOrgs
     marker = request.node.get_closest_marker("two_orgs")
     with open_two_orgs(tmp_path, **(marker.kwargs if marker else {})) as orgs:
         yield orgs
+
+
+@pytest.fixture
+def dedicated_pg() -> Iterator[DedicatedPostgres]:
+    """An embedded PostgreSQL of the test's own, in a temp dir, which it may stop and
+    restart (even when TEST_DATABASE_URL is set: a shared server is never crashed)."""
+    root = Path(tempfile.mkdtemp(prefix="lrc-fault-pg-"))
+    try:
+        pg = DedicatedPostgres(root)
+        try:
+            yield pg
+        finally:
+            pg.close()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)  # the server's cleanup leaves its folder
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

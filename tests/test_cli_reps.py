@@ -140,6 +140,14 @@ BAD = [
         ["rep", "away", "005A", "--until", "2099-01-01", "--reason", "x" * 201],
         "connector: --reason: must be 1 to 200 printable characters on one line\n",
     ),
+    (  # in range for Python, but more than limits.MAX_SPAN_DAYS away
+        ["rep", "away", "005A", "--until", "9000-01-01T00:00+00:00"],
+        "connector: --until '9000-01-01T00:00+00:00' is more than 36600 days away\n",
+    ),
+    (  # past the last instant Python can read back from the database
+        ["rep", "away", "005A", "--until", "9999-12-31T23:59-12:00"],
+        "connector: --until '9999-12-31T23:59-12:00' is out of range\n",
+    ),
     (
         ["rep", "away", "005A", "--until", "2099-01-01", "--reason", "two\nlines"],
         "connector: --reason: must be 1 to 200 printable characters on one line\n",

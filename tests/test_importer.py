@@ -189,8 +189,8 @@ def test_salesforce_rows_need_salesforce_ids() -> None:
     )
     rows = list(parse_jsonl(io.StringIO(text, newline=None), "Id", ids=SALESFORCE))
     assert [(n, r.reason if isinstance(r, Rejected) else r.crm_id) for n, r in rows] == [
-        (1, "00Q5g00000LmAbC"),
-        (2, "00q5g00000lmabceav"),  # the router stores its 18-character form
+        (1, "00Q5g00000LmAbCEAV"),  # stored in its 18-character form
+        (2, "00Q5g00000LmAbCEAV"),  # the case its suffix says
         (3, "not a Salesforce id"),
         (4, "not a Salesforce id"),
         (5, "not a Salesforce id"),
@@ -202,5 +202,5 @@ def test_salesforce_rows_need_salesforce_ids() -> None:
     csv_rows_sf = list(parse_csv(io.StringIO(csv_text, newline=""), "Id", ids=SALESFORCE))
     assert csv_rows_sf == [
         (2, Rejected(2, "not a Salesforce id")),
-        (3, Lead("00Q5g00000LmAbC", {"Id": "00Q5g00000LmAbC", "Country": "US"})),
+        (3, Lead("00Q5g00000LmAbCEAV", {"Id": "00Q5g00000LmAbC", "Country": "US"})),
     ]

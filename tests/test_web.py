@@ -11,6 +11,8 @@ from __future__ import annotations
 import base64
 import ipaddress
 import json
+import random
+import string
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -289,6 +291,14 @@ WIDE = b"<a>" + b"<b/>" * 60_000 + b"</a>"  # 240 kB, under the byte cap
 DEEP = b"<a>" * 1_000 + b"</a>" * 1_000
 
 
+# 3,000 characters that do not compress (an index entry holds about 2,700 bytes after
+# compression)
+_NOISE = "".join(random.Random(54000).choices(string.ascii_letters + string.digits, k=3000))
+LONG_NOTIFICATION_ID = build_outbound_message(
+    SF_ORG_ID_18, [("04l" + _NOISE, "Lead", {"Id": "00Q5g00000Lm001", "Country": "US"})]
+)
+
+
 @pytest.mark.parametrize(
     ("org", "body", "status", "code"),
     [
@@ -308,6 +318,8 @@ DEEP = b"<a>" * 1_000 + b"</a>" * 1_000
         ("acme", sf_message(ids=("00Q5g00000Lm001", "x" * 70)), 400, "invalid_lead"),
         ("acme", sf_message(ids=("00Q5g00000Lm0012",)), 400, "invalid_lead"),
         ("acme", sf_message(ids=("00Q5g00000Lm-01",)), 400, "invalid_lead"),
+        # a notification id too long for the event key's index (SQLSTATE 54000 when stored)
+        ("acme", LONG_NOTIFICATION_ID, 400, "invalid_notification_id"),
         ("noid", sf_message(), 403, "organization_id_not_configured"),
     ],
 )

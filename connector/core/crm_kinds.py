@@ -61,13 +61,17 @@ class CrmKind:
     id_forms: bool
     # The calls the pipeline spends while leads trickle in (``connector.core.pacing``).
     pacing: Callable[[SalesforceCrm | HubSpotCrm], Pacing]
-    # A new adapter for an org of this kind.
-    adapter: Callable[[OrgConfig], CrmAdapter]
+    # A new adapter for an org of this kind; the callable, when given, is the budget shared
+    # with other processes, taken before each call (connector/core/budget.py).
+    adapter: Callable[[OrgConfig, Callable[[], object] | None], CrmAdapter]
+    # The calls the CRM allows in any 10 s for this org, when it counts per 10 s (HubSpot);
+    # None when its budget counts per day (Salesforce).
+    limit_per_10s: Callable[[SalesforceCrm | HubSpotCrm], int | None]
     # Record id prefixes by object (an id with another prefix is another object's).
     key_prefixes: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
 
-def _salesforce_adapter(cfg: OrgConfig) -> CrmAdapter:
+def _salesforce_adapter(cfg: OrgConfig, budget: Callable[[], object] | None = None) -> CrmAdapter:
     from crm_adapters.salesforce import SalesforceAdapter, SalesforceSettings
 
     crm = cfg.crm
@@ -90,7 +94,7 @@ def _salesforce_adapter(cfg: OrgConfig) -> CrmAdapter:
     )
 
 
-def _hubspot_adapter(cfg: OrgConfig) -> CrmAdapter:
+def _hubspot_adapter(cfg: OrgConfig, budget: Callable[[], object] | None = None) -> CrmAdapter:
     from crm_adapters.hubspot import HubSpotAdapter, HubSpotSettings
 
     crm = cfg.crm
@@ -102,6 +106,7 @@ def _hubspot_adapter(cfg: OrgConfig) -> CrmAdapter:
             object=crm.object,
             limit_per_10s=crm.limit_per_10s,
             extra_properties=tuple(cfg.read_fields),
+            shared_budget=budget,
         )
     )
 
@@ -130,6 +135,7 @@ SALESFORCE = CrmKind(
     id_forms=True,
     pacing=_salesforce_pacing,
     adapter=_salesforce_adapter,
+    limit_per_10s=lambda crm: None,
     key_prefixes=MappingProxyType({"Lead": "00Q", "Contact": "003"}),
 )
 
@@ -145,6 +151,7 @@ HUBSPOT = CrmKind(
     id_forms=False,
     pacing=_hubspot_pacing,
     adapter=_hubspot_adapter,
+    limit_per_10s=lambda crm: getattr(crm, "limit_per_10s", None),
 )
 
 CRM_KINDS: Mapping[str, CrmKind] = MappingProxyType({k.name: k for k in (SALESFORCE, HUBSPOT)})

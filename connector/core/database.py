@@ -33,6 +33,7 @@ from sqlalchemy.pool import PoolProxiedConnection, QueuePool
 
 from connector.core.arrays import send_lists_in_binary
 from connector.core.errors import DatabaseUnavailable, translate
+from connector.core.outage import DATABASE
 
 DATABASE_DRIVERS = ("postgresql", "postgres", "postgresql+psycopg")
 DATABASE_URL_FORM = "postgresql://USER:PASSWORD@HOST:5432/DBNAME"
@@ -99,7 +100,14 @@ def create_engine(url: str | URL, **kwargs: Any) -> Engine:
     engine = sqlalchemy.create_engine(url, **kwargs)
     event.listen(engine, "handle_error", _on_error)
     event.listen(engine, "connect", send_lists_in_binary)
+    # a new connection, or a statement that ran: the database is back if it was down
+    event.listen(engine, "connect", _reached)
+    event.listen(engine, "after_cursor_execute", _reached)
     return engine
+
+
+def _reached(*_: object) -> None:
+    DATABASE.recovered()
 
 
 SyncConn = psycopg.Connection[tuple[Any, ...]]
@@ -182,6 +190,7 @@ class StatementPool:
                 conn.close()
                 raise
             self._put_back(held)
+            DATABASE.recovered()
             return row
         finally:
             self._slots.put(None)
@@ -379,6 +388,7 @@ class AsyncPool:
                 self._idle.append((conn, born))
             raise translate(exc, connection_lost=lost) from exc
         self._idle.append((conn, born))
+        DATABASE.recovered()
         return rows
 
     async def _checkout(self) -> tuple[AsyncConn, float]:

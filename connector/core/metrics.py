@@ -17,6 +17,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy import Engine, TextClause, text
 
 import db
+from connector.core import outage
 from connector.core.errors import DatabaseError
 
 log = logging.getLogger(__name__)
@@ -82,7 +83,8 @@ class QueueCollector(Collector):
                 outbox_rows = conn.execute(self.sql["outbox_gauges"]).all()
                 inbox_rows = conn.execute(self.sql["inbox_gauges"]).all()
         except DatabaseError as exc:
-            log.warning("metrics: queue query failed: %s", type(exc).__name__)
+            if not outage.counted("metrics queries", exc):
+                log.warning("metrics: queue query failed: %s", type(exc).__name__)
             up.add_metric([], 0)
             yield up
             return

@@ -143,6 +143,9 @@ def _to_lead(
         return Rejected(line, reason)
     if ids is not None and ids.typed_ids and not ids.is_id(lead.crm_id):
         return Rejected(line, f"not a {ids.label} id")
+    if ids is not None and ids.id_key(lead.crm_id) != lead.crm_id:
+        # one record, one id: a 15-character Salesforce id is stored in its 18 characters
+        return Lead(ids.id_key(lead.crm_id), lead.fields)
     return lead
 
 

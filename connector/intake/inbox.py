@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
 import math
 import os
@@ -35,11 +36,13 @@ from typing import Any
 from sqlalchemy import Connection, Engine, TextClause, text
 
 import db
+from connector.core import outage
 from connector.core.config import OrgConfig
 from connector.core.crm_kinds import crm_kind, org_pacing
-from connector.core.database import AsyncPool
+from connector.core.database import AsyncPool, one_statement
 from connector.core.errors import DatabaseError, DatabaseUnavailable
 from connector.core.floor import ClaimFloor
+from connector.core.leases import DEFAULT_LEASE_S, LeaseKeeper
 from connector.core.metrics import Metrics
 from connector.intake.verify import Verdict, judge_all, readable_ids
 from connector.routing.assign import Outcome, Router, RoutingError
@@ -50,6 +53,7 @@ log = logging.getLogger(__name__)
 SQL: dict[str, TextClause] = {k: text(v) for k, v in db.queries("inbox").items()}
 INSERT_EVENTS_NOW = db.pyformat(db.queries("inbox")["insert_events"])
 INSERT_EVENT_BATCH = db.pyformat(db.queries("inbox")["insert_event_batch"])
+RENEW_NOW = db.pyformat(db.queries("inbox")["renew"])
 
 INBOX_STATES = ("pending", "claimed", "done", "skipped", "dead")
 
@@ -231,17 +235,19 @@ def _settle(done: asyncio.Future[int], outcome: int | Exception) -> None:
 
 
 def record_skips(conn: Connection, cfg: OrgConfig, source: str, skips: Sequence[Verdict]) -> None:
-    """Remember why records were not routed (latest reason per record)."""
+    """Remember why records were not routed (latest reason per record), record and owner ids
+    in their stored form (Salesforce: 18 characters)."""
     if skips:
+        key = crm_kind(cfg.crm.kind).id_key
         conn.execute(
             SQL["record_skips"],
             {
                 "org": cfg.org,
                 "crm_object": cfg.crm_object,
                 "source": source,
-                "crm_ids": [v.crm_id for v in skips],
+                "crm_ids": [key(v.crm_id) for v in skips],
                 "reasons": [v.reason or "" for v in skips],
-                "owners": [v.owner for v in skips],
+                "owners": [None if v.owner is None else key(v.owner) for v in skips],
             },
         )
 
@@ -262,7 +268,8 @@ def read_unrouted(
     our own write-back would otherwise look like a person's owner. No transaction is open
     while the CRM is called.
     """
-    ids = list(dict.fromkeys(crm_ids))
+    key = crm_kind(cfg.crm.kind).id_key  # compared with leads' stored ids
+    ids = list(dict.fromkeys(key(i) for i in crm_ids))
     with engine.connect() as conn:
         routed = {
             r.crm_id
@@ -298,7 +305,7 @@ class InboxWorker:
         metrics: Metrics,
         *,
         batch_size: int = 200,
-        lease_seconds: float = 120.0,
+        lease_seconds: float = DEFAULT_LEASE_S,
         max_attempts: int = 10,
         base_delay: float = 1.0,
         max_delay: float = 300.0,
@@ -370,7 +377,8 @@ class InboxWorker:
                 try:
                     done += self.drain_once([org], started=started)
                 except Exception as exc:  # keep the worker alive; a full claim frees leases
-                    log.warning("inbox worker: org %s: %s", org, type(exc).__name__)
+                    if not outage.counted("inbox rounds", exc):
+                        log.warning("inbox worker: org %s: %s", org, type(exc).__name__)
                     self._next_claim[org] = started + self.spacing[org]
             if done == 0:  # nothing came: sleep until a delivery wakes us, or poll
                 now = time.monotonic()
@@ -391,7 +399,8 @@ class InboxWorker:
             if started is not None and len(rows) < self.batch_size:  # empty ones too
                 self._next_claim[org] = started + self.spacing[org]
             if rows:
-                self._process(self.configs[org], rows)
+                with LeaseKeeper(functools.partial(self._renew, rows), self.lease_seconds):
+                    self._process(self.configs[org], rows)
                 handled += len(rows)
                 if self.on_routed is not None:
                     self.on_routed(org)
@@ -441,6 +450,16 @@ class InboxWorker:
         floors.claimed((r.id for r in result), due, exhausted=len(result) < self.batch_size)
         return [InboxRow(r.id, r.crm_id) for r in result]
 
+    def _renew(self, rows: list[InboxRow]) -> bool:
+        """Extend the claim's lease; False when a row was taken back (the lease had ended)."""
+        params = {
+            "ids": [r.id for r in rows],
+            "worker": self.worker_id,
+            "lease_seconds": self.lease_seconds,
+        }
+        row = one_statement(self.engine, RENEW_NOW, params)
+        return row is not None and row[0] == len(rows)
+
     def _retry_later(
         self,
         org: str,
@@ -468,7 +487,8 @@ class InboxWorker:
             # pending again under their old ids: the floor must not pass them
             self.floors[org].rescheduled((r.id, r.due_in) for r in back if r.state == "pending")
         except DatabaseError as exc:
-            log.warning("inbox: cannot reschedule (%s); the lease will", type(exc).__name__)
+            if not outage.counted("inbox rounds", exc):
+                log.warning("inbox: cannot reschedule (%s); the lease will", type(exc).__name__)
 
     def _process(self, cfg: OrgConfig, rows: list[InboxRow]) -> None:
         source = crm_kind(cfg.crm.kind).intake_source
@@ -478,8 +498,9 @@ class InboxWorker:
             )
         except Exception as exc:  # a CRM or database error, or an adapter bug: retry later
             code = str(getattr(exc, "code", "") or type(exc).__name__)[:100]
-            self.metrics.crm_errors.labels(cfg.org, code).inc()
-            log.warning("inbox: CRM read for org %s failed (%s); will retry", cfg.org, code)
+            if not outage.counted("inbox rounds", exc):
+                self.metrics.crm_errors.labels(cfg.org, code).inc()
+                log.warning("inbox: CRM read for org %s failed (%s); will retry", cfg.org, code)
             limited = exc if isinstance(exc, RateLimitedError) else None
             self._retry_later(cfg.org, rows, f"CRM read failed: {code}", limited)
             return
@@ -490,8 +511,9 @@ class InboxWorker:
         skips = [v for v in verdicts.values() if v.reason is not None]
         states: list[str] = []
         notes: list[str | None] = []
+        key = crm_kind(cfg.crm.kind).id_key  # verdicts are by stored id
         for row in rows:
-            v = verdicts.get(row.crm_id)
+            v = verdicts.get(key(row.crm_id))
             if v is None or v.reason is None:
                 states.append("done")
                 notes.append("already routed" if v is None else None)
@@ -517,7 +539,8 @@ class InboxWorker:
         except (DatabaseError, RoutingError) as exc:
             # Rolled back; back off (and dead-letter after max_attempts). If even that fails
             # (database down), the lease expires and another claim rescues the rows.
-            log.warning("inbox: routing for org %s failed: %s", cfg.org, type(exc).__name__)
+            if not outage.counted("inbox rounds", exc):
+                log.warning("inbox: routing for org %s failed: %s", cfg.org, type(exc).__name__)
             self._retry_later(cfg.org, rows, f"routing failed: {type(exc).__name__}")
             return
         outcomes = routed_now()  # after the commit, without the teams' locks

@@ -50,9 +50,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from connector.core import outage
 from connector.core.config import ConfigError, HubSpotCrm, OrgConfig, SalesforceCrm
 from connector.core.database import AsyncPool, async_pool_for
 from connector.core.errors import Conflict, DatabaseError, DatabaseUnavailable
+from connector.core.leases import DEFAULT_LEASE_S
 from connector.core.metrics import Metrics
 from connector.core.throttled_log import ThrottledLog
 from connector.intake.http_server import (
@@ -238,8 +240,9 @@ class _App:
             mapped = db_errors(exc)
             if mapped is None:
                 raise
-            # a DatabaseError's message holds SQLSTATE and names, never values
-            log.error("%s", exc if isinstance(exc, DatabaseError) else type(exc).__name__)
+            if not outage.counted("webhook deliveries", exc):
+                # a DatabaseError's message holds SQLSTATE and names, never values
+                log.error("%s", exc if isinstance(exc, DatabaseError) else type(exc).__name__)
             raise mapped from None
 
     async def _answer(
@@ -511,7 +514,7 @@ def create_app(
     adapters: AdapterSource | None = None,
     clock: Callable[[], float] = time.time,
     public_base_url: str | None = None,
-    inbox_lease_seconds: float = 120.0,
+    inbox_lease_seconds: float = DEFAULT_LEASE_S,
     trusted_proxies: Sequence[IPNetwork] = (),
     metrics: Metrics | None = None,
     store_pool: AsyncPool | None = None,

@@ -22,6 +22,8 @@ from xml.etree.ElementTree import Element, ParseError, TreeBuilder
 import defusedxml
 import defusedxml.ElementTree as safe_et
 
+from connector.core import limits
+
 SOAP_ENV_NS = "http://schemas.xmlsoap.org/soap/envelope/"
 OUTBOUND_NS = "http://soap.sforce.com/2005/09/outbound"
 SOBJECT_NS = "urn:sobject.enterprise.soap.sforce.com"
@@ -237,6 +239,10 @@ def _parse_xml(
 def _parse_notification(element: Element, index: int) -> Notification:
     try:
         notification_id = _required(element, OUTBOUND_NS, "Id")
+        try:  # stored in an indexed key: a huge one would fail the insert for ever
+            limits.key_text(notification_id, "<Id>")
+        except limits.InputRangeError as exc:
+            raise SoapError("invalid_notification_id", 400, str(exc)) from None
         sobject = element.find(f"{{{OUTBOUND_NS}}}sObject")
         if sobject is None:
             raise SoapError("missing_field", 400, "<sObject> is missing")

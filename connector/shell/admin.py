@@ -23,6 +23,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from connector.core import outage
 from connector.core.config import OrgConfig
 from connector.core.metrics import CONTENT_TYPE, Metrics
 from connector.intake.http_server import BufferedBodies
@@ -82,7 +83,8 @@ def create_admin_app(
         try:
             await run_in_threadpool(ping)
         except Exception as exc:
-            log.warning("healthz: database check failed: %s", type(exc).__name__)
+            if not outage.counted("health checks", exc):
+                log.warning("healthz: database check failed: %s", type(exc).__name__)
             return JSONResponse(
                 {"status": "unavailable", "error": "database_unavailable"},
                 503,

@@ -8,13 +8,16 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import NoReturn, TypeVar
 
 from connector import __version__
+from connector.core import limits
 from connector.core.config import ConfigError
 from connector.core.config_loading import ConfigProblems
 from connector.core.errors import DatabaseError, DatabaseUnavailable, UsageError
+from connector.core.leases import DEFAULT_LEASE_S
 from connector.shell.commands import (
     EXIT_DB_UNAVAILABLE,
     EXIT_ERROR,
@@ -37,6 +40,8 @@ from connector.shell.commands import (
     cmd_sync,
 )
 
+T = TypeVar("T")
+
 
 def _lazy(module: str, name: str) -> Callable[[argparse.Namespace], int]:
     """A command handler imported when its command runs (not on every start of the CLI)."""
@@ -50,31 +55,64 @@ def _lazy(module: str, name: str) -> Callable[[argparse.Namespace], int]:
     return run
 
 
-def _positive_int(value: str) -> int:
-    """argparse type: a whole number of at least 1."""
-    try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"{value} is less than 1")
-    return n
+MAX_SECONDS = 86_400.0  # a lease or a timeout given in seconds: at most a day
+MAX_THREADS = 256  # dispatchers or senders of one process
+
+
+class Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line (``connector outbox: argument --id:
+    ...``), exit code 2, like every other usage error of the command."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: {message.splitlines()[0] if message else ''}\n")
+
+
+def _checked(check: Callable[[str], T]) -> Callable[[str], T]:
+    """An argparse type from a ``connector.core.limits`` check (its message, one line)."""
+
+    def convert(value: str) -> T:
+        try:
+            return check(value)
+        except limits.InputRangeError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    convert.__name__ = getattr(check, "__name__", "value")
+    return convert
+
+
+def _whole(low: int, high: int = limits.INT_MAX) -> Callable[[str], int]:
+    """argparse type: a whole number from ``low`` to ``high``."""
+    return _checked(lambda v: limits.whole_number(v, "", low, high))
+
+
+_positive_int = _whole(1)
+_row_id = _checked(lambda v: limits.row_id(v, ""))
+_port = _whole(0, 65535)
+_log_level = _checked(limits.log_level)
+
+
+def _seconds(low: float, high: float) -> Callable[[str], float]:
+    """argparse type: a finite number of seconds from ``low`` to ``high``."""
+    return _checked(lambda v: limits.seconds(v, "", low, high))
 
 
 def parse_since(value: str, now: datetime) -> datetime:
-    """`--since`: a span back from now (``30d``, ``12h``, ``90m``) or an ISO date/time (UTC
-    unless it names a zone)."""
+    """`--since`: a span back from now (``30d``, ``12h``, ``90m``, at most
+    ``limits.MAX_SPAN_DAYS`` days) or an ISO date/time (UTC unless it names a zone)."""
     value = value.strip()
-    units = {"d": "days", "h": "hours", "m": "minutes"}
-    if value[-1:] in units and value[:-1].isdigit():
-        return now - timedelta(**{units[value[-1]]: int(value[:-1])})
+    if value[-1:] in ("d", "h", "m") and value[:-1].isascii() and value[:-1].isdigit():
+        try:
+            return now - limits.span(value, "--since")
+        except limits.InputRangeError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
     try:
         when = datetime.fromisoformat(value)
-    except ValueError:
+        when = when if when.tzinfo else when.replace(tzinfo=UTC)
+        return when.astimezone(UTC)
+    except (ValueError, OverflowError):
         raise argparse.ArgumentTypeError(
             f"--since {value!r}: give a span like 30d, 12h or 90m, or a date like 2026-11-01"
         ) from None
-    return when if when.tzinfo else when.replace(tzinfo=UTC)
 
 
 def _since_arg(value: str) -> datetime:
@@ -101,19 +139,20 @@ def _global_options(
     parser.add_argument(
         "--log-level",
         metavar="LEVEL",
+        type=_log_level,
         default=default_level,
         help="logging level (default $CONNECTOR_LOG_LEVEL, else WARNING)." + where,
     )
 
 
-def _admin_args(s: argparse.ArgumentParser, port: int | None, port_help: str | None) -> None:
+def _admin_args(s: argparse.ArgumentParser, port: str | None, port_help: str | None) -> None:
     """--admin-host and --admin-port: where /healthz, /metrics and the dashboard listen."""
     s.add_argument(
         "--admin-host",
         default=os.environ.get("CONNECTOR_ADMIN_HOST", "127.0.0.1"),
         help="where /healthz and /metrics listen (off loopback needs CONNECTOR_ADMIN_TOKEN)",
     )
-    s.add_argument("--admin-port", type=int, default=port, help=port_help)
+    s.add_argument("--admin-port", type=_port, default=port, help=port_help)
 
 
 def _add_migrate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -218,15 +257,18 @@ def _add_dispatch(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     s = sub.add_parser("dispatch", help="write assigned owners back to the CRM")
     s.add_argument("--org")
     s.add_argument("--once", action="store_true", help="drain what is pending, then exit")
-    s.add_argument("--timeout", type=float, default=600.0, help="--once gives up after this")
-    s.add_argument("--concurrency", type=int, default=2, help="dispatchers per org")
+    s.add_argument(
+        "--timeout", type=_seconds(0, MAX_SECONDS), default=600.0, help="--once gives up after this"
+    )
+    s.add_argument(
+        "--concurrency", type=_whole(1, MAX_THREADS), default=2, help="dispatchers per org"
+    )
     s.add_argument(
         "--lease-seconds",
-        type=float,
-        default=60.0,
-        help="a claim not finished within this is taken over by another dispatcher (a live "
-        "claim renews it before a CRM call once a quarter has gone; keep it above 55 s: the "
-        "CRM timeout of 30 s plus a rate-limit wait must fit in three quarters of it)",
+        type=_seconds(1, MAX_SECONDS),
+        default=DEFAULT_LEASE_S,
+        help="a claim of a dispatcher that died is taken over after this (a live claim "
+        "renews it every quarter while it works, CRM calls included; default 10)",
     )
     _admin_args(
         s,
@@ -250,8 +292,8 @@ def _add_outbox(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         action="store_true",
         help="(list) writes dropped because a person had set another owner",
     )
-    s.add_argument("--id", type=int, action="append", help="(retry) only these rows")
-    s.add_argument("--limit", type=int, default=100)
+    s.add_argument("--id", type=_row_id, action="append", help="(retry) only these rows")
+    s.add_argument("--limit", type=_positive_int, default=100)
     s.set_defaults(func=cmd_outbox)
 
 
@@ -266,8 +308,8 @@ def _add_inbox(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         default="dead",
         help="(list) which events; dead by default",
     )
-    s.add_argument("--id", type=int, action="append", help="(retry) only these events")
-    s.add_argument("--limit", type=int, default=100)
+    s.add_argument("--id", type=_row_id, action="append", help="(retry) only these events")
+    s.add_argument("--limit", type=_positive_int, default=100)
     s.set_defaults(func=cmd_inbox)
 
 
@@ -316,7 +358,9 @@ def _add_purge(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "purge", help="delete received field values and finished rows past the retention"
     )
     s.add_argument("--org")
-    s.add_argument("--days", type=_positive_int, help="override the orgs' retention_days")
+    s.add_argument(
+        "--days", type=_whole(1, limits.MAX_SPAN_DAYS), help="override the orgs' retention_days"
+    )
     s.set_defaults(func=cmd_purge)
 
 
@@ -329,16 +373,21 @@ def _add_services(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     ):
         s = sub.add_parser(name, help=text)
         s.add_argument("--host", default=os.environ.get("CONNECTOR_HOST", "127.0.0.1"))
-        s.add_argument("--port", type=int, default=int(os.environ.get("CONNECTOR_PORT", "8080")))
-        s.add_argument("--dispatchers", type=int, default=2, help="dispatcher threads per org")
-        _admin_args(s, int(os.environ.get("CONNECTOR_ADMIN_PORT", "9100")), None)
+        s.add_argument("--port", type=_port, default=os.environ.get("CONNECTOR_PORT", "8080"))
+        s.add_argument(
+            "--dispatchers",
+            type=_whole(0, MAX_THREADS),
+            default=2,
+            help="dispatcher threads per org",
+        )
+        _admin_args(s, os.environ.get("CONNECTOR_ADMIN_PORT", "9100"), None)
         s.add_argument("--no-admin", action="store_true", help="no admin listener")
         s.add_argument(
             "--lease-seconds",
-            type=float,
+            type=_seconds(1, MAX_SECONDS),
             default=None,
             help="claims of a process that died are taken over after this "
-            "(default 60 for CRM writes, 120 for webhook events)",
+            "(default 10; a live claim renews it every quarter while it works)",
         )
         if name == "sync":
             s.add_argument("--once", action="store_true", help="poll every org once, then exit")
@@ -351,10 +400,10 @@ def _add_sandbox(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     s = sub.add_parser("sandbox", help="run a local CRM API simulator")
     s.add_argument("kind", choices=["salesforce", "hubspot"])
     s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=int, default=8900)
+    s.add_argument("--port", type=_port, default=8900)
     s.add_argument(
         "--limit-per-10s",
-        type=int,
+        type=_whole(1, 1_000_000),
         default=100,
         help="hubspot: calls a token may make in any 10 s before 429 (HubSpot's tiers: 100, "
         "190, 250; default 100)",
@@ -396,14 +445,14 @@ def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     s = sub.add_parser(
         "demo", help="the whole flow on an embedded Postgres and local CRM sandboxes"
     )
-    s.add_argument("--sf-leads", type=int, default=600)
-    s.add_argument("--hs-leads", type=int, default=400)
-    s.add_argument("--senders", type=int, default=16)
+    s.add_argument("--sf-leads", type=_whole(0, 1_000_000), default=600)
+    s.add_argument("--hs-leads", type=_whole(0, 1_000_000), default=400)
+    s.add_argument("--senders", type=_whole(1, MAX_THREADS), default=16)
     s.set_defaults(func=cmd_demo)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="connector", description=__doc__)
+    p: argparse.ArgumentParser = Parser(prog="connector", description=__doc__)
     p.add_argument("--version", action="version", version=f"connector {__version__}")
     _global_options(p, None, os.environ.get("CONNECTOR_LOG_LEVEL", "WARNING"))
     sub = p.add_subparsers(dest="command", required=True)

@@ -199,7 +199,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     if not args.no_verify:
         from connector.shell.adapters import adapter_for
 
-        adapter = adapter_for(cfg)
+        adapter = adapter_for(cfg, engine)
     summary = ingest_file(
         Router(engine, cfg),
         path,
@@ -278,7 +278,7 @@ def cmd_dispatch(args: argparse.Namespace) -> int:
         d = Dispatcher(
             engine,
             cfg.org,
-            adapter_for(cfg),
+            adapter_for(cfg, engine),
             lease_seconds=args.lease_seconds,
             intake_owner_ids=cfg.intake_owner_ids,
             spacer=Spacer(org_pacing(cfg.crm).cycle_s),
@@ -454,7 +454,7 @@ def cmd_sync(args: argparse.Namespace) -> int:
     orgs = [pick_org(configs, args.org)] if args.org else list(all_orgs(configs))
     engine = open_database(orgs)
     for cfg in orgs:
-        r = Poller(engine, cfg, adapter_for(cfg)).poll_once()
+        r = Poller(engine, cfg, adapter_for(cfg, engine)).poll_once()
         if not r.ran:
             print(f"org {cfg.org}: another process is polling; skipped")
             continue

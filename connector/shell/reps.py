@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import Engine, text
 
 import db
+from connector.core import limits
 from connector.core.config import ConfigError, OrgConfig
 from connector.core.hours import parse_local_time
 from connector.routing.rep_state import combined
@@ -75,11 +76,15 @@ def parse_until(rep: Rep, value: str, now: datetime) -> datetime:
             "give the offset, e.g. 2026-12-24T09:00+01:00"
         )
     try:
-        until = parse_local_time(value, zones[0])
+        until = parse_local_time(value, zones[0]).astimezone(UTC)
     except ValueError as exc:
         raise ConfigError(f"--until: {exc}") from None
+    except OverflowError:
+        raise ConfigError(f"--until {value!r} is out of range") from None
     if until <= now:
         raise ConfigError(f"--until {value!r} is not in the future")
+    if until - now > timedelta(days=limits.MAX_SPAN_DAYS):
+        raise ConfigError(f"--until {value!r} is more than {limits.MAX_SPAN_DAYS} days away")
     return until
 
 

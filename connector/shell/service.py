@@ -28,8 +28,10 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from sqlalchemy import Engine
 from starlette.applications import Starlette
 
+from connector.core import outage
 from connector.core.config import ConfigError, OrgConfig
 from connector.core.crm_kinds import org_pacing
+from connector.core.leases import DEFAULT_LEASE_S
 from connector.core.metrics import Metrics
 from connector.core.pacing import Nudges, Spacer
 from connector.intake.admission import DEFAULT_MAX_CONNECTIONS_PER_PEER
@@ -148,8 +150,9 @@ def _safe_purge(engine: Engine, configs: Sequence[OrgConfig]) -> None:
     for cfg in configs:
         try:
             purge(engine, cfg.org, cfg.retention_days)
-        except Exception:
-            log.exception("org %s: retention purge failed; the next round will retry", cfg.org)
+        except Exception as exc:
+            if not outage.counted("retention purges", exc):
+                log.exception("org %s: retention purge failed; the next round will retry", cfg.org)
 
 
 def _now() -> Any:
@@ -161,8 +164,9 @@ def _now() -> Any:
 def _safe_poll(poller: Poller) -> None:
     try:
         poller.poll_once()
-    except Exception:
-        log.exception("org %s: poll failed; the next round will retry", poller.cfg.org)
+    except Exception as exc:
+        if not outage.counted("polls", exc):
+            log.exception("org %s: poll failed; the next round will retry", poller.cfg.org)
 
 
 def _record_stats(metrics: Metrics | None, org: str, adapter: CrmAdapter) -> Any:
@@ -193,7 +197,7 @@ def start_dispatchers(
     stop: threading.Event,
     per_org: int = 2,
     metrics: Metrics | None = None,
-    lease_seconds: float = 60.0,
+    lease_seconds: float = DEFAULT_LEASE_S,
     nudges: Nudges | None = None,
 ) -> list[threading.Thread]:
     """``per_org`` dispatcher threads per org. With ``nudges`` (set by an inbox worker in this
@@ -240,7 +244,7 @@ def run_dispatch_service(
     configs: Mapping[str, OrgConfig],
     *,
     per_org: int = 2,
-    lease_seconds: float = 60.0,
+    lease_seconds: float = DEFAULT_LEASE_S,
     stop: threading.Event | None = None,
     admin_host: str = "127.0.0.1",
     admin_port: int | None = None,
@@ -300,7 +304,14 @@ def run_dispatch_service(
         try:
             threads.append(listener.start(stop))
             dispatchers += start_dispatchers(
-                engine, configs, Adapters(configs), stop, per_org, metrics, lease_seconds, nudges
+                engine,
+                configs,
+                Adapters(configs, engine),
+                stop,
+                per_org,
+                metrics,
+                lease_seconds,
+                nudges,
             )
             threads += dispatchers
             log.info(
@@ -371,7 +382,7 @@ def _receiver_app(
         configs,
         adapters=adapters.get,
         public_base_url=public_base_url,
-        inbox_lease_seconds=lease_seconds or 120.0,
+        inbox_lease_seconds=lease_seconds or DEFAULT_LEASE_S,
         trusted_proxies=trusted_proxies,
         metrics=metrics,
         unauthenticated_bytes=unauthenticated_bytes_from_env(),
@@ -453,7 +464,7 @@ def run_service(
 ) -> int:
     """Run the chosen parts until SIGTERM/SIGINT; returns the exit status.
 
-    ``lease_seconds`` (default: 60 for outbox claims, 120 for inbox claims) bounds how long
+    ``lease_seconds`` (default 10 s, renewed while a claim works) bounds how long
     the claims of a process that died stay blocked before another process takes them over.
     The admin listener (``admin_port``; None turns it off) serves /healthz, /metrics and the
     dashboard (/dashboard/). The public listener holds at most ``max_connections``
@@ -477,7 +488,7 @@ def run_service(
         "trusted_proxies": trusted_proxies,
     }
     warn_if_vacuum_off(engine)
-    adapters = Adapters(configs)
+    adapters = Adapters(configs, engine)
     metrics = Metrics(engine, configs)
     stop = threading.Event()
     sched = start_scheduler(engine, configs, adapters) if scheduler else None
@@ -509,7 +520,7 @@ def run_service(
             stop,
             dispatchers_per_org,
             metrics,
-            lease_seconds or 60.0,
+            lease_seconds or DEFAULT_LEASE_S,
             nudges=nudges,
         )
         if dispatch
@@ -547,7 +558,7 @@ def app_from_env() -> Starlette:
     app = create_app(
         engine,
         configs,
-        adapters=Adapters(configs).get,
+        adapters=Adapters(configs, engine).get,
         public_base_url=os.environ.get("CONNECTOR_PUBLIC_BASE_URL") or None,
         trusted_proxies=trusted_proxies_from_env(),
         unauthenticated_bytes=unauthenticated_bytes_from_env(),

@@ -14,11 +14,11 @@ partial request of its own.) Each claim first frees the rows whose lease ended s
 same thread's previous claim (a full claim from the start, every min(30 s, a quarter of the
 lease), frees every expired lease), so the rows of a dispatcher that died are claimed again
 once their lease expires; the dead worker's late result is ignored because finishing checks
-the claim token. A live claim renews its lease before a CRM call once a quarter of it has
-gone (``lease_wants_renewal``), so every call starts with at least three quarters of a lease
-left: with the defaults (60 s lease, 30 s CRM timeout) a call's limiter wait and HTTP
-exchange end within the lease. Not covered: a write split after a whole-batch validation
-error (several calls), or a lease set below about 55 s with `--lease-seconds`.
+the claim token. While a claim works, a ``LeaseKeeper`` thread (connector/core/leases.py)
+renews the lease of its rows not finished yet every quarter of it, during CRM calls too, so
+the lease is short (10 s) and a dead dispatcher's rows are taken over about a lease after it
+died; a claim also renews before a CRM call once a quarter of the lease has gone since the
+last renewal (``lease_wants_renewal``), and stops when a renewal found rows taken back.
 
 The CRM is the system of record: just before each write request the dispatcher reads the
 current owners of its records (one read per request, same batching) and writes only those
@@ -34,6 +34,7 @@ trip, typically well under a second) can still be overwritten.
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 import threading
@@ -47,8 +48,11 @@ from typing import Any
 from sqlalchemy import Engine, TextClause, text
 
 import db
+from connector.core import outage
+from connector.core.database import one_statement
 from connector.core.errors import DatabaseError
 from connector.core.floor import ClaimFloor
+from connector.core.leases import DEFAULT_LEASE_S, HeldRows, LeaseKeeper
 from connector.core.ownership import owner_key
 from connector.core.pacing import NOMINAL_CALLS_PER_S, Spacer, pacing_for
 from connector.writeback.outcomes import (
@@ -86,6 +90,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _SQL: dict[str, TextClause] = {k: text(v) for k, v in db.queries("outbox").items()}
+_RENEW_HELD = db.pyformat(db.queries("outbox")["renew_held"])
 
 
 class _Deferred(Exception):
@@ -140,7 +145,7 @@ class Dispatcher:
         adapter: CrmAdapter,
         *,
         claim_limit: int | None = None,
-        lease_seconds: float = 60.0,
+        lease_seconds: float = DEFAULT_LEASE_S,
         max_attempts: int = 8,
         backoff_base: float = 0.5,
         backoff_cap: float = 60.0,
@@ -298,11 +303,27 @@ class Dispatcher:
         stats = DispatchStats(claimed=len(claimed))
         if not claimed:
             return stats
+        held = HeldRows(c.id for c in claimed)
+        renew = held.renewal(functools.partial(self._renew_held, token))
+        with LeaseKeeper(renew, self.lease_seconds, started_at=claimed_at, clock=self.clock) as k:
+            self._send(token, claimed, claimed_at, stats, held, k)
+        return stats
+
+    def _send(
+        self,
+        token: str,
+        claimed: Sequence[Any],
+        claimed_at: float,
+        stats: DispatchStats,
+        held: HeldRows,
+        keeper: LeaseKeeper,
+    ) -> None:
+        """The claim's requests, in order, while ``keeper`` renews its lease."""
         rows = {str(c.id): c for c in claimed}
         batches = requests_of(claimed, self.adapter.max_batch)
         lease_from: float | None = claimed_at
         for i, batch in enumerate(batches):
-            lease_from = self._keep_lease(token, batches[i:], lease_from, stats)
+            lease_from = self._keep_lease(token, batches[i:], keeper.since(lease_from), stats)
             if lease_from is None:
                 break
             decisions: list[Decision] = []
@@ -313,10 +334,10 @@ class Dispatcher:
                 if to_write:
                     # the owner read may have been slow: the write needs the lease too
                     lease_from = self._keep_lease(
-                        token, [to_write, *batches[i + 1 :]], lease_from, stats
+                        token, [to_write, *batches[i + 1 :]], keeper.since(lease_from), stats
                     )
                     if lease_from is None:
-                        self._record(token, decisions, stats)
+                        self._record(token, decisions, stats, held)
                         break
                     stats.requests += 1
                     outcomes = self.adapter.write_owners(to_write)
@@ -347,10 +368,9 @@ class Dispatcher:
                             pause.seconds,
                         )
                     self._pause(pause)
-                self._record(token, decisions, stats)
+                self._record(token, decisions, stats, held)
                 break
-            self._record(token, decisions, stats)
-        return stats
+            self._record(token, decisions, stats, held)
 
     def _keep_lease(
         self,
@@ -394,6 +414,13 @@ class Dispatcher:
             return False
         return True
 
+    def _renew_held(self, token: str, ids: list[int]) -> bool:
+        """The keeper's renewal (one autocommit statement: a process frozen meanwhile holds
+        no row lock): False when a row was taken back; database errors are raised."""
+        params = {"ids": ids, "token": token, "lease_seconds": self.lease_seconds}
+        row = one_statement(self.engine, _RENEW_HELD, params)
+        return row is not None and row[0] == len(ids)
+
     def _give_up(self, left: Sequence[Sequence[OwnerWrite]], stats: DispatchStats) -> None:
         """The claim sends nothing more: its unsent writes are counted stale."""
         n = sum(len(b) for b in left)
@@ -430,11 +457,18 @@ class Dispatcher:
             )
         return write
 
-    def _record(self, token: str, decisions: Sequence[Decision], stats: DispatchStats) -> None:
+    def _record(
+        self,
+        token: str,
+        decisions: Sequence[Decision],
+        stats: DispatchStats,
+        held: HeldRows | None = None,
+    ) -> None:
         """Store a request's decisions (one statement); rows no longer ours are not touched."""
         applied = 0
+        held = held or HeldRows(())
         if decisions:
-            with self.engine.begin() as conn:
+            with held.finishing(d.row_id for d in decisions), self.engine.begin() as conn:
                 params = {**finish_params(decisions), "token": token}
                 applied = len(conn.execute(_SQL["finish"], params).all())
         # pending again under their ids, due later: the floor must not pass them
@@ -534,8 +568,9 @@ class Dispatcher:
                 stats = self.run_once()
                 if on_stats is not None:
                     on_stats(stats)
-            except Exception:
-                log.exception("org %s: dispatcher round failed; retrying", self.org)
+            except Exception as exc:
+                if not outage.counted("dispatcher rounds", exc):
+                    log.exception("org %s: dispatcher round failed; retrying", self.org)
                 full = False
                 stop.wait(1.0)
                 continue

@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable
 from sqlalchemy import Engine
 
 import db
+from connector.core import outage
 from connector.core.database import Notifications, notifications_for, one_statement
 from connector.core.errors import DatabaseError
 from connector.core.pacing import Nudges
@@ -47,7 +48,8 @@ def announce(engine: Engine, org: str) -> None:
     try:
         one_statement(engine, _ANNOUNCE, {"org": org})  # its own transaction, one round trip
     except DatabaseError as exc:
-        log.warning("org %s: announcing new owner writes failed: %s", org, exc)
+        if not outage.counted("wake-up announcements", exc):
+            log.warning("org %s: announcing new owner writes failed: %s", org, exc)
 
 
 class OutboxListener:
@@ -105,11 +107,12 @@ class OutboxListener:
                 try:
                     self._listen(stop)
                 except DatabaseError as exc:
-                    log.warning(
-                        "outbox listener: %s; dispatchers go on their own cycle until it "
-                        "listens again",
-                        exc,
-                    )
+                    if not outage.counted("outbox listener", exc):
+                        log.warning(
+                            "outbox listener: %s; dispatchers go on their own cycle until it "
+                            "listens again",
+                            exc,
+                        )
                 except Exception:
                     log.exception("outbox listener failed; it starts again")
                 self.listening.clear()

