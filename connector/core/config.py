@@ -21,6 +21,7 @@ from pydantic import (
 )
 
 from connector.core.hours import WeeklyHours, parse_hours, parse_local_time, zone
+from connector.core.notify_config import Notifications
 from crm_adapters.fields import hubspot_parent_field, salesforce_parent_field
 from crm_adapters.salesforce_ids import is_id as is_salesforce_id
 
@@ -414,6 +415,8 @@ class OrgConfig(_Model):
     # Received field values, finished inbox events and written outbox rows are deleted after
     # this many days (assignments and counts are kept).
     retention_days: Annotated[int, Field(ge=1, le=3650)] = 30
+    # Slack and email to reps and admins (docs/notifications.md); off when absent.
+    notifications: Notifications | None = None
 
     @model_validator(mode="after")
     def _rules_name_teams(self) -> OrgConfig:
@@ -502,6 +505,8 @@ class OrgConfig(_Model):
         if self.account_matching:
             names.extend(self.match_fields)
         names.extend(self.poll.fields)
+        if self.notifications is not None:
+            names.extend(self.notifications.fields + self.notifications.lead_name_fields(self))
         if isinstance(self.crm, HubSpotCrm):
             names.extend(self.crm.fetch_properties)
         return list(dict.fromkeys(names))

@@ -54,6 +54,7 @@ _SECRET_KEYS = {
     "private_key",
     "access_token",
     "webhook_secrets",
+    "bot_token",
 }
 
 

@@ -98,6 +98,8 @@ BEGIN
                         lead_received_at)
     SELECT p_org, a.lead_id, a.id, p_crm_object, p.crm_id, a.crm_user_id, p.parent_id, now()
     FROM assigned a JOIN picks p ON p.lead_id = a.lead_id;
+    -- the reps' notifications (db/functions/notifications.sql; nothing when the org has none)
+    PERFORM queue_notifications(p_org, p_lead_ids, p_member_ids, '{assigned}', 'assigned', NULL);
 END
 $$;
 
