@@ -44,7 +44,7 @@ class Relay:
     envelopes: list[tuple[str, list[str], bool]] = field(default_factory=list)  # from, to, tls
     refuse: dict[str, int] = field(default_factory=dict)  # recipient -> SMTP code
 
-    async def handle_RCPT(  # noqa: N802 (aiosmtpd's hook names)
+    async def handle_RCPT(
         self, server: Any, session: Any, envelope: Any, address: str, options: Any
     ) -> str:
         code = self.refuse.get(address)
@@ -53,7 +53,7 @@ class Relay:
         envelope.rcpt_tos.append(address)
         return "250 OK"
 
-    async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:  # noqa: N802
+    async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
         self.messages.append(message_from_bytes(envelope.content))
         self.envelopes.append(
             (envelope.mail_from, list(envelope.rcpt_tos), session.ssl is not None)
