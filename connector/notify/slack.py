@@ -97,7 +97,7 @@ class SlackSender:
 
     def scopes(self) -> list[str]:
         """The token's scopes (auth.test's x-oauth-scopes header)."""
-        answer = self.client.auth_test()
+        answer = self._call("auth_test")
         header = answer.headers.get("x-oauth-scopes") or answer.headers.get("X-OAuth-Scopes")
         if isinstance(header, list):
             header = header[0] if header else ""
