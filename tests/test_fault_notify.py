@@ -13,14 +13,14 @@ from collections.abc import Iterator
 import pytest
 from sqlalchemy import Engine, text
 
-from connector.notify.dispatch import NotifyDispatcher
+from connector.notify.dispatch import NotifyDispatcher, Pace
 from connector.notify.outcomes import sent
 from connector.notify.settings import apply_notify_settings
 from connector.routing.assign import Lead, Router
 from connector.routing.teams import apply_teams
 from crm_sandboxes.slack import SlackSandbox
 from testbed.waiting import wait_until
-from tests.helpers.notify_org import REPS, notify_cfg
+from testbed.notify_org import REPS, notify_cfg
 
 pytestmark = pytest.mark.fault
 
@@ -68,7 +68,9 @@ def test_a_slack_outage_delays_messages_and_loses_none(engine: Engine, slack: Sl
     slack.inject_failures(4, 503, {"ok": False, "error": "service_unavailable"})
     slack.drop_connections(2)
     stop = threading.Event()
-    d = NotifyDispatcher(engine, cfg, claim_limit=4, poll_seconds=0.05)
+    d = NotifyDispatcher(
+        engine, cfg, claim_limit=4, poll_seconds=0.05, pace=Pace(slack_interval_s=0)
+    )
     thread = threading.Thread(target=d.run_forever, args=(stop,), daemon=True)
     thread.start()
     try:
@@ -91,7 +93,11 @@ def test_a_slack_outage_delays_messages_and_loses_none(engine: Engine, slack: Sl
 
 def test_dispatchers_side_by_side_send_each_row_once(engine: Engine, slack: SlackSandbox) -> None:
     cfg, ids = routed(engine, slack, 90)
-    dispatchers = [NotifyDispatcher(engine, cfg, claim_limit=3) for _ in range(4)]  # type: ignore[arg-type]
+    # the simulator takes 1,000 messages a second a channel: no pace to keep
+    dispatchers = [
+        NotifyDispatcher(engine, cfg, claim_limit=3, pace=Pace(slack_interval_s=0))  # type: ignore[arg-type]
+        for _ in range(4)
+    ]
     go = threading.Barrier(len(dispatchers))
 
     def drain(d: NotifyDispatcher) -> None:

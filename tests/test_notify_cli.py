@@ -14,7 +14,7 @@ from connector.routing.assign import Lead, Router
 from connector.routing.teams import apply_teams
 from connector.shell.cli import main
 from crm_sandboxes.slack import SlackSandbox
-from tests.helpers.notify_org import ENV, notify_cfg, notify_yaml
+from testbed.notify_org import ENV, notify_cfg, notify_yaml
 from tests.helpers.smtp import smtp_relay
 
 

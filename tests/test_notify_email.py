@@ -15,7 +15,7 @@ from connector.notify.email import message_id
 from connector.notify.settings import apply_notify_settings
 from connector.routing.assign import Lead, Router
 from connector.routing.teams import apply_teams
-from tests.helpers.notify_org import notify_cfg
+from testbed.notify_org import notify_cfg
 from tests.helpers.smtp import Relay, smtp_relay
 
 

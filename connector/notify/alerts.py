@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -170,10 +170,15 @@ def alert_text(org: str, detail: Mapping[str, Any]) -> str:
     return f"[{org}] {what}\n{_fix(kind, org)}"
 
 
-def alert_message(cfg: OrgConfig, row: Row) -> Message:
+def alert_message(cfg: OrgConfig, rows: Sequence[Row]) -> Message:
+    """The alerts of one claim on one channel, in one message (its key: the first row's, or
+    all of them joined)."""
     from connector.notify.messages import Message, slack_escape, subject_of
 
-    body = alert_text(cfg.org, row.detail)
-    if row.channel == "slack":
+    body = "\n\n".join(alert_text(cfg.org, r.detail) for r in rows)
+    if rows[0].channel == "slack":
         body = slack_escape(body)
-    return Message(row.channel, "admins", row.dedupe_key, subject_of(body), body, (row.id,))
+    key = rows[0].dedupe_key if len(rows) == 1 else "+".join(r.dedupe_key for r in rows)
+    return Message(
+        rows[0].channel, "admins", key, subject_of(body), body, tuple(r.id for r in rows)
+    )

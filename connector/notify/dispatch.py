@@ -105,6 +105,38 @@ def _row(r: Any) -> Row:
     )
 
 
+#: The pace of one Slack channel (a rep's direct message, the admin channel): Slack takes
+#: about one message per second per channel (short bursts aside), so a dispatcher sends no
+#: sooner than this after its previous message there; what comes meanwhile waits and goes
+#: out grouped.
+SLACK_CHANNEL_INTERVAL_S = 1.0
+
+
+class Pace:
+    """When each (channel, recipient) may be sent to next: after Slack's pace or its
+    Retry-After. Shared by the org's dispatchers in one process (thread-safe); another
+    process learns a limit from Slack's 429 itself."""
+
+    def __init__(
+        self,
+        slack_interval_s: float = SLACK_CHANNEL_INTERVAL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.slack_interval_s = slack_interval_s
+        self._next: dict[tuple[str, str], float] = {}
+        self._lock = threading.Lock()
+        self.clock = clock
+
+    def wait(self, key: tuple[str, str]) -> float:
+        with self._lock:
+            return max(0.0, self._next.get(key, 0.0) - self.clock())
+
+    def hold(self, key: tuple[str, str], seconds: float) -> None:
+        with self._lock:
+            at = self.clock() + seconds
+            self._next[key] = max(self._next.get(key, 0.0), at)
+
+
 class NotifyDispatcher:
     """Drains one org's notifications through its senders."""
 
@@ -118,6 +150,7 @@ class NotifyDispatcher:
         lease_seconds: float = 120.0,
         poll_seconds: float = 0.5,
         now: Callable[[], datetime] | None = None,
+        pace: Pace | None = None,
     ) -> None:
         self.engine = engine
         self.cfg = cfg
@@ -126,6 +159,7 @@ class NotifyDispatcher:
         self.lease_seconds = lease_seconds
         self.poll_seconds = poll_seconds
         self._now = now  # for quiet hours (tests); default: the database's clock
+        self.pace = pace or Pace()
 
     def _claim(self, token: str) -> tuple[list[Row], datetime]:
         with self.engine.begin() as conn:
@@ -171,7 +205,11 @@ class NotifyDispatcher:
         stats.held = len(plan.held)
         blocked: dict[tuple[str, str], Outcome] = {}  # (channel, recipient or '*') -> why
         for msg in plan.messages:
-            stop = blocked.get((msg.channel, msg.recipient)) or blocked.get((msg.channel, "*"))
+            key = (msg.channel, msg.recipient)
+            stop = blocked.get(key) or blocked.get((msg.channel, "*"))
+            wait = self.pace.wait(key)
+            if stop is None and wait > 0:
+                stop = not_tried(wait, "waiting for the channel's pace")
             sender = self.senders.get(msg.channel)
             if stop is None and sender is None:
                 stop = not_tried(60.0, f"no `{msg.channel}:` settings for this org")
@@ -191,11 +229,14 @@ class NotifyDispatcher:
                 self._log_failure(msg, exc, out)
                 if isinstance(exc, RateLimited):
                     stats.rate_limited += 1
-                    blocked[(msg.channel, msg.recipient)] = not_tried(out.delay, out.error or "")
+                    self.pace.hold(key, exc.retry_after)
+                    blocked[key] = not_tried(out.delay, out.error or "")
                 elif isinstance(exc, ChannelDown):
                     blocked[(msg.channel, "*")] = not_tried(out.delay, out.error or "")
                 continue
             stats.accepted_at.append(time.time())
+            if msg.channel == "slack" and self.pace.slack_interval_s > 0:
+                self.pace.hold(key, self.pace.slack_interval_s)
             for i in msg.row_ids:
                 outcomes[i] = sent(msg.dedupe_key)
         self._finish(token, outcomes, stats)
@@ -203,8 +244,15 @@ class NotifyDispatcher:
 
     def _log_failure(self, msg: Message, exc: SendError, out: Outcome) -> None:
         # ids and codes only: no address, no lead field, no text
+        level = (
+            logging.ERROR
+            if out.state == "dead"
+            else logging.INFO
+            if isinstance(exc, RateLimited)  # expected: the channel's pace
+            else logging.WARNING
+        )
         log.log(
-            logging.ERROR if out.state == "dead" else logging.WARNING,
+            level,
             "org %s: %s %s notification rows %s: %s (%s)",
             self.cfg.org,
             msg.channel,

@@ -188,18 +188,20 @@ def plan_messages(
 ) -> Plan:
     """Claimed rows as messages: a rep's rows on one channel go out together (one digest
     when there are several: after quiet hours, or more than the channel takes one by one),
-    up to ``max_per_message`` a message; a quiet rep's rows are held; each admin alert is its
-    own message (alerts are grouped when they are queued)."""
+    up to ``max_per_message`` a message; a quiet rep's rows are held; the admin alerts of a
+    claim go out as one message per channel (each is one kind's for one interval)."""
     from connector.notify.alerts import alert_message
 
     messages: list[Message] = []
     held: list[int] = []
     groups: dict[tuple[str, str], list[Row]] = {}
+    alerts: dict[str, list[Row]] = {}
     for r in sorted(rows, key=lambda r: r.id):
         if r.kind == "alert":
-            messages.append(alert_message(cfg, r))
+            alerts.setdefault(r.channel, []).append(r)
         else:
             groups.setdefault((r.channel, r.recipient), []).append(r)
+    messages.extend(alert_message(cfg, group) for group in alerts.values())
     for group in groups.values():
         if quiet(group[0]):
             held.extend(r.id for r in group)

@@ -1,4 +1,4 @@
-"""Notifications in the long-running commands: one notification dispatcher thread per org
+"""Notifications in the long-running commands: two notification dispatcher threads per org
 that has a `notifications:` block (beside the outbox dispatchers, in `connector run` and
 `connector dispatch`), and the admin alert check as a scheduled job per org."""
 
@@ -13,24 +13,26 @@ from sqlalchemy import Engine
 
 from connector.core.config import OrgConfig
 from connector.notify.alerts import check_alerts
-from connector.notify.dispatch import NotifyDispatcher
+from connector.notify.dispatch import NotifyDispatcher, Pace
 
 log = logging.getLogger(__name__)
 
 
 def start_notifiers(
-    engine: Engine, configs: Mapping[str, OrgConfig], stop: threading.Event
+    engine: Engine, configs: Mapping[str, OrgConfig], stop: threading.Event, per_org: int = 2
 ) -> list[threading.Thread]:
     threads = []
     for cfg in configs.values():
         if cfg.notifications is None:
             continue
-        d = NotifyDispatcher(engine, cfg)
-        t = threading.Thread(
-            target=d.run_forever, args=(stop,), name=f"notify-{cfg.org}", daemon=True
-        )
-        t.start()
-        threads.append(t)
+        pace = Pace()  # one per org in this process: its dispatchers keep Slack's pace together
+        for i in range(per_org):
+            d = NotifyDispatcher(engine, cfg, pace=pace)
+            t = threading.Thread(
+                target=d.run_forever, args=(stop,), name=f"notify-{cfg.org}-{i}", daemon=True
+            )
+            t.start()
+            threads.append(t)
     return threads
 
 

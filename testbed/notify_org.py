@@ -1,4 +1,4 @@
-"""An org with notifications on, for the notification tests and the benchmark's twin: a
+"""An org with notifications on, for the notification tests and bench.notify: a
 Salesforce team of three reps, Slack pointed at a local SlackSandbox (and email at a local
 SMTP server when given)."""
 
@@ -12,6 +12,21 @@ REPS = [
     ("005B", "Alan Turing", "alan@acme.test", "UALAN"),
     ("005C", "Grace Hopper", "grace@acme.test", "UGRACE"),
 ]
+
+
+def many_reps(n: int) -> list[tuple[str, str, str, str]]:
+    """``n`` reps shaped like REPS (crm_user_id, name, email, Slack user id)."""
+    return [(f"005R{i:03d}", f"Rep {i}", f"rep{i}@acme.test", f"UREP{i:03d}") for i in range(n)]
+
+
+def members_of(reps: list[tuple[str, str, str, str]]) -> str:
+    return "\n".join(f'      - {{crm_user_id: "{u}", name: "{n}"}}' for u, n, _, _ in reps)
+
+
+def contacts_of(reps: list[tuple[str, str, str, str]]) -> str:
+    return "\n".join(f'    - {{crm_user_id: "{u}", email: "{e}"}}' for u, _, e, _ in reps)
+
+
 ENV = {"TOKEN": "unused", "SLACK_TOKEN": "xoxb-sandbox-token", "SMTP_PASSWORD": "pw-123"}
 
 
