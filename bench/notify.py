@@ -7,8 +7,9 @@ One fresh database (the embedded PostgreSQL, or BENCH_DATABASE_URL), one Salesfo
 notifications on for Slack only, and the Slack simulator (crm_sandboxes/slack.py) with its
 default limit, Slack's own for chat.postMessage: about one message per second per channel,
 a burst of 3. Leads are routed by ``Router.assign_many`` on a schedule of ``--rate`` leads a
-second (a batch every 50 ms, from 4 threads); two notification dispatchers (connector/notify/dispatch.py, defaults: claims
-of 200, 0.5 s between idle polls) send what routing queued.
+second (a batch every 50 ms, from 4 threads); two notification dispatchers
+(connector/notify/dispatch.py, defaults: claims of 200, 0.5 s between idle polls, one Pace
+as `connector run` gives them) send what routing queued.
 
 * ``spread``: ``--reps`` reps share the leads (each rep's direct message is one channel).
 * ``one_channel``: every lead to one rep, ``--one-channel-rate`` a second: how many messages a
@@ -80,7 +81,7 @@ def produce(engine: Engine, cfg: Any, prefix: str, rate: float, seconds: float) 
 
 def percentile(values: list[float], q: float) -> float:
     s = sorted(values)
-    return s[min(len(s) - 1, int(round(q * (len(s) - 1))))]
+    return s[min(len(s) - 1, round(q * (len(s) - 1)))]
 
 
 def run_case(db_url: str, name: str, reps: int, rate: float, seconds: float) -> dict[str, Any]:

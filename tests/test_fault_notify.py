@@ -19,8 +19,8 @@ from connector.notify.settings import apply_notify_settings
 from connector.routing.assign import Lead, Router
 from connector.routing.teams import apply_teams
 from crm_sandboxes.slack import SlackSandbox
-from testbed.waiting import wait_until
 from testbed.notify_org import REPS, notify_cfg
+from testbed.waiting import wait_until
 
 pytestmark = pytest.mark.fault
 
