@@ -4,6 +4,7 @@ limits and outages honoured, dead rows retried."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 
 import pytest
@@ -244,3 +245,26 @@ def test_rep_channels_need_their_settings() -> None:
     with pytest.raises(ConfigError) as info:
         parse_config(yaml_text, "acme.yaml", ENV)
     assert "rep_channels lists email but there is no `email:` block" in str(info.value)
+
+
+def test_no_address_or_lead_field_is_logged_even_at_debug(
+    engine: Engine, slack: SlackSandbox, caplog: pytest.LogCaptureFixture
+) -> None:
+    reps = '    - {crm_user_id: "005A", email: "nobody@acme.test"}\n' + "\n".join(
+        f'    - {{crm_user_id: "{uid}", email: "{email}"}}' for uid, _, email, _ in REPS[1:]
+    )
+    cfg = notify_cfg(slack.url, reps=reps)
+    setup(engine, cfg)
+    caplog.set_level(logging.DEBUG)
+    route(engine, cfg, 6, {"Company": "Secretive Corp"})
+    slack.inject_failures(1, 503, {"ok": False, "error": "service_unavailable"})
+    d = NotifyDispatcher(engine, cfg)
+    d.run_once()
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE notifications SET available_at = now()"))
+    d.drain()
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert "service_unavailable" in logged and "users_not_found" in logged
+    assert "@acme.test" not in logged
+    assert "Secretive" not in logged
+    assert "xoxb-" not in logged

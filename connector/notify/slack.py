@@ -8,6 +8,7 @@ which sends the row again later (connector/notify/outcomes.py); nothing here sle
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import Any
@@ -40,6 +41,10 @@ _UNDELIVERABLE = frozenset(
     }
 )
 CACHE_SECONDS = 3600.0
+#: slack-sdk logs each request's parameters (message text, email addresses) at DEBUG: its
+#: logger here stays at WARNING whatever the connector's level.
+_SDK_LOG = logging.getLogger("connector.notify.slack_sdk")
+_SDK_LOG.setLevel(logging.WARNING)
 
 
 class SlackSender:
@@ -50,6 +55,7 @@ class SlackSender:
             base_url=settings.base_url,
             timeout=int(max(1, settings.timeout_seconds)),
             retry_handlers=[],
+            logger=_SDK_LOG,
         )
         self._ids: dict[str, tuple[str, float]] = {}
         self._lock = threading.Lock()
