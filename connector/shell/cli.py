@@ -342,8 +342,8 @@ def _add_services(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 def _add_sandbox(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """`connector sandbox`."""
-    s = sub.add_parser("sandbox", help="run a local CRM API simulator")
-    s.add_argument("kind", choices=["salesforce", "hubspot"])
+    s = sub.add_parser("sandbox", help="run a local CRM (or Slack) API simulator")
+    s.add_argument("kind", choices=["salesforce", "hubspot", "slack"])
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8900)
     s.add_argument(
