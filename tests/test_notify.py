@@ -268,3 +268,23 @@ def test_no_address_or_lead_field_is_logged_even_at_debug(
     assert "@acme.test" not in logged
     assert "Secretive" not in logged
     assert "xoxb-" not in logged
+
+
+def test_retention_deletes_old_sent_notifications_and_keeps_dead_ones(
+    engine: Engine, slack: SlackSandbox
+) -> None:
+    from connector.shell.retention import purge
+
+    cfg = notify_cfg(slack.url)
+    setup(engine, cfg)
+    route(engine, cfg, 3)
+    NotifyDispatcher(engine, cfg).drain()
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE notifications SET finished_at = now() - interval '31 days', "
+                "state = CASE WHEN recipient = '005A' THEN 'dead' ELSE state END"
+            )
+        )
+    assert purge(engine, "acme", 30).notifications_deleted == 2
+    assert [(r["recipient"], r["state"]) for r in rows(engine)] == [("005A", "dead")]

@@ -366,7 +366,8 @@ def cmd_purge(args: argparse.Namespace) -> int:
         n = purge(engine, cfg.org, days)
         print(
             f"org {cfg.org}: older than {days} days: {n.fields_cleared} leads' fields cleared, "
-            f"{n.events_deleted} inbox events, {n.outbox_deleted} outbox rows and "
+            f"{n.events_deleted} inbox events, {n.outbox_deleted} outbox rows, "
+            f"{n.notifications_deleted} sent notifications and "
             f"{n.skips_deleted} skip records deleted"
         )
     return EXIT_OK
