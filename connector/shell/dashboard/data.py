@@ -11,6 +11,7 @@ from sqlalchemy import Engine, TextClause, text
 
 import db
 from connector.core.config import OrgConfig
+from connector.notify.dispatch import finished_rows as notify_finished
 from connector.shell.dashboard.figures import (
     Member,
     TeamWindow,
@@ -48,6 +49,8 @@ class Overview:
     dead: list[dict[str, Any]]
     superseded: list[dict[str, Any]]
     decisions: list[dict[str, Any]]
+    # notifications that died (connector/notify), newest PROBLEM_ROWS
+    dead_notifications: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -118,6 +121,11 @@ def overview(engine: Engine, cfg: OrgConfig, now: datetime) -> Overview:
         dead=dead,
         superseded=superseded,
         decisions=decisions,
+        dead_notifications=(
+            notify_finished(engine, org, "dead", limit=PROBLEM_ROWS)
+            if cfg.notifications is not None
+            else []
+        ),
     )
 
 

@@ -18,6 +18,7 @@ from starlette.routing import BaseRoute, Route
 
 from connector.core import charts
 from connector.core.config import OrgConfig
+from connector.notify.dispatch import retry_dead as retry_dead_notifications
 from connector.shell.dashboard import data, figures, security
 from connector.writeback.dispatch import retry_dead
 
@@ -130,6 +131,7 @@ class _Dashboard:
             return self.refuse(request, 404, "Not found", "No such org.")
         view = await run_in_threadpool(data.overview, self.engine, cfg, self.clock())
         retried = request.query_params.get("retried", "")
+        renotified = request.query_params.get("renotified", "")
         return self.render(
             request,
             "org.html",
@@ -137,6 +139,7 @@ class _Dashboard:
                 "org": cfg.org,
                 "view": view,
                 "retried": int(retried) if retried.isdigit() else None,
+                "renotified": int(renotified) if renotified.isdigit() else None,
                 "charts": {
                     "today": [
                         fair_share_chart(w, f"{w.team}: leads today vs fair share", f"today-{i}")
@@ -173,6 +176,13 @@ class _Dashboard:
         return self.render(request, "lead.html", {"org": cfg.org, "story": story})
 
     async def retry(self, request: Request) -> Response:
+        return await self._retry(request, "outbox")
+
+    async def retry_notification(self, request: Request) -> Response:
+        return await self._retry(request, "notification")
+
+    async def _retry(self, request: Request, what: str) -> Response:
+        """Requeue one dead outbox row or notification (its own short transaction)."""
         if not self.authorized(request):
             return self.refuse(request, 401, "Sign in", "Sign in with the admin token first.")
         form = await _form(request)
@@ -186,13 +196,19 @@ class _Dashboard:
         if cfg is None:
             return self.refuse(request, 404, "Not found", "No such org.")
         row_id = int(request.path_params["row_id"])
-        n = await run_in_threadpool(retry_dead, self.engine, cfg.org, [row_id])
+        requeue = retry_dead if what == "outbox" else retry_dead_notifications
+        n = await run_in_threadpool(requeue, self.engine, cfg.org, [row_id])
+        label = "Outbox row" if what == "outbox" else "Notification"
         if n == 0:
             return self.refuse(
-                request, 409, "Not retried", f"Outbox row {row_id} of {cfg.org} is not dead."
+                request, 409, "Not retried", f"{label} {row_id} of {cfg.org} is not dead."
             )
-        log.info("dashboard: org %s outbox row %d requeued", cfg.org, row_id)
-        return RedirectResponse(f"/dashboard/org/{cfg.org}?retried={row_id}#dead", 303)
+        log.info("dashboard: org %s %s %d requeued", cfg.org, what, row_id)
+        if what == "outbox":
+            return RedirectResponse(f"/dashboard/org/{cfg.org}?retried={row_id}#dead", 303)
+        return RedirectResponse(
+            f"/dashboard/org/{cfg.org}?renotified={row_id}#dead-notifications", 303
+        )
 
     async def login_form(self, request: Request) -> Response:
         if self.authorized(request):
@@ -231,6 +247,11 @@ def dashboard_routes(
         Route("/dashboard/org/{org}/totals", d.totals_page, methods=["GET"]),
         Route("/dashboard/org/{org}/lead/{lead_id:int}", d.lead_page, methods=["GET"]),
         Route("/dashboard/org/{org}/outbox/{row_id:int}/retry", d.retry, methods=["POST"]),
+        Route(
+            "/dashboard/org/{org}/notifications/{row_id:int}/retry",
+            d.retry_notification,
+            methods=["POST"],
+        ),
     ]
 
 
