@@ -125,3 +125,17 @@ def test_alerts_follow_the_thresholds() -> None:
     )
     assert bucket_of(NOW, 15) == bucket_of(NOW.replace(minute=14), 15)
     assert bucket_of(NOW, 15) != bucket_of(NOW.replace(minute=15), 15)
+
+
+def test_check_config_warns_of_reps_without_an_address_and_unknown_ones() -> None:
+    reps = (
+        '    - {crm_user_id: "005A", email: "ada@acme.test"}\n'
+        '    - {crm_user_id: "005B", slack_user_id: "UALAN"}\n'
+        '    - {crm_user_id: "005Z", email: "z@acme.test"}'
+    )
+    cfg = notify_cfg("http://127.0.0.1:1", reps=reps)
+    assert [w for w in cfg.warnings() if "notifications" in w] == [
+        "notifications.reps names no rep of the teams: 005Z",
+        "notifications: no address for 005C in notifications.reps: their messages will be "
+        "dead (no_address)",
+    ]

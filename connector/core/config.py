@@ -552,6 +552,10 @@ class OrgConfig(_Model):
                         f"leads): back from time away it catches up without a limit on "
                         f"leads in a row; {fix}"
                     )
+        if self.notifications is not None:
+            out += self.notifications.warnings(
+                [m.crm_user_id for t in self.teams for m in t.members]
+            )
         if self.account_matching and not self.poll.enabled:
             out.append(
                 "poll.enabled is false: the account mirror is refreshed by the poll, so "

@@ -147,6 +147,28 @@ class Notifications(_Model):
             raise ValueError(f"reps: {', '.join(dupes)} listed twice")
         return self
 
+    def warnings(self, rep_ids: list[str]) -> list[str]:
+        """Valid settings that will not do what is meant (``rep_ids``: the teams' reps)."""
+        out: list[str] = []
+        unknown = sorted({r.crm_user_id for r in self.reps} - set(rep_ids))
+        if unknown:
+            out.append(f"notifications.reps names no rep of the teams: {', '.join(unknown)}")
+        if self.rep_channels:
+            need_email = "email" in self.rep_channels
+            missing = sorted(
+                rid
+                for rid in set(rep_ids)
+                if (c := self.contact(rid)) is None
+                or (not c.opt_out and not c.email and (need_email or not c.slack_user_id))
+            )
+            if missing:
+                out.append(
+                    "notifications: no address for "
+                    + ", ".join(missing)
+                    + " in notifications.reps: their messages will be dead (no_address)"
+                )
+        return out
+
     def lead_name_fields(self, cfg: _HasCrm) -> list[str]:
         if self.name_fields is not None:
             return list(self.name_fields)
