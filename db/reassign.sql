@@ -110,6 +110,14 @@ WITH cur AS (
     FROM members m
     WHERE a.id = :assignment_id AND m.id = :member_id
     RETURNING a.id, a.lead_id, a.crm_user_id
+), notified AS (
+    -- both reps' notifications (db/functions/notifications.sql; none when the org has none)
+    SELECT queue_notifications(cur.org, ARRAY[cur.lead_id, cur.lead_id],
+                               ARRAY[CAST(:member_id AS bigint), cur.member_id],
+                               '{reassigned_to,reassigned_from}',
+                               'moved:' || (SELECT id FROM hist),
+                               jsonb_build_object('reason', CAST(:reason AS text))) AS n
+    FROM cur
 )
 INSERT INTO outbox (org, lead_id, assignment_id, crm_object, crm_id, owner_id, parent_id,
                     lead_received_at, replaces_owners)
@@ -119,7 +127,8 @@ SELECT l.org, moved.lead_id, moved.id, l.crm_object, l.crm_id, moved.crm_user_id
                  WHERE owner IS NOT NULL AND owner <> moved.crm_user_id), '{}')
 FROM moved JOIN leads l ON l.id = moved.lead_id
 RETURNING id, replaces_owners, (SELECT count(*) FROM replaced) AS superseded,
-          (SELECT count(*) FROM hist) AS archived, (SELECT count(*) FROM bump) AS bumped
+          (SELECT count(*) FROM hist) AS archived, (SELECT count(*) FROM bump) AS bumped,
+          (SELECT sum(n) FROM notified) AS notified
 
 -- name: deactivate_member
 UPDATE members m SET active = false

@@ -33,6 +33,17 @@ WHERE id IN (
     LIMIT :batch)
 RETURNING id
 
+-- name: delete_notifications
+-- Sent notifications (their messages are in Slack and the mailboxes); dead ones stay for
+-- `connector notify list|retry`.
+DELETE FROM notifications
+WHERE id IN (
+    SELECT id FROM notifications
+    WHERE org = :org AND state = 'sent'
+      AND finished_at < now() - make_interval(days => :days)
+    LIMIT :batch)
+RETURNING id
+
 -- name: delete_skips
 DELETE FROM skipped_records
 WHERE (org, crm_object, crm_id) IN (

@@ -21,7 +21,12 @@ def test_demo_runs_end_to_end_and_every_guarantee_holds() -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
     assert "FAILED" not in out
-    assert out.count("[ok]") == 10
+    assert out.count("[ok]") == 11
+    assert "[ok] every demo-sf rep told of each of their leads on Slack" in out
+    told = re.search(
+        r"Slack: (\d+) direct messages to (\d+) reps told them of (\d+) assignments", out
+    )
+    assert told is not None and int(told.group(3)) == 200 and int(told.group(2)) >= 4
     assert "[ok] leads at an Account's domain went to its owner, outside the rotation" in out
     assert "account-matched leads  : 4 at Initech's domain, to its owner Edsger Dijkstra" in out
     assert "org demo-sf (salesforce): 200 of 200 leads assigned" in out

@@ -34,6 +34,9 @@ from crm_adapters.salesforce_ids import id_key, to_18
 from testbed.pg import DatabaseFactory, blank_database
 from tests.helpers.blocking import wait_until_blocked
 
+#: Every versioned migration, and those after the baseline (what a database at 0027 gets).
+ALL_VERSIONS = [m.version for m in db.migrations()]
+AFTER_BASELINE = ALL_VERSIONS[1:]
 CATALOG = {
     "columns": """
         SELECT table_name, column_name, ordinal_position, data_type, udt_name,
@@ -276,6 +279,7 @@ def test_a_database_at_0027_moves_to_the_new_layout_with_nothing_lost(
             "team_seats",
             "members_add_key",
             "crm_budget_take",
+            "queue_notifications",
         } == {r[0] for r in got["functions"]}
         assert [r[0] for r in got["views"]] == ["decision_details"]
         assert [r[:2] for r in got["triggers"]] == [("members", "members_add_key")]

@@ -24,6 +24,7 @@ from connector.core.config_checks import Invalid, team_references
 from connector.core.config_crm import HubSpotCrm as HubSpotCrm
 from connector.core.config_crm import SalesforceCrm as SalesforceCrm
 from connector.core.hours import WeeklyHours, parse_hours, parse_local_time, zone
+from connector.core.notify_config import Notifications
 from connector.core.yaml_source import loc_text
 
 ORG_NAME = r"^[a-z0-9][a-z0-9_-]{0,62}$"
@@ -346,6 +347,8 @@ class OrgConfig(_Model):
     # Received field values, finished inbox events and written outbox rows are deleted after
     # this many days (assignments and counts are kept).
     retention_days: Annotated[int, Field(ge=1, le=3650)] = 30
+    # Slack and email to reps and admins (docs/notifications.md); off when absent.
+    notifications: Notifications | None = None
 
     @model_validator(mode="after")
     def _rules_name_teams(self) -> OrgConfig:
@@ -424,6 +427,8 @@ class OrgConfig(_Model):
         if self.account_matching:
             names.extend(self.match_fields)
         names.extend(self.poll.fields)
+        if self.notifications is not None:
+            names.extend(self.notifications.fields + self.notifications.lead_name_fields(self))
         if isinstance(self.crm, HubSpotCrm):
             names.extend(self.crm.fetch_properties)
         return list(dict.fromkeys(names))

@@ -29,6 +29,7 @@ from connector.shell.commands import (
     cmd_inbox,
     cmd_ingest,
     cmd_migrate,
+    cmd_notify,
     cmd_outbox,
     cmd_purge,
     cmd_reassign,
@@ -297,6 +298,17 @@ def _add_outbox(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     s.set_defaults(func=cmd_outbox)
 
 
+def _add_notify(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`connector notify`."""
+    s = sub.add_parser("notify", help="list dead or sent notifications, or requeue dead ones")
+    s.add_argument("action", choices=["list", "retry"])
+    s.add_argument("--org")
+    s.add_argument("--state", choices=["dead", "sent"], default="dead", help="(list) which")
+    s.add_argument("--id", type=int, action="append", help="(retry) only these rows")
+    s.add_argument("--limit", type=int, default=100)
+    s.set_defaults(func=cmd_notify)
+
+
 def _add_inbox(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """`connector inbox`."""
     s = sub.add_parser("inbox", help="list pushed events by state, or requeue dead ones")
@@ -397,8 +409,8 @@ def _add_services(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 def _add_sandbox(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """`connector sandbox`."""
-    s = sub.add_parser("sandbox", help="run a local CRM API simulator")
-    s.add_argument("kind", choices=["salesforce", "hubspot"])
+    s = sub.add_parser("sandbox", help="run a local CRM (or Slack) API simulator")
+    s.add_argument("kind", choices=["salesforce", "hubspot", "slack"])
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=_port, default=8900)
     s.add_argument(
@@ -466,6 +478,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_dispatch(sub)
     _add_outbox(sub)
     _add_inbox(sub)
+    _add_notify(sub)
     rep_parsers = _add_rep(sub)
     _add_purge(sub)
     _add_services(sub)

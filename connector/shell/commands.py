@@ -181,7 +181,38 @@ def cmd_check_config(args: argparse.Namespace) -> int:
                 print(f"org {cfg.org}: owner {owner_id}: {reason}", file=sys.stderr)
         problems += bad
         print(f"org {cfg.org}: {len(ids) - bad} of {len(ids)} active owners verified in the CRM")
+        problems += _check_notifications(cfg)
     return EXIT_ERROR if problems else EXIT_OK
+
+
+def _check_notifications(cfg: OrgConfig) -> int:
+    from connector.notify.checks import online_check
+
+    ok, problems = online_check(cfg)
+    for line in ok:
+        print(f"org {cfg.org}: {line}")
+    for line in problems:
+        print(f"org {cfg.org}: {line}", file=sys.stderr)
+    return len(problems)
+
+
+def cmd_notify(args: argparse.Namespace) -> int:
+    from connector.notify.dispatch import finished_rows, retry_dead
+
+    cfg = pick_org(_configs(args), args.org)
+    engine = open_database([cfg])
+    if args.action == "list":
+        rows = finished_rows(engine, cfg.org, args.state, limit=args.limit)
+        for r in rows:
+            print(
+                f"{r['id']}\t{r['kind']}\t{r['channel']}\t{r['recipient']}\t"
+                f"lead={r['lead_id'] or '-'}\tattempts={r['attempts']}\t{r['last_error'] or ''}"
+            )
+        print(f"{len(rows)} {args.state} notifications", file=sys.stderr)
+        return EXIT_OK
+    n = retry_dead(engine, cfg.org, args.id or None)
+    print(f"requeued {n} dead notifications")
+    return EXIT_OK
 
 
 def cmd_ingest(args: argparse.Namespace) -> int:
@@ -364,7 +395,8 @@ def cmd_purge(args: argparse.Namespace) -> int:
         n = purge(engine, cfg.org, days)
         print(
             f"org {cfg.org}: older than {days} days: {n.fields_cleared} leads' fields cleared, "
-            f"{n.events_deleted} inbox events, {n.outbox_deleted} outbox rows and "
+            f"{n.events_deleted} inbox events, {n.outbox_deleted} outbox rows, "
+            f"{n.notifications_deleted} sent notifications and "
             f"{n.skips_deleted} skip records deleted"
         )
     return EXIT_OK

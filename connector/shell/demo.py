@@ -36,6 +36,7 @@ from connector.intake.receivers import create_app
 from connector.intake.signatures import signed_headers
 from connector.intake.soap import OUTBOUND_MESSAGE_HEADERS, build_outbound_message
 from connector.shell.adapters import Adapters
+from connector.shell.demo_notify import show_notifications
 from connector.shell.demo_world import (
     DEMO_CAP,
     ENV,
@@ -44,11 +45,12 @@ from connector.shell.demo_world import (
     World,
     make_world,
 )
+from connector.shell.notifying import start_notifiers
 from connector.shell.service import serve_in_thread, start_dispatchers, start_scheduler
 from connector.shell.status import org_status
 from connector.shell.store import make_embedded_tempdir, make_engine, migrate, start_embedded
 from crm_adapters.base import AccountSource
-from crm_sandboxes import HubSpotSandbox, SalesforceSandbox
+from crm_sandboxes import HubSpotSandbox, SalesforceSandbox, SlackSandbox
 
 
 @dataclass
@@ -403,12 +405,13 @@ def run_demo(sf_leads: int = 600, hs_leads: int = 400, senders: int = 16) -> int
     nudges = Nudges()  # the inbox worker wakes the dispatchers, as in `connector run`
     sf = SalesforceSandbox(lock_wait_s=10.0, record_work_ms=0.5).start()
     hs = HubSpotSandbox(limit_per_10s=100).start()
+    slack = SlackSandbox().start()
     try:
         print(f"embedded PostgreSQL, Salesforce sandbox {sf.url}, HubSpot sandbox {hs.url}")
         url = start_embedded(pgroot / "pgdata", cleanup_mode="delete")
         engine = make_engine(url, pool_size=10)
         migrate(engine)
-        world = make_world(engine, root, sf, hs, rng, sf_leads, hs_leads)
+        world = make_world(engine, root, sf, hs, rng, sf_leads, hs_leads, slack)
         configs = world.configs
 
         adapters = Adapters(configs)
@@ -421,7 +424,7 @@ def run_demo(sf_leads: int = 600, hs_leads: int = 400, senders: int = 16) -> int
             app.state.inbox_worker.on_routed = nudges.nudge
             threads = start_dispatchers(
                 engine, configs, adapters, stop, per_org=2, metrics=app.state.metrics, nudges=nudges
-            )
+            ) + start_notifiers(engine, configs, stop)
             forged = forge_outbound_messages(client, base, world.sf_person)
             jobs, n_soap, n_hubspot, n_pushed = _deliveries(sf, world, rng, sf_leads)
             n_person = len(world.sf_person)
@@ -439,6 +442,9 @@ def run_demo(sf_leads: int = 600, hs_leads: int = 400, senders: int = 16) -> int
         outcome = _read_outcome(engine)
         fair = _print_figures(engine, world, sent, outcome, sf, hs)
         checks = _checks(engine, world, sent, outcome, sf, hs, done=done, fair=fair, forged=forged)
+        checks["every demo-sf rep told of each of their leads on Slack"] = show_notifications(
+            engine, slack
+        )
         engine.dispose()
         print()
         for name, ok in checks.items():
@@ -456,5 +462,6 @@ def run_demo(sf_leads: int = 600, hs_leads: int = 400, senders: int = 16) -> int
             t.join(timeout=10)
         sf.stop()
         hs.stop()
+        slack.stop()
         shutil.rmtree(root, ignore_errors=True)
         shutil.rmtree(pgroot, ignore_errors=True)

@@ -13,9 +13,11 @@ from sqlalchemy import Engine
 
 from connector.core.config import OrgConfig
 from connector.core.config_loading import load_configs
+from connector.notify.settings import apply_notify_settings
 from connector.routing.teams import apply_teams
+from connector.shell.demo_notify import DEMO_SLACK_TOKEN, rep_email, slack_block
 from connector.shell.reps import resolve_rep, set_away
-from crm_sandboxes import HubSpotSandbox, SalesforceSandbox
+from crm_sandboxes import HubSpotSandbox, SalesforceSandbox, SlackSandbox
 
 SF_ORG_ID = "00D000000000001AAA"
 HS_PORTAL = 62515
@@ -26,6 +28,7 @@ ENV = {
     "DEMO_HS_WEBHOOK_SECRET": "demo-app-client-secret",
     # The secret Salesforce's endpoint URL ends with (an Outbound Message has no signature).
     "DEMO_SF_OUTBOUND_SECRET": "demo-outbound-url-secret-8Jq2vXw5",
+    "DEMO_SLACK_BOT_TOKEN": DEMO_SLACK_TOKEN,
 }
 DEMO_CAP = 20  # Tony Hoare's leads per day
 SF_COUNTRIES = ["US", "CA", "us", "DE", "FR", "GB", "NL", "SE"]
@@ -70,6 +73,7 @@ def salesforce_yaml(
     org: str = "demo-sf",
     written_by: str = "connector demo",
     poll_interval_seconds: int | None = 1,
+    slack_url: str | None = None,
 ) -> str:
     """A Salesforce org routing Leads over the sandbox ``sf``; secrets are ${ENV} names of
     ``ENV``."""
@@ -108,7 +112,7 @@ rules:
   - {{name: north america, team: na_ae, when: {{Country: [US, CA]}}}}
   # a lead at the domain of a known Account goes to the Account's owner, else to emea_ae
   - {{name: everyone else, team: emea_ae, route_to: account_owner}}
-"""
+""" + (slack_block(slack_url, reps) if slack_url else "")
 
 
 def hubspot_yaml(
@@ -167,18 +171,29 @@ class World:
 
 
 def _set_up_orgs(
-    engine: Engine, root: Path, sf: SalesforceSandbox, hs: HubSpotSandbox
+    engine: Engine,
+    root: Path,
+    sf: SalesforceSandbox,
+    hs: HubSpotSandbox,
+    slack: SlackSandbox | None = None,
 ) -> tuple[dict[str, OrgConfig], list[str], str, list[str]]:
     """The CRM users, the two orgs' config folder and teams, and one rep away:
     (configs, Salesforce reps, the Salesforce intake user, HubSpot owners)."""
     reps, intake = seed_salesforce_users(sf)
     owners = seed_hubspot_owners(hs)
     (root / "config").mkdir()
-    (root / "config" / "demo-sf.yaml").write_text(salesforce_yaml(sf, reps, intake))
+    for i, rep in enumerate(reps):
+        if slack is not None:
+            slack.add_user(rep_email(rep), f"UDEMO{i}")
+    slack_url = slack.url if slack is not None else None
+    (root / "config" / "demo-sf.yaml").write_text(
+        salesforce_yaml(sf, reps, intake, slack_url=slack_url)
+    )
     (root / "config" / "demo-hs.yaml").write_text(hubspot_yaml(hs, owners))
     configs: dict[str, OrgConfig] = load_configs(root / "config")
     for cfg in configs.values():
         apply_teams(engine, cfg)
+        apply_notify_settings(engine, cfg)
     # `connector rep away "Barbara Liskov" --until ...`: away for the whole burst
     sf_cfg, now = configs["demo-sf"], datetime.now(UTC)
     barbara = resolve_rep(sf_cfg, "Barbara Liskov")
@@ -195,9 +210,10 @@ def make_world(
     rng: random.Random,
     sf_leads: int,
     hs_leads: int,
+    slack: SlackSandbox | None = None,
 ) -> World:
     """The orgs, then the records of the burst in the sandboxes."""
-    configs, reps, intake, owners = _set_up_orgs(engine, root, sf, hs)
+    configs, reps, intake, owners = _set_up_orgs(engine, root, sf, hs, slack)
     # An Account owned by Edsger Dijkstra; its people's leads go to him, not the rotation.
     initech = sf.add_account("Initech", reps[3], "https://www.initech.com/")
     account_leads = [

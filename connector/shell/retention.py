@@ -32,6 +32,7 @@ class Purged:
     outbox_deleted: int = 0
     skips_deleted: int = 0
     decision_values_cleared: int = 0
+    notifications_deleted: int = 0
     ran: bool = True
 
 
@@ -57,6 +58,7 @@ def purge(engine: Engine, org: str, days: int, batch: int = BATCH) -> Purged:
         outbox_deleted=_drain(engine, "delete_outbox", org, days, batch),
         skips_deleted=_drain(engine, "delete_skips", org, days, batch),
         decision_values_cleared=_drain(engine, "clear_decision_values", org, days, batch),
+        notifications_deleted=_drain(engine, "delete_notifications", org, days, batch),
     )
     out.ran = (
         min(
@@ -65,6 +67,7 @@ def purge(engine: Engine, org: str, days: int, batch: int = BATCH) -> Purged:
             out.outbox_deleted,
             out.skips_deleted,
             out.decision_values_cleared,
+            out.notifications_deleted,
         )
         >= 0
     )

@@ -44,6 +44,7 @@ from connector.shell.listeners import (
     check_admin_binding,
     public_connection_cap,
 )
+from connector.shell.notifying import add_alert_jobs, start_notifiers
 from connector.shell.store import warn_if_vacuum_off
 from connector.writeback.dispatch import Dispatcher, DispatchStats
 from connector.writeback.wakeups import announce, listener_for
@@ -128,6 +129,7 @@ def start_scheduler(
             coalesce=True,
             next_run_time=None if cfg.poll.interval_seconds > 3600 else _now(),
         )
+    add_alert_jobs(scheduler, engine, configs)
     scheduler.add_job(
         _safe_purge,
         "interval",
@@ -313,7 +315,7 @@ def run_dispatch_service(
                 lease_seconds,
                 nudges,
             )
-            threads += dispatchers
+            threads += dispatchers + start_notifiers(engine, configs, stop)
             log.info(
                 "connector dispatch running: dispatchers=%d admin=%s",
                 len(dispatchers),
@@ -526,6 +528,8 @@ def run_service(
         if dispatch
         else []
     )
+    if dispatch:
+        threads += start_notifiers(engine, configs, stop)
     admin = _admin_listener(engine, configs, metrics, admin_host, admin_port, admin_token)
     try:
         with admin as admin_url:

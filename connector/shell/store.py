@@ -537,6 +537,7 @@ def open_database(
     operator to run `connector migrate`. ``apply_config=False`` (with
     ``migrate_now=False``) opens the database without writing anything (`connector simulate`).
     """
+    from connector.notify.settings import apply_notify_settings
     from connector.routing.teams import apply_teams
 
     engine = make_engine(database_url(configs))
@@ -557,4 +558,5 @@ def open_database(
     if apply_config:
         for cfg in configs:
             apply_teams(engine, cfg)
+            apply_notify_settings(engine, cfg)
     return engine

@@ -117,6 +117,12 @@ BEGIN
         WHERE p_details -> p.detail_of IS NOT NULL
           AND (p.member_id IS NOT NULL OR p_reason IS NOT NULL);
     END IF;
+    IF n > 0 THEN
+        -- the reps' notifications (db/functions/notifications.sql; nothing when the org has
+        -- none)
+        PERFORM queue_notifications(p_org, p_lead_ids, p_member_ids, '{assigned}', 'assigned',
+                                    NULL);
+    END IF;
     RETURN n;
 END
 $$;

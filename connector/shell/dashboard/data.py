@@ -13,6 +13,7 @@ from sqlalchemy import Engine, TextClause, text
 import db
 from connector.core.config import OrgConfig
 from connector.core.crm_kinds import crm_kind
+from connector.notify.dispatch import finished_rows as notify_finished
 from connector.shell.availability import RepNow, rep_states
 from connector.shell.dashboard.figures import (
     Member,
@@ -53,6 +54,8 @@ class Overview:
     superseded: list[dict[str, Any]]
     decisions: list[dict[str, Any]]
     reps: dict[str, list[RepNow]] = field(default_factory=dict)
+    # notifications that died (connector/notify), newest PROBLEM_ROWS
+    dead_notifications: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -127,6 +130,11 @@ def overview(engine: Engine, cfg: OrgConfig, now: datetime) -> Overview:
         superseded=superseded,
         decisions=decisions,
         reps=rep_states(engine, cfg, now),
+        dead_notifications=(
+            notify_finished(engine, org, "dead", limit=PROBLEM_ROWS)
+            if cfg.notifications is not None
+            else []
+        ),
     )
 
 

@@ -18,6 +18,7 @@ from starlette.routing import BaseRoute, Route
 
 from connector.core import charts, limits
 from connector.core.config import ConfigError, OrgConfig
+from connector.notify.dispatch import retry_dead as retry_dead_notifications
 from connector.routing.rep_state import SKIP_WORDS
 from connector.shell.dashboard import data, figures, security
 from connector.shell.reps import away_command, back_command
@@ -134,6 +135,7 @@ class _Dashboard:
             return self.refuse(request, 404, "Not found", "No such org.")
         view = await run_in_threadpool(data.overview, self.engine, cfg, self.clock())
         retried = request.query_params.get("retried", "")
+        renotified = request.query_params.get("renotified", "")
         return self.render(
             request,
             "org.html",
@@ -141,6 +143,7 @@ class _Dashboard:
                 "org": cfg.org,
                 "view": view,
                 "retried": _shown_id(retried),
+                "renotified": _shown_id(renotified),
                 "changed": _changed_rep(cfg, request.query_params),
                 "charts": {
                     "today": [
@@ -268,21 +271,34 @@ class _Dashboard:
         return cfg, form
 
     async def retry(self, request: Request) -> Response:
+        return await self._retry(request, "outbox")
+
+    async def retry_notification(self, request: Request) -> Response:
+        return await self._retry(request, "notification")
+
+    async def _retry(self, request: Request, what: str) -> Response:
+        """Requeue one dead outbox row or notification (its own short transaction)."""
         checked = await self._checked_form(request)
         if isinstance(checked, Response):
             return checked
         cfg, _form = checked
         try:
-            row_id = limits.row_id(request.path_params["row_id"], "outbox row id")
+            row_id = limits.row_id(request.path_params["row_id"], f"{what} row id")
         except limits.InputRangeError as exc:
             return self.refuse(request, 400, "Bad request", f"{exc}.")
-        n = await run_in_threadpool(retry_dead, self.engine, cfg.org, [row_id])
+        requeue = retry_dead if what == "outbox" else retry_dead_notifications
+        n = await run_in_threadpool(requeue, self.engine, cfg.org, [row_id])
+        label = "Outbox row" if what == "outbox" else "Notification"
         if n == 0:
             return self.refuse(
-                request, 409, "Not retried", f"Outbox row {row_id} of {cfg.org} is not dead."
+                request, 409, "Not retried", f"{label} {row_id} of {cfg.org} is not dead."
             )
-        log.info("dashboard: org %s outbox row %d requeued", cfg.org, row_id)
-        return RedirectResponse(f"/dashboard/org/{cfg.org}?retried={row_id}#dead", 303)
+        log.info("dashboard: org %s %s %d requeued", cfg.org, what, row_id)
+        if what == "outbox":
+            return RedirectResponse(f"/dashboard/org/{cfg.org}?retried={row_id}#dead", 303)
+        return RedirectResponse(
+            f"/dashboard/org/{cfg.org}?renotified={row_id}#dead-notifications", 303
+        )
 
     async def login_form(self, request: Request) -> Response:
         if self.authorized(request):
@@ -325,6 +341,11 @@ def dashboard_routes(
         Route("/dashboard/org/{org}/lead", d.lead_search, methods=["GET"]),
         Route("/dashboard/org/{org}/rep/{rep}/{action:str}", d.rep_action, methods=["POST"]),
         Route("/dashboard/org/{org}/outbox/{row_id:int}/retry", d.retry, methods=["POST"]),
+        Route(
+            "/dashboard/org/{org}/notifications/{row_id:int}/retry",
+            d.retry_notification,
+            methods=["POST"],
+        ),
     ]
 
 

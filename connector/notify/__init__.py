@@ -1,0 +1,1 @@
+"""Notifications: rep messages on assignment and admin alerts, through Slack and email."""
