@@ -59,6 +59,7 @@ def serve_in_thread(
         host=host,
         port=port,
         log_level="warning",
+        log_config=None,  # its records go to the process's handler (connector.shell.logs)
         lifespan="on",
         proxy_headers=False,
         access_log=False,
