@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import re
 import shlex
 import shutil
 import signal
@@ -24,6 +25,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 
 from connector.shell.demo_world import ENV
 from testbed.pg import memory_dir
@@ -383,3 +385,31 @@ def test_the_image_runs_its_commands_as_a_non_root_user(
         "/nonexistent/.local/state/lead-routing-connector (Permission denied): set "
         "DATABASE_URL, or CONNECTOR_PGDATA to a writable folder\n"
     )
+
+
+# --- docker/compose.yaml and its env file ----------------------------------------------------
+
+
+def test_compose_takes_secrets_from_an_env_file_and_guards_the_admin_port() -> None:
+    compose = yaml.safe_load((ROOT / "docker" / "compose.yaml").read_text())
+    connector = compose["services"]["connector"]
+    assert connector["env_file"] == "connector.env"
+    text = (ROOT / "docker" / "compose.yaml").read_text()
+    # no org's secret names: those are in the env file, whatever the orgs are called
+    assert re.findall(r"\b(?:ACME|GLOBEX|DEMO)_[A-Z_]+", text) == []
+    environment = connector["environment"]
+    assert environment["CONNECTOR_ADMIN_HOST"] == "0.0.0.0"
+    assert environment["CONNECTOR_ADMIN_TOKEN"].startswith("${CONNECTOR_ADMIN_TOKEN:?")
+    assert {str(p) for p in connector["ports"]} == {"8080", "9100"}
+
+
+def test_the_env_file_example_names_every_secret_the_example_configs_reference() -> None:
+    example = (ROOT / "docker" / "connector.env.example").read_text()
+    names = {line.split("=")[0] for line in example.splitlines() if re.match(r"[A-Z]", line)}
+    referenced = {
+        n
+        for f in (ROOT / "config").glob("*.yaml")
+        for n in re.findall(r"\$\{(\w+)\}", f.read_text())
+    }
+    assert referenced and referenced <= names
+    assert {"POSTGRES_PASSWORD", "CONNECTOR_ADMIN_TOKEN"} <= names
