@@ -6,6 +6,9 @@ python3 dev.py test [ARGS] the whole test suite (ARGS go to pytest), on pytest-x
                            (cores + 2; one per core with TEST_DATABASE_URL) unless ARGS
                            choose (`-n 0`, `-p no:xdist`) or use --pdb
 python3 dev.py lint        ruff (lint + format check) and mypy
+python3 dev.py lock [ARGS] rewrite requirements.lock from pyproject.toml (pip-compile: pins
+                           kept, new dependencies added; ARGS go to pip-compile, e.g.
+                           --upgrade or --upgrade-package NAME), then reinstall .venv
 """
 
 from __future__ import annotations
@@ -21,10 +24,37 @@ ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
 BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
 STAMP = VENV / ".installed"
+LOCK = ROOT / "requirements.lock"
 
 
 def _fingerprint() -> str:
-    return hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
+    digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes())
+    if LOCK.exists():
+        digest.update(LOCK.read_bytes())
+    return digest.hexdigest()
+
+
+def install_command() -> list[str]:
+    """The project and its dev tools, at the versions requirements.lock pins (the Dockerfile
+    installs from the same lock)."""
+    return [
+        str(BIN / "python"),
+        *("-m", "pip", "install", "--disable-pip-version-check", "-q"),
+        *("-c", str(LOCK)),
+        *("-e", f"{ROOT}[dev]"),
+    ]
+
+
+def lock_command(args: list[str]) -> list[str]:
+    """pip-compile of pyproject.toml's dependencies and dev extra into requirements.lock: one
+    ``name==version`` a line (no extras, no index URLs), usable as pip's ``-c`` constraints."""
+    return [
+        str(BIN / "pip-compile"),
+        *("--quiet", "--extra", "dev", "--strip-extras", "--allow-unsafe"),
+        *("--no-emit-index-url", "--no-emit-trusted-host", "--no-emit-find-links"),
+        *("--output-file", str(LOCK.relative_to(ROOT)), "pyproject.toml"),
+        *args,
+    ]
 
 
 def ensure_venv() -> None:
@@ -36,8 +66,7 @@ def ensure_venv() -> None:
     if STAMP.exists() and STAMP.read_text() == _fingerprint():
         return
     print("installing the project and its dev tools into .venv ...", file=sys.stderr)
-    pip = [str(BIN / "python"), "-m", "pip", "install", "--disable-pip-version-check", "-q"]
-    subprocess.run([*pip, "-e", f"{ROOT}[dev]"], check=True, cwd=ROOT)
+    subprocess.run(install_command(), check=True, cwd=ROOT)
     STAMP.write_text(_fingerprint())
 
 
@@ -96,13 +125,19 @@ def run(cmd: list[str], env: dict[str, str] | None = None) -> int:
 
 
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in ("demo", "test", "lint"):
+    if not argv or argv[0] not in ("demo", "test", "lint", "lock"):
         print(__doc__, file=sys.stderr)
         return 2
     ensure_venv()
     what, rest = argv[0], argv[1:]
     if what == "demo":
         return run([str(BIN / "connector"), "demo", *rest])
+    if what == "lock":
+        env = {**os.environ, "CUSTOM_COMPILE_COMMAND": "python3 dev.py lock"}
+        code = run(lock_command(rest), env)
+        if code == 0:
+            ensure_venv()  # the new lock changes the fingerprint: install what it pins
+        return code
     if what == "lint":
         checks = (
             ["ruff", "check", "."],

@@ -372,7 +372,11 @@ class HubSpotAdapter:
             blamed = [(i, w) for i, w in items if w.owner_id in bad]
             rest = [(i, w) for i, w in items if w.owner_id not in bad]
             for i, w in blamed:
-                log.info("hubspot write failed record=%s code=INVALID_OWNER_ID", w.record_id)
+                log.info(
+                    "hubspot write failed record=%s code=INVALID_OWNER_ID",
+                    w.record_id,
+                    extra={"crm_id": w.record_id, "code": "INVALID_OWNER_ID"},
+                )
                 out[i] = WriteOutcome(w.key, False, PermanentError("INVALID_OWNER_ID", err.message))
             if blamed:
                 if rest:
@@ -380,7 +384,12 @@ class HubSpotAdapter:
                 return
             if len(items) == 1:
                 i, w = items[0]
-                log.info("hubspot write failed record=%s code=%s", w.record_id, err.code)
+                log.info(
+                    "hubspot write failed record=%s code=%s",
+                    w.record_id,
+                    err.code,
+                    extra={"crm_id": w.record_id, "code": err.code},
+                )
                 out[i] = WriteOutcome(w.key, False, err)
                 return
             mid = len(items) // 2
@@ -405,8 +414,12 @@ class HubSpotAdapter:
             self._limiter.hold(max(err.retry_after or 1.0 for err in refused))
         for i, w in items:
             if w.record_id in errors:
+                code = errors[w.record_id].code
                 log.info(
-                    "hubspot write failed record=%s code=%s", w.record_id, errors[w.record_id].code
+                    "hubspot write failed record=%s code=%s",
+                    w.record_id,
+                    code,
+                    extra={"crm_id": w.record_id, "code": code},
                 )
                 out[i] = WriteOutcome(w.key, False, errors[w.record_id])
             elif w.record_id in ok_ids:

@@ -401,7 +401,12 @@ class SalesforceAdapter:
             code = str(first.get("statusCode", "UNKNOWN")) if isinstance(first, dict) else "?"
             msg = str(first.get("message", "")) if isinstance(first, dict) else ""
             err = classify_salesforce_record_error(code, msg)
-            log.info("salesforce write failed record=%s code=%s", w.record_id, code)
+            log.info(
+                "salesforce write failed record=%s code=%s",
+                w.record_id,
+                code,
+                extra={"crm_id": w.record_id, "code": code},
+            )
             outcomes.append(WriteOutcome(w.key, False, err))
         return outcomes
 

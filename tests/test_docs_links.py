@@ -66,7 +66,7 @@ def test_readme_is_short_and_starts_with_the_two_commands() -> None:
 
 def test_readme_commands_exist_in_dev_py() -> None:
     source = (ROOT / "dev.py").read_text(encoding="utf-8")
-    assert 'argv[0] not in ("demo", "test", "lint")' in source
+    assert 'argv[0] not in ("demo", "test", "lint", "lock")' in source
 
 
 def test_every_connector_command_in_the_docs_exists() -> None:

@@ -58,7 +58,10 @@ def running(
     databases: DatabaseFactory, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[Proc, Engine, httpx.Client]]:
     """`connector serve` on a fresh database, and one HTTP client for every example (a client
-    per request loads the CA bundle each time: 0.04-0.6 s of CPU on the shared machine)."""
+    per request loads the CA bundle each time: 0.04-0.6 s of CPU on the shared machine).
+    At the end it records how this process's fuzzed requests were answered: here, not in a
+    test of its own, which xdist could hand to another worker, which then started all this
+    to record nothing."""
     db_url = databases.new()
     tmp = tmp_path_factory.mktemp("fuzz")
     with open_two_orgs(tmp) as orgs:
@@ -73,6 +76,11 @@ def running(
             engine.dispose()
     assert code == 0
     assert_clean_logs(p.logs)
+    record_figures(
+        "http_fuzz",
+        {"requests": sum(FIGURES.values()), "answers": dict(sorted(FIGURES.items()))},
+    )
+    assert not any(k.endswith(tuple(f"_{s}" for s in range(500, 600))) for k in FIGURES)
 
 
 def _assert_clean(r: httpx.Response, kind: str) -> None:
@@ -227,12 +235,3 @@ def test_hubspot_endpoint_answers_clean_4xx(
     r = client.post(url, content=body, headers=headers)
     _assert_clean(r, "hs")
     _check_storage(engine, r)
-
-
-def test_zz_fuzz_figures(running: tuple[Proc, Engine, httpx.Client]) -> None:
-    """Runs last in this module: record how the fuzzed requests were answered."""
-    record_figures(
-        "http_fuzz",
-        {"requests": sum(FIGURES.values()), "answers": dict(sorted(FIGURES.items()))},
-    )
-    assert not any(k.endswith(tuple(f"_{s}" for s in range(500, 600))) for k in FIGURES)

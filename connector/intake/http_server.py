@@ -312,6 +312,7 @@ def receiver_config(
         ws="none",
         lifespan=lifespan,
         log_level=log_level,
+        log_config=None,  # its records go to the process's handler (connector.shell.logs)
         access_log=False,
         proxy_headers=False,
         server_header=False,

@@ -553,6 +553,11 @@ class InboxWorker:
             [f"{o.crm_id}:{o.status}" for o in outcomes],
             [f"{v.crm_id}:{v.reason}" for v in skips],
             len(routed),
+            extra={
+                "org": cfg.org,
+                "crm_ids": [o.crm_id for o in outcomes],
+                "skipped_crm_ids": [v.crm_id for v in skips],
+            },
         )
 
 

@@ -359,6 +359,7 @@ class _App:
             len(keys),
             printable_id(keys[0]) if keys else "-",
             new,
+            extra={"org": cfg.org, "event_ids": [printable_id(k, 64) for k in keys]},
         )
         return Response(ack_response(), 200, media_type=SOAP_CONTENT_TYPE)
 
@@ -441,6 +442,7 @@ class _App:
             len(latest),
             latest[0].event_id,
             new,
+            extra={"org": cfg.org, "event_ids": [e.event_id for e in latest]},
         )
         return JSONResponse(
             {

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -40,6 +39,7 @@ from connector.shell.commands import (
     cmd_status,
     cmd_sync,
 )
+from connector.shell.logs import FORMATS, configure_logging, log_format_from
 
 T = TypeVar("T")
 
@@ -127,9 +127,13 @@ def _svg_arg(value: str) -> Path:
 
 
 def _global_options(
-    parser: argparse.ArgumentParser, default_config: str | None, default_level: str
+    parser: argparse.ArgumentParser,
+    default_config: str | None,
+    default_level: str,
+    default_format: str | None,
 ) -> None:
-    """--config and --log-level, accepted before or after the command (after wins)."""
+    """--config, --log-level and --log-format, accepted before or after the command (after
+    wins)."""
     where = " May come before or after the command; given in both places, the one after wins."
     parser.add_argument(
         "--config",
@@ -143,6 +147,13 @@ def _global_options(
         type=_log_level,
         default=default_level,
         help="logging level (default $CONNECTOR_LOG_LEVEL, else WARNING)." + where,
+    )
+    parser.add_argument(
+        "--log-format",
+        choices=FORMATS,
+        default=default_format,
+        help="text lines, or one JSON object a line with level, logger, message and the ids "
+        "the record carries (default $CONNECTOR_LOG_FORMAT, else text)." + where,
     )
 
 
@@ -466,7 +477,7 @@ def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def build_parser() -> argparse.ArgumentParser:
     p: argparse.ArgumentParser = Parser(prog="connector", description=__doc__)
     p.add_argument("--version", action="version", version=f"connector {__version__}")
-    _global_options(p, None, os.environ.get("CONNECTOR_LOG_LEVEL", "WARNING"))
+    _global_options(p, None, os.environ.get("CONNECTOR_LOG_LEVEL", "WARNING"), None)
     sub = p.add_subparsers(dest="command", required=True)
     _add_migrate(sub)
     _add_reassign(sub)
@@ -487,18 +498,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_demo(sub)
     for subparser in [*sub.choices.values(), *rep_parsers]:
         # after the command too; SUPPRESS keeps a value given before it when this one is absent
-        _global_options(subparser, argparse.SUPPRESS, argparse.SUPPRESS)
+        _global_options(subparser, argparse.SUPPRESS, argparse.SUPPRESS, argparse.SUPPRESS)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
     try:
+        configure_logging(args.log_level, log_format_from(args.log_format, os.environ))
         code: int = args.func(args)
         return code
     except ConfigProblems as exc:  # one line each: file:line: key.path: problem; fix

@@ -249,7 +249,14 @@ def start_embedded(
         _prepare_root(pgdata, env)
         _make_open_dirs(pgdata.parent)
     else:
-        pgdata.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            pgdata.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # e.g. a container user whose home does not exist
+            raise ConfigError(
+                f"the embedded PostgreSQL cannot keep its data in {pgdata.parent} "
+                f"({exc.strerror or type(exc).__name__}): set DATABASE_URL, or CONNECTOR_PGDATA "
+                "to a writable folder"
+            ) from None
     with FileLock(str(pgdata.parent / ".pgdata.lock")):
         server = get_server(pgdata, cleanup_mode=cleanup_mode)
     return str(server.get_uri())
@@ -284,9 +291,33 @@ def sqlalchemy_url(url: str) -> str:
     return parsed.render_as_string(hide_password=False)
 
 
-def make_engine(url: str, pool_size: int = 5) -> Engine:
+DEFAULT_POOL_SIZE = 5
+MAX_POOL_SIZE = 100
+
+
+def pool_size_from(env: Mapping[str, str]) -> int:
+    """``$CONNECTOR_DB_POOL_SIZE`` (1-100), else 5: the engine pool's connections, and as many
+    again in overflow."""
+    raw = env.get("CONNECTOR_DB_POOL_SIZE", "").strip()
+    if not raw:
+        return DEFAULT_POOL_SIZE
+    try:
+        size = int(raw)
+    except ValueError:
+        size = 0
+    if not 1 <= size <= MAX_POOL_SIZE:
+        raise ConfigError(
+            f"CONNECTOR_DB_POOL_SIZE: {raw[:20]!r} is not a whole number from 1 to {MAX_POOL_SIZE}"
+        )
+    return size
+
+
+def make_engine(url: str, pool_size: int | None = None) -> Engine:
     """The engine for ``url`` (``connector.core.database``); its errors are
-    ``connector.core.errors``'."""
+    ``connector.core.errors``'. Its pool holds ``pool_size`` connections (default
+    ``$CONNECTOR_DB_POOL_SIZE``, else 5) and as many again in overflow."""
+    if pool_size is None:
+        pool_size = pool_size_from(os.environ)
     return create_engine(
         sqlalchemy_url(url),
         pool_size=pool_size,

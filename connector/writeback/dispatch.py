@@ -487,7 +487,13 @@ class Dispatcher:
             )
         for d in decisions:
             if isinstance(d, Dead):
-                log.warning("org %s: outbox row %d is dead: %s", self.org, d.row_id, d.reason)
+                log.warning(
+                    "org %s: outbox row %d is dead: %s",
+                    self.org,
+                    d.row_id,
+                    d.reason,
+                    extra={"org": self.org, "outbox_id": d.row_id},
+                )
 
     def _pause(self, pause: Pause) -> None:
         log.error(
