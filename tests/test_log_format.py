@@ -129,7 +129,7 @@ def test_bad_log_formats_are_refused_in_one_line(
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert err.splitlines()[-1].startswith(
-        "connector: error: argument --log-format: invalid choice: 'xml' (choose from"
+        "connector: argument --log-format: invalid choice: 'xml' (choose from"
     )
     monkeypatch.setenv("CONNECTOR_LOG_FORMAT", "xml")
     assert main(["--config", str(config), "check-config"]) == 2

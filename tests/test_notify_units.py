@@ -135,7 +135,7 @@ def test_check_config_warns_of_reps_without_an_address_and_unknown_ones() -> Non
     )
     cfg = notify_cfg("http://127.0.0.1:1", reps=reps)
     assert [w for w in cfg.warnings() if "notifications" in w] == [
-        "notifications.reps names no rep of the teams: 005Z",
-        "notifications: no address for 005C in notifications.reps: their messages will be "
-        "dead (no_address)",
+        "notifications.reps: names no rep of the teams: 005Z; remove them or add them to a team",
+        "notifications.reps: no address for 005C: their messages will be dead (no_address); "
+        "give each an email or a slack_user_id",
     ]

@@ -29,12 +29,8 @@ def warnings(cfg: OrgConfig) -> list[ConfigWarning]:
     for i, team in enumerate(cfg.teams):
         out += _catch_up(i, team)
     if cfg.notifications is not None:
-        out += [
-            ConfigWarning(("notifications",), text)
-            for text in cfg.notifications.warnings(
-                [m.crm_user_id for t in cfg.teams for m in t.members]
-            )
-        ]
+        reps = [m.crm_user_id for t in cfg.teams for m in t.members]
+        out += [ConfigWarning(loc, text) for loc, text in cfg.notifications.warnings(reps)]
     if cfg.account_matching and not cfg.poll.enabled:
         out.append(
             ConfigWarning(

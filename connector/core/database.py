@@ -497,3 +497,12 @@ def notifications_for(
 ) -> Notifications:
     """``Notifications`` on the database of ``engine`` (``_driver_params``)."""
     return Notifications(_driver_params(engine, connect_args), listen_sql)
+
+
+def pool_capacity(engine: Engine) -> int:
+    """Connections one engine's pool may open: its size plus its overflow (8 for a pool of
+    another kind)."""
+    pool = engine.pool
+    if isinstance(pool, QueuePool):
+        return pool.size() + max(pool._max_overflow, 0)
+    return 8

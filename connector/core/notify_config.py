@@ -147,12 +147,19 @@ class Notifications(_Model):
             raise ValueError(f"reps: {', '.join(dupes)} listed twice")
         return self
 
-    def warnings(self, rep_ids: list[str]) -> list[str]:
-        """Valid settings that will not do what is meant (``rep_ids``: the teams' reps)."""
-        out: list[str] = []
+    def warnings(self, rep_ids: list[str]) -> list[tuple[tuple[str, ...], str]]:
+        """Valid settings that will not do what is meant, each with its key path
+        (``rep_ids``: the teams' reps)."""
+        out: list[tuple[tuple[str, ...], str]] = []
         unknown = sorted({r.crm_user_id for r in self.reps} - set(rep_ids))
         if unknown:
-            out.append(f"notifications.reps names no rep of the teams: {', '.join(unknown)}")
+            out.append(
+                (
+                    ("notifications", "reps"),
+                    f"names no rep of the teams: {', '.join(unknown)}; remove them or add "
+                    "them to a team",
+                )
+            )
         if self.rep_channels:
             need_email = "email" in self.rep_channels
             missing = sorted(
@@ -163,9 +170,11 @@ class Notifications(_Model):
             )
             if missing:
                 out.append(
-                    "notifications: no address for "
-                    + ", ".join(missing)
-                    + " in notifications.reps: their messages will be dead (no_address)"
+                    (
+                        ("notifications", "reps"),
+                        f"no address for {', '.join(missing)}: their messages will be dead "
+                        "(no_address); give each an email or a slack_user_id",
+                    )
                 )
         return out
 

@@ -17,9 +17,9 @@ import os
 from collections.abc import Mapping
 
 from sqlalchemy import Engine
-from sqlalchemy.pool import QueuePool
 
 from connector.core.config import ConfigError
+from connector.core.database import pool_capacity
 
 BASE_DESCRIPTORS = 128
 """Standard streams, listening sockets, the event loop's, threads' wake-up pipes, log files,
@@ -53,9 +53,7 @@ def raise_file_limit() -> int:
 def engine_connections(engine: Engine) -> int:
     """Database connections one engine may open: its pool (size plus overflow) and the
     one-statement pool beside it, sized the same (``connector.core.database``)."""
-    pool = engine.pool
-    size = pool.size() + max(pool._max_overflow, 0) if isinstance(pool, QueuePool) else 8
-    return 2 * size
+    return 2 * pool_capacity(engine)
 
 
 def reserved_descriptors(*, database_connections: int, orgs: int, admin_connections: int) -> int:

@@ -6,16 +6,37 @@
 
 -- Their results are single rows (OUT parameters), which a caller assigns as an expression
 -- (`r := route_team(...)`), without a query's set-up. CREATE OR REPLACE cannot change a
--- function's result type, so a database made before these signatures gets them dropped first.
-DROP FUNCTION IF EXISTS route_new_lead(text, text, text, text, jsonb, text, text, integer, text,
-    timestamptz, date, date, text[], text[], integer[], integer[], integer, integer, integer,
-    jsonb, integer);
-DROP FUNCTION IF EXISTS route_team(text, text, text, text, timestamptz, date, date, bigint,
-    text[], text[], integer[], integer[], integer, integer, integer, bigint[], text[], text[],
-    integer[], text[], integer[], jsonb, integer[], boolean);
-DROP FUNCTION IF EXISTS record_assignments(text, text, text, bigint, integer, boolean, date,
-    date, bigint[], bigint[], text[], text[], integer[], text[], integer[], jsonb, bigint[],
-    bigint[], bigint, jsonb, integer[], bigint[], integer[], text[], bigint[], text);
+-- function's result type, so a database whose functions have the earlier result types (a
+-- set of rows; record_assignments: void) gets them dropped first. Only then: a drop gives
+-- the function a new identity, and a session still holding a plan of the old one would fail
+-- ("cache lookup failed") while other processes route.
+DO $$
+BEGIN
+    IF EXISTS (SELECT FROM pg_proc p
+               WHERE p.pronamespace = CAST(current_schema() AS regnamespace)
+                 AND p.proname = 'record_assignments'
+                 AND p.prorettype = CAST('void' AS regtype)) THEN
+        DROP FUNCTION record_assignments(text, text, text, bigint, integer, boolean, date,
+            date, bigint[], bigint[], text[], text[], integer[], text[], integer[], jsonb,
+            bigint[], bigint[], bigint, jsonb, integer[], bigint[], integer[], text[],
+            bigint[], text);
+    END IF;
+    IF EXISTS (SELECT FROM pg_proc p
+               WHERE p.pronamespace = CAST(current_schema() AS regnamespace)
+                 AND p.proname = 'route_team' AND p.proretset) THEN
+        DROP FUNCTION route_team(text, text, text, text, timestamptz, date, date, bigint,
+            text[], text[], integer[], integer[], integer, integer, integer, bigint[], text[],
+            text[], integer[], text[], integer[], jsonb, integer[], boolean);
+    END IF;
+    IF EXISTS (SELECT FROM pg_proc p
+               WHERE p.pronamespace = CAST(current_schema() AS regnamespace)
+                 AND p.proname = 'route_new_lead' AND p.proretset) THEN
+        DROP FUNCTION route_new_lead(text, text, text, text, jsonb, text, text, integer, text,
+            timestamptz, date, date, text[], text[], integer[], integer[], integer, integer,
+            integer, jsonb, integer);
+    END IF;
+END
+$$;
 
 -- THE RECORDER: every assignment is inserted here, with what goes with it in the same
 -- call: the members' rotation counts and credits and the caps' counters (p_turns: a
