@@ -9,24 +9,25 @@ from __future__ import annotations
 import ipaddress
 import re
 from datetime import date, datetime
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     SecretStr,
     field_validator,
     model_validator,
 )
 
 from connector.core.hours import WeeklyHours, parse_hours, parse_local_time, zone
+from connector.core.rule_syntax import FIELD_NAME, Condition, FieldType, fields_of, parse_when
+from connector.core.territories import Table, build_table
 from crm_adapters.fields import hubspot_parent_field, salesforce_parent_field
 from crm_adapters.salesforce_ids import is_id as is_salesforce_id
 
 ORG_NAME = r"^[a-z0-9][a-z0-9_-]{0,62}$"
-# A CRM field or property name: what a rule may test and what is read from the CRM.
-FIELD_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,99}$")
 # The shared secret Salesforce sends as the last path segment of the endpoint URL.
 URL_SECRET = re.compile(r"^[A-Za-z0-9._~-]{24,200}$")
 MAX_IN_A_ROW = 1000  # the largest K of catch_up: {max_in_a_row: K}
@@ -182,32 +183,115 @@ FieldValues = str | int | float | bool | list[str | int | float | bool]
 
 
 class Rule(_Model):
-    """Route to ``team`` when every field in ``when`` equals one of its values; no ``when``
-    matches everything (the default rule). With ``route_to: account_owner`` the lead goes to
-    the owner of its Account (Salesforce) or Company (HubSpot) when one matches, and to
-    ``team``'s rotation otherwise (see connector/routing/domains.py)."""
+    """Route to ``team`` when the lead satisfies ``when`` (see ``connector.core.rule_syntax``:
+    ``Field: [values]`` is the original form, equals one of them); no ``when`` matches
+    everything (the default rule). With ``territory`` the team is the one the named
+    territory table gives the lead, and the rule does not match a lead the table has no row
+    for. With ``route_to: account_owner`` the lead goes to the owner of its Account
+    (Salesforce) or Company (HubSpot) when one matches, and to the rule's team otherwise
+    (see connector/routing/domains.py)."""
 
-    team: str
-    when: dict[str, FieldValues] | None = None
+    team: str | None = None
     name: str | None = None
+    # A field's type (text, number, date, multi) where the operators would not say it.
+    types: dict[str, FieldType] | None = None
+    when: dict[str, Any] | None = None
+    territory: str | None = None
     # Overrides the team's `sla` for leads this rule routes.
     sla: Sla | None = None
     route_to: Literal["team", "account_owner"] = "team"
+    _condition: Condition | None = PrivateAttr(default=None)
 
     @field_validator("when")
     @classmethod
-    def _non_empty(cls, when: dict[str, FieldValues] | None) -> dict[str, FieldValues] | None:
+    def _non_empty(cls, when: dict[str, Any] | None) -> dict[str, Any] | None:
         if when is not None and not when:
             raise ValueError("`when` must name at least one field; omit it for a default rule")
-        if when:
-            for key, value in when.items():
-                if not FIELD_NAME.match(key):
-                    raise ValueError(
-                        f"`when.{key}`: not a CRM field name (letters, digits and _ only)"
-                    )
-                if isinstance(value, list) and not value:
-                    raise ValueError(f"`when.{key}` lists no values")
         return when
+
+    @field_validator("types")
+    @classmethod
+    def _type_fields(cls, types: dict[str, FieldType] | None) -> dict[str, FieldType] | None:
+        for key in types or {}:
+            if not FIELD_NAME.match(key):
+                raise ValueError(f"`{key}`: not a CRM field name (letters, digits and _ only)")
+        return types
+
+    @model_validator(mode="after")
+    def _parse(self) -> Rule:
+        if (self.team is None) == (self.territory is None):
+            raise ValueError("name a `team`, or a `territory` whose rows name the teams (not both)")
+        if self.when is not None:
+            label = f"rule {self.name!r}" if self.name else ""
+            self._condition = parse_when(self.when, self.types or {}, label)
+        return self
+
+    @property
+    def condition(self) -> Condition | None:
+        """``when`` as a tree (parsed at load)."""
+        return self._condition
+
+    @property
+    def fields(self) -> list[str]:
+        """The fields this rule reads (its territory's are the table's)."""
+        return fields_of(self._condition) if self._condition is not None else []
+
+
+class TerritoryFields(_Model):
+    """The lead fields a territory table reads."""
+
+    country: str
+    state: str | None = None
+    postal_code: str | None = None
+
+    @field_validator("country", "state", "postal_code")
+    @classmethod
+    def _field_name(cls, value: str | None) -> str | None:
+        if value is not None and not FIELD_NAME.match(value):
+            raise ValueError("not a CRM field name (letters, digits and _ only)")
+        return value
+
+
+class Territory(_Model):
+    """A table from country, state and postal code to a team (connector.core.territories):
+    ``rows`` written inline, or ``file``, a CSV next to the config with the columns
+    country, state, postal_code, team (the loader reads it into ``rows``)."""
+
+    fields: TerritoryFields
+    file: str | None = None
+    rows: list[dict[str, str | int | None]] | None = None
+    _table: Table | None = PrivateAttr(default=None)
+
+    @model_validator(mode="after")
+    def _build(self) -> Territory:
+        if self.rows is None:
+            raise ValueError("write its `rows`, or name a CSV `file` next to the config")
+        if self.file is not None:
+            wheres = [f"{self.file}:{i + 2}" for i in range(len(self.rows))]
+        else:
+            wheres = [f"rows[{i}]" for i in range(len(self.rows))]
+        if not self.rows:
+            raise ValueError("has no rows")
+        built = build_table(self.rows, wheres)
+        if isinstance(built, str):
+            raise ValueError(built)
+        if self.fields.state is None and any(r.state for r in built.rows):
+            raise ValueError("rows name a state: set fields.state")
+        if self.fields.postal_code is None and any(r.postal for r in built.rows):
+            raise ValueError("rows name a postal code: set fields.postal_code")
+        self._table = built
+        return self
+
+    @property
+    def table(self) -> Table:
+        assert self._table is not None
+        return self._table
+
+    @property
+    def read(self) -> list[str]:
+        """The lead fields this table reads."""
+        f = self.fields
+        return [n for n in (f.country, f.state, f.postal_code) if n is not None]
 
 
 class SalesforceAuth(_Model):
@@ -403,6 +487,9 @@ class OrgConfig(_Model):
     database_url: SecretStr | None = None
     teams: Annotated[list[Team], Field(min_length=1)]
     rules: Annotated[list[Rule], Field(min_length=1)]
+    territories: dict[
+        Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")], Territory
+    ] = {}
     poll: Poll = Poll()
     webhook: Webhook = Webhook()
     accounts: Accounts | None = None
@@ -422,8 +509,16 @@ class OrgConfig(_Model):
         if dupes:
             raise ValueError(f"team names must be unique: {', '.join(dupes)}")
         for i, rule in enumerate(self.rules):
-            if rule.team not in names:
+            if rule.territory is not None and rule.territory not in self.territories:
+                raise ValueError(f"rules[{i}] names unknown territory {rule.territory!r}")
+            if rule.team is not None and rule.team not in names:
                 raise ValueError(f"rules[{i}] routes to unknown team {rule.team!r}")
+        for tname, territory in self.territories.items():
+            for row in territory.table.rows:
+                if row.team not in names:
+                    raise ValueError(
+                        f"territories.{tname}: {row.where} routes to unknown team {row.team!r}"
+                    )
         by_name = {t.name: t for t in self.teams}
         for i, team in enumerate(self.teams):
             if team.overflow_team is None:
@@ -496,7 +591,7 @@ class OrgConfig(_Model):
         the configured extras (the adapter adds the id, owner and modification time)."""
         names: list[str] = []
         for rule in self.rules:
-            names.extend((rule.when or {}).keys())
+            names.extend(self.rule_fields(rule))
         if self.crm.parent_key:
             names.append(self.crm.parent_key)
         if self.account_matching:
@@ -505,6 +600,13 @@ class OrgConfig(_Model):
         if isinstance(self.crm, HubSpotCrm):
             names.extend(self.crm.fetch_properties)
         return list(dict.fromkeys(names))
+
+    def rule_fields(self, rule: Rule) -> list[str]:
+        """The lead fields a rule reads: its conditions' and its territory table's."""
+        out = rule.fields
+        if rule.territory is not None:
+            out = out + [f for f in self.territories[rule.territory].read if f not in out]
+        return out
 
     def warnings(self) -> list[str]:
         """Settings that are valid but almost certainly not what the operator wants."""
@@ -547,6 +649,15 @@ class OrgConfig(_Model):
                         f"leads): back from time away it catches up without a limit on "
                         f"leads in a row; {fix}"
                     )
+        for tname, territory in self.territories.items():
+            gaps = territory.table.gaps
+            if gaps:
+                more = f" and {len(gaps) - 1} more" if len(gaps) > 1 else ""
+                out.append(
+                    f"territories.{tname}: {len(gaps)} gap(s) between postal ranges, "
+                    f"first {gaps[0]}{more}: leads there fall to the state's or country's "
+                    "row, else to the next rule"
+                )
         if self.account_matching and not self.poll.enabled:
             out.append(
                 "poll.enabled is false: the account mirror is refreshed by the poll, so "

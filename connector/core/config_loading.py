@@ -7,6 +7,8 @@ the environment when the file is loaded. Errors name the file, the key path and 
 
 from __future__ import annotations
 
+import csv
+import io
 import os
 import re
 from collections.abc import Iterable, Mapping
@@ -19,6 +21,7 @@ from pydantic import ValidationError
 
 from connector.core.config import ConfigError, OrgConfig
 from connector.core.crm_kinds import CRM_KINDS
+from connector.core.rule_syntax import ConditionError, dotted
 
 ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 # scheme://user[:password]@ at the start of a database URL
@@ -102,12 +105,22 @@ def _literal_secrets(value: Any, path: str = "") -> list[str]:
     return found
 
 
-def _format_validation(source: str, err: ValidationError) -> str:
+def _format_validation(source: str, err: ValidationError, text: str = "") -> str:
     lines = [f"{source}: invalid configuration"]
+    marks: dict[tuple[str | int, ...], int] | None = None
     for e in err.errors():
         parts = list(e["loc"])
         if parts[:1] == ["crm"] and len(parts) > 1 and parts[1] in CRM_KINDS:
             del parts[1]  # the union's tag, not a key written in the file
+        problem = (e.get("ctx") or {}).get("error")
+        if isinstance(problem, ConditionError):  # structured: one line each, with its line
+            marks = key_lines(text) if marks is None else marks
+            for sub, msg in problem.problems:
+                path = (*parts, *sub)
+                line = _line_of(marks, path)
+                at = f"{source}:{line}" if line else source
+                lines.append(f"  {at}: {dotted(path)}: {msg}")
+            continue
         loc = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in parts)
         loc = loc.replace(".[", "[")
         msg = e["msg"].removeprefix("Value error, ")
@@ -115,10 +128,94 @@ def _format_validation(source: str, err: ValidationError) -> str:
     return "\n".join(lines)
 
 
+def key_lines(text: str) -> dict[tuple[str | int, ...], int]:
+    """The line (1-based) of every key path of a YAML text (a mapping key's line, a list
+    item's first line), from the YAML nodes' marks."""
+    out: dict[tuple[str | int, ...], int] = {}
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return out
+
+    def walk(node: yaml.Node, path: tuple[str | int, ...]) -> None:
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                sub = (*path, str(k.value))
+                out.setdefault(sub, k.start_mark.line + 1)
+                walk(v, sub)
+        elif isinstance(node, yaml.SequenceNode):
+            for i, v in enumerate(node.value):
+                out.setdefault((*path, i), v.start_mark.line + 1)
+                walk(v, (*path, i))
+
+    if root is not None:
+        walk(root, ())
+    return out
+
+
+def _line_of(marks: Mapping[tuple[str | int, ...], int], path: tuple[str | int, ...]) -> int:
+    """The line of the longest prefix of ``path`` the file has (0: none)."""
+    for n in range(len(path), 0, -1):
+        line = marks.get(path[:n])
+        if line:
+            return line
+    return 0
+
+
+MAX_TERRITORY_BYTES = 50 * 1024 * 1024
+
+
+def _read_territory_files(raw: dict[str, Any], base_dir: Path | None, source: str) -> None:
+    """Read each territory's CSV ``file`` (a name in the config's folder) into its ``rows``."""
+    territories = raw.get("territories")
+    if not isinstance(territories, dict):
+        return
+    for name, spec in territories.items():
+        if not isinstance(spec, dict) or spec.get("file") is None:
+            continue
+        where = f"{source}: territories.{name}.file"
+        file = spec["file"]
+        if "rows" in spec:
+            raise ConfigError(f"{where}: write `rows` or `file`, not both")
+        if not isinstance(file, str) or not file.strip():
+            raise ConfigError(f"{where}: expected a file name")
+        rel = Path(file)
+        if rel.is_absolute() or ".." in rel.parts:
+            raise ConfigError(f"{where}: {file!r} must be a name in the config's folder")
+        if base_dir is None:
+            raise ConfigError(f"{where}: a territory file is read next to a config file")
+        path = base_dir / rel
+        try:
+            if path.stat().st_size > MAX_TERRITORY_BYTES:
+                raise ConfigError(f"{where}: {file} is over {MAX_TERRITORY_BYTES} bytes")
+            content = path.read_text(encoding="utf-8-sig")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{where}: cannot read {file}: {exc}") from None
+        reader = csv.DictReader(io.StringIO(content, newline=""))
+        header = reader.fieldnames or []
+        if "country" not in header or "team" not in header:
+            raise ConfigError(f"{source}: {file}:1: the header needs country and team columns")
+        rows: list[dict[str, str | None]] = []
+        try:
+            for i, row in enumerate(reader):
+                if reader.line_num != i + 2 or None in row:
+                    raise ConfigError(
+                        f"{source}: {file}:{i + 2}: one row a line, as many cells as the header"
+                    )
+                rows.append({k: (v if v != "" else None) for k, v in row.items()})
+        except csv.Error as exc:
+            raise ConfigError(f"{source}: {file}:{reader.line_num}: {exc}") from None
+        spec["rows"] = rows
+
+
 def parse_config(
-    text: str, source: str = "<string>", env: Mapping[str, str] | None = None
+    text: str,
+    source: str = "<string>",
+    env: Mapping[str, str] | None = None,
+    base_dir: Path | None = None,
 ) -> OrgConfig:
-    """Parse one org's YAML text; ``source`` names it in error messages."""
+    """Parse one org's YAML text; ``source`` names it in error messages, ``base_dir`` is the
+    folder its territory files are read from."""
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -138,10 +235,11 @@ def parse_config(
     resolved = _resolve_env(raw, os.environ if env is None else env, "", missing)
     if missing:
         raise ConfigError(f"{source}: " + "; ".join(missing))
+    _read_territory_files(resolved, base_dir, source)
     try:
         return OrgConfig.model_validate(resolved)
     except ValidationError as exc:
-        raise ConfigError(_format_validation(source, exc)) from None
+        raise ConfigError(_format_validation(source, exc, text)) from None
 
 
 def _config_files(path: Path) -> list[Path]:
@@ -163,7 +261,7 @@ def load_configs(path: str | Path, env: Mapping[str, str] | None = None) -> dict
             text = file.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise ConfigError(f"{file}: cannot read: {exc}") from None
-        cfg = parse_config(text, str(file), env)
+        cfg = parse_config(text, str(file), env, file.parent)
         if cfg.org in configs:
             raise ConfigError(f"{file}: org {cfg.org!r} is already defined by another file")
         configs[cfg.org] = cfg
