@@ -212,11 +212,7 @@ class _Parser:
                 items.append(item)
         if len(items) != len(raw):
             return None
-        return (
-            items[0]
-            if len(items) == 1 and not isinstance(items[0], Test)
-            else Group("all", tuple(items))
-        )
+        return items[0] if len(items) == 1 else Group("all", tuple(items))
 
     def group(self, kind: Literal["all", "any"], raw: object, path: Path) -> Condition | None:
         if not isinstance(raw, list) or not raw:
