@@ -274,3 +274,29 @@ def test_check_config_and_migrate_refuse_a_bad_rule_and_store_nothing(
 def test_old_form_configs_parse_to_the_same_fields(sample_cfg: OrgConfig) -> None:
     assert sample_cfg.rules[0].when == {"Country": ["US", "CA"]}
     assert sample_cfg.rules[0].fields == ["Country"]
+
+
+def test_unparsed_values_are_counted_in_metrics(engine: Engine) -> None:
+    from connector.core.metrics import Metrics
+    from connector.routing.assign import Lead, Router
+    from connector.routing.teams import apply_teams
+
+    cfg = parse_config(
+        HEAD + "rules:\n  - {team: west, when: {Employees: {gte: 1000}}}\n  - {team: na}\n",
+        "acme.yaml",
+        ENV,
+    )
+    apply_teams(engine, cfg)
+    metrics = Metrics()
+    router = Router(engine, cfg, unparsed=metrics.unparsed("acme"))
+    out = router.assign_many(
+        [Lead("00Q000000000001", {"Employees": "1,500"}), Lead("00Q000000000002", {})], "api"
+    )
+    assert [o.team for o in out] == ["na", "na"]  # did not parse: no match, the next rule
+    out = router.assign_many([Lead("00Q000000000003", {"Employees": "many"})], "api")
+    assert out[0].team == "na"
+    body = metrics.render().decode()
+    assert (
+        'connector_rule_values_unparsed_total{field="Employees",org="acme",type="number"} 2.0'
+        in body.splitlines()
+    )

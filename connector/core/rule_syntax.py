@@ -232,6 +232,9 @@ class _Parser:
             if not values:
                 self.bad(path, name, None, "lists no values")
                 return None
+            if not all(map(_scalar, values)):
+                self.bad(path, name, None, "expected a value, a list of values or operators")
+                return None
             return self.test(name, "in", values, False, path, plain=True)
         if not raw:
             self.bad(path, name, None, "names no operator")
