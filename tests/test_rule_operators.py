@@ -9,7 +9,7 @@ import pytest
 
 from connector.core.config import Rule
 from connector.routing.decisions import trace_rules
-from connector.routing.rules import RuleSet, Tally, compile_rules, match
+from connector.routing.rules import RuleSet, Tally, Values, compile_rules, match
 from connector.shell.explain import rule_line
 
 NOW = datetime(2026, 12, 6, 12, 0, tzinfo=UTC)
@@ -195,6 +195,32 @@ def test_the_trace_says_which_condition_decided_with_the_leads_value() -> None:
     ]
 
 
+def test_rules_are_filed_under_the_tokens_a_lead_must_have() -> None:
+    specs: list[dict[str, Any]] = [
+        {"team": "a", "when": {"Title": {"contains": "Chief"}}},
+        {"team": "a", "when": {"Email": {"ends_with": ["@acme.com", "@Corp.io"]}}},
+        {"team": "a", "when": {"any": [{"Title": {"starts_with": "head"}}, {"Country": "US"}]}},
+        {"team": "a", "when": {"Tags": {"includes_all": ["api", "sso"]}}},
+        {"team": "a", "when": {"Employees": {"gte": 5}, "Country": ["DE", "FR"]}},
+        {"team": "a", "when": {"any": [{"Title": {"contains": "vp"}}, {"Country": "US"}]}},
+        {"team": "a", "when": {"not": {"Country": "US"}}},
+        {"team": "a", "when": {"Country": {"equals": "US", "case_sensitive": True}}},
+    ]
+    rules = compile_rules([Rule.model_validate(s) for s in specs])
+    assert {k: sorted(t) for k, t in rules.filed.tables.items()} == {
+        ("tri", "Title"): ["chi"],
+        ("suf", "Email"): ["@acme.com", "@corp.io"],
+        ("pre", "Title"): ["head"],
+        ("eq", "Country"): ["de", "fr", "us"],
+        ("item", "Tags"): ["api"],
+    }
+    assert rules.filed.always == (5, 6, 7)
+    v = Values({"Title": "Our CHIEF of staff", "Email": "x@acme.com", "Tags": "sso;api"}, NOW, None)
+    assert sorted(rules.filed.hits(v)) == [0, 1, 3]
+    long = Values({"Title": "x" * 300}, NOW, None)  # too long to split: its rules are tested
+    assert rules.filed.hits(long) == (0,)
+
+
 def test_the_index_gives_the_first_match_in_rule_order() -> None:
     """Rules indexed by a required value and rules without one interleave: the answer is
     still the first rule in order, as a plain scan finds it."""
@@ -206,7 +232,8 @@ def test_the_index_gives_the_first_match_in_rule_order() -> None:
         {"team": "e"},
     ]
     rules = compile_rules([Rule.model_validate(s) for s in specs])
-    assert set(rules.keyed) == {"Country", "State"} and rules.unkeyed == (1, 4)
+    assert set(rules.filed.tables) == {("eq", "Country"), ("eq", "State")}
+    assert rules.filed.always == (1, 4)  # "vp" is too short to file, the default has nothing
     leads: list[dict[str, object]] = [
         {"Country": "US", "Employees": 900, "Title": "VP"},
         {"Country": "US", "Employees": 9, "Title": "VP"},
@@ -219,3 +246,17 @@ def test_the_index_gives_the_first_match_in_rule_order() -> None:
         scan = next(r for r in rules if r.matches(lead, NOW))
         assert m is not None and m.rule_index == scan.index, lead
     assert [match(rules, x, NOW).team for x in leads] == ["a", "b", "c", "d", "e"]  # type: ignore[union-attr]
+
+
+def test_a_long_trace_lists_twenty_misses_then_counts_the_rest() -> None:
+    specs = [{"team": "t", "when": {"Country": f"C{i}"}} for i in range(30)]
+    rules = compile_rules([Rule.model_validate(s) for s in [*specs, {"team": "d"}]])
+    tried, values = trace_rules(rules, {"Country": "C27"}, NOW)
+    assert [r.get("index") for r in tried] == [*range(20), None, 27]
+    assert tried[20] == {"not_listed": 7} and tried[21]["matched"] is True
+    assert rule_line(tried[20], values) == "  7 more rules did not match (not listed)"
+    tried, _ = trace_rules(rules, {"Country": "X"}, NOW)
+    assert tried[20:] == [{"not_listed": 10}, tried[21]] and tried[21]["index"] == 30
+    tried, _ = trace_rules(rules, {"Country": "C20"}, NOW)  # the 21st rule: no count
+    assert [r.get("index") for r in tried] == [*range(21)]
+    assert trace_rules(compile_rules([]), {}, NOW) == ([], {})

@@ -100,7 +100,7 @@ leads = st.fixed_dictionaries(
                 None,
                 MISSING,
             ]
-        ),  # fmt: skip
+        ),
         "Tags": st.sampled_from(["a;b", "A", "", ["b", "c"], "c; a ;b", None, MISSING]),
     }
 ).map(lambda d: {k: v for k, v in d.items() if v is not MISSING})

@@ -64,6 +64,16 @@ class ConditionError(ValueError):
         super().__init__("; ".join(f"{dotted(p)}: {m}" for p, m in self.problems))
 
 
+def norm_text(value: object) -> str:
+    """A value as text compares: trimmed and case-folded (CRM picklists and form fills
+    disagree on case: "us" vs "US"); ``True`` is ``true``, ``2.0`` is ``2``."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return str(value).strip().casefold()
+
+
 def dotted(path: Path) -> str:
     """``("when", "any", 1, "Employees")`` -> ``when.any[1].Employees``."""
     out = ""

@@ -46,7 +46,7 @@ from sqlalchemy import Connection, TextClause, text
 import db
 from connector.core.config import OrgConfig
 from connector.core.rule_syntax import Not, Test
-from connector.routing.rules import Node, RuleSet, Values, conjuncts
+from connector.routing.rules import CompiledRule, Node, RuleSet, Values, conjuncts
 from connector.routing.rules import _norm as norm
 
 SKIP_REASONS = ("inactive", "capped", "away", "off_shift", "current_owner")
@@ -95,11 +95,38 @@ def trace_check(node: Node, v: Values) -> dict[str, Any]:
     return {"group": kind, "ok": ok, "checks": [trace_check(k, v) for k in node.children]}
 
 
+LISTED = 20
+"""The rules a trace lists before its match; the ones after them are counted, not listed."""
+
+
+def _traced(
+    rule: CompiledRule, v: Values, fields: Mapping[str, object], values: dict[str, Any]
+) -> dict[str, Any]:
+    checks = [trace_check(n, v) for n in conjuncts(rule.node)] if rule.node else []
+    for name in rule.fields:
+        values[name] = fields.get(name)
+    team = rule.team
+    if rule.zone is not None and all(c["ok"] for c in checks):
+        row = rule.zone.row(v)
+        team = row.team if row is not None else None
+        checks.append(
+            {"territory": rule.zone.name, "row": row.where if row else None, "ok": bool(row)}
+        )
+    return {
+        "index": rule.index,
+        "name": rule.name,
+        "team": team,
+        "matched": all(c["ok"] for c in checks),
+        "checks": checks,
+    }
+
+
 def trace_rules(
     rules: RuleSet, fields: Mapping[str, object], now: datetime | None = None
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Each rule tried, in order, up to the first match, with every condition's result
-    (relative dates read at ``now``).
+    (relative dates read at ``now``); after ``LISTED`` rules that did not match, one entry
+    ``{"not_listed": n}`` counts the next ones that did not either, then the match.
 
     Returns (rules, values): the field values a condition looked at are kept apart, so
     retention can remove them from a decision without losing its shape.
@@ -108,27 +135,17 @@ def trace_rules(
     values: dict[str, Any] = {}
     v = Values(fields, now, None)
     for rule in rules:
-        checks = [trace_check(n, v) for n in conjuncts(rule.node)] if rule.node else []
-        for name in rule.fields:
-            values[name] = fields.get(name)
-        team = rule.team
-        if rule.zone is not None and all(c["ok"] for c in checks):
-            row = rule.zone.row(v)
-            team = row.team if row is not None else None
-            checks.append(
-                {"territory": rule.zone.name, "row": row.where if row else None, "ok": bool(row)}
-            )
-        matched = all(c["ok"] for c in checks)
-        tried.append(
-            {
-                "index": rule.index,
-                "name": rule.name,
-                "team": team,
-                "matched": matched,
-                "checks": checks,
-            }
-        )
-        if matched:
+        if len(tried) == LISTED:
+            m = rules.first(v, start=rule.index)
+            stop = m.rule_index if m is not None else len(rules)
+            if stop > rule.index:
+                tried.append({"not_listed": stop - rule.index})
+            if m is not None:
+                tried.append(_traced(rules[stop], v, fields, values))
+            break
+        entry = _traced(rule, v, fields, values)
+        tried.append(entry)
+        if entry["matched"]:
             break
     return tried, values
 

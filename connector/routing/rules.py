@@ -33,9 +33,12 @@ from connector.core.rule_syntax import (
     as_instant,
     date_bound,
     fields_of,
+    norm_text,
     number,
     parse_date,
 )
+from connector.core.territories import Row, Table
+from connector.routing.rule_index import RuleIndex
 
 Check = Callable[["Values"], bool]
 
@@ -47,12 +50,7 @@ class Match:
     rule_name: str
 
 
-def _norm(value: object) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    return str(value).strip().casefold()
+_norm = norm_text
 
 
 def _exact(value: object) -> str:
@@ -89,9 +87,10 @@ class Tally:
 
 
 class Values:
-    """One lead's fields as the conditions read them: each field parsed once per type."""
+    """One lead's fields as the conditions read them: each field read once per type (the
+    caches are plain dicts by field name; the tests read them directly)."""
 
-    __slots__ = ("_cache", "_now", "fields", "unparsed")
+    __slots__ = ("_now", "dates", "fields", "multis", "numbers", "texts", "unparsed")
 
     def __init__(
         self, fields: Mapping[str, object], now: datetime | None, unparsed: Unparsed | None
@@ -99,7 +98,10 @@ class Values:
         self.fields = fields
         self._now = now
         self.unparsed = unparsed
-        self._cache: dict[tuple[str, str], Any] = {}
+        self.texts: dict[str, str | None] = {}
+        self.numbers: dict[str, float | None] = {}
+        self.dates: dict[str, date | datetime | None] = {}
+        self.multis: dict[str, frozenset[str] | None] = {}
 
     @property
     def now(self) -> datetime:
@@ -108,12 +110,11 @@ class Values:
         return self._now
 
     def text(self, name: str) -> str | None:
-        key = (name, "t")
         try:
-            return self._cache[key]  # type: ignore[no-any-return]
+            return self.texts[name]
         except KeyError:
             value = self.fields.get(name)
-            out = self._cache[key] = None if value is None else _norm(value)
+            out = self.texts[name] = None if value is None else _norm(value)
             return out
 
     def exact(self, name: str) -> str | None:
@@ -135,21 +136,23 @@ class Values:
             self.unparsed.add((name, kind))
 
     def number(self, name: str) -> float | None:
-        key = (name, "number")
-        if key in self._cache:
-            return self._cache[key]  # type: ignore[no-any-return]
+        try:
+            return self.numbers[name]
+        except KeyError:
+            pass
         out = None
         if not self.empty(name):
             out = number(self.fields.get(name))
             if out is None:
                 self._bad(name, "number")
-        self._cache[key] = out
+        self.numbers[name] = out
         return out
 
     def date(self, name: str) -> date | datetime | None:
-        key = (name, "date")
-        if key in self._cache:
-            return self._cache[key]  # type: ignore[no-any-return]
+        try:
+            return self.dates[name]
+        except KeyError:
+            pass
         out: date | datetime | None = None
         if not self.empty(name):
             value = self.fields.get(name)
@@ -161,13 +164,14 @@ class Values:
                 out = parse_date(value)
             if out is None:
                 self._bad(name, "date")
-        self._cache[key] = out
+        self.dates[name] = out
         return out
 
     def multi(self, name: str) -> frozenset[str] | None:
-        key = (name, "multi")
-        if key in self._cache:
-            return self._cache[key]  # type: ignore[no-any-return]
+        try:
+            return self.multis[name]
+        except KeyError:
+            pass
         value = self.fields.get(name)
         out: frozenset[str] | None
         if value is None:
@@ -176,7 +180,7 @@ class Values:
             out = frozenset(t for t in (_norm(v) for v in value if v is not None) if t)
         else:
             out = frozenset(t for t in (p.strip().casefold() for p in _norm(value).split(";")) if t)
-        self._cache[key] = out
+        self.multis[name] = out
         return out
 
 
@@ -237,13 +241,13 @@ def _number_test(t: Test) -> Check:
 
         return between
     (b,) = nums
-    compare = _COMPARE[op]
-
-    def cmp(v: Values) -> bool:
-        n = v.number(f)
-        return n is not None and compare(n, b)
-
-    return cmp
+    if op == "gt":
+        return lambda v: (n := v.number(f)) is not None and n > b
+    if op == "gte":
+        return lambda v: (n := v.number(f)) is not None and n >= b
+    if op == "lt":
+        return lambda v: (n := v.number(f)) is not None and n < b
+    return lambda v: (n := v.number(f)) is not None and n <= b
 
 
 _COMPARE: dict[str, Callable[[Any, Any], bool]] = {
@@ -361,8 +365,16 @@ def compile_condition(cond: Condition) -> Node:
         c = inner.check
         return Node(cond, lambda v: not c(v), (inner,))
     kids = tuple(compile_condition(i) for i in cond.items)
-    checks = [k.check for k in kids]
+    # cheap tests first: the result is the same (tests have no effects but the count of
+    # values that did not parse), and a failed text test spares a date's parsing
+    checks = [k.check for k in sorted(kids, key=lambda k: _cost(k.cond))]
     return Node(cond, _all(checks) if cond.kind == "all" else _any(checks), kids)
+
+
+def _cost(cond: Condition) -> int:
+    if isinstance(cond, Test):
+        return {"text": 0, "number": 1, "multi": 2, "date": 3}[cond.type]
+    return 4
 
 
 def conjuncts(node: Node) -> list[Node]:
@@ -370,20 +382,6 @@ def conjuncts(node: Node) -> list[Node]:
     if isinstance(node.cond, Group) and node.cond.kind == "all":
         return [n for k in node.children for n in conjuncts(k)]
     return [node]
-
-
-def _key(node: Node) -> tuple[str, frozenset[str]] | None:
-    """A required `field in {texts}` the rule can be indexed by."""
-    for n in conjuncts(node):
-        t = n.cond
-        if (
-            isinstance(t, Test)
-            and t.op in ("equals", "in")
-            and t.type == "text"
-            and not t.case_sensitive
-        ):
-            return t.field, frozenset(_norm(a) for a in t.args)
-    return None
 
 
 def _relative(cond: Condition) -> bool:
@@ -403,11 +401,15 @@ class Zone:
 
     name: str
     territory: Territory
+    table: Table = field(init=False, repr=False, compare=False)
 
-    def row(self, v: Values) -> Any:
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "table", self.territory.table)
+
+    def row(self, v: Values) -> Row | None:
         f = self.territory.fields
         get = v.fields.get
-        return self.territory.table.lookup(
+        return self.table.lookup(
             get(f.country),
             get(f.state) if f.state else None,
             get(f.postal_code) if f.postal_code else None,
@@ -454,18 +456,7 @@ class RuleSet(Sequence[CompiledRule]):
 
     def __init__(self, rules: Sequence[CompiledRule]) -> None:
         self.rules = tuple(rules)
-        keyed: dict[str, dict[str, list[int]]] = {}
-        unkeyed: list[int] = []
-        for r in self.rules:
-            key = _key(r.node) if r.node is not None else None
-            if key is None:
-                unkeyed.append(r.index)
-                continue
-            table = keyed.setdefault(key[0], {})
-            for text in key[1]:
-                table.setdefault(text, []).append(r.index)
-        self.keyed = {f: {t: tuple(ix) for t, ix in table.items()} for f, table in keyed.items()}
-        self.unkeyed = tuple(unkeyed)
+        self.filed = RuleIndex([r.node.cond if r.node is not None else None for r in self.rules])
         # a rule with a relative date (`7 days ago`) matches by the instant as well
         self.timeless = not any(r.node is not None and _relative(r.node.cond) for r in self.rules)
         self.fields = sorted({f for r in self.rules for f in r.fields})
@@ -479,25 +470,27 @@ class RuleSet(Sequence[CompiledRule]):
     def __iter__(self) -> Iterator[CompiledRule]:
         return iter(self.rules)
 
-    def first(self, v: Values) -> Match | None:
-        lists: list[tuple[int, ...]] = [self.unkeyed]
-        for name, table in self.keyed.items():
-            t = v.text(name)
-            if t is not None:
-                hit = table.get(t)
-                if hit:
-                    lists.append(hit)
-        best: Match | None = None
+    def first(self, v: Values, start: int = 0) -> Match | None:
+        """The first rule from ``start`` on that the lead satisfies, among the rules the
+        index allows, in order."""
         rules = self.rules
-        for ids in lists:
-            for i in ids:
-                if best is not None and i >= best.rule_index:
-                    break
-                m = rules[i].decide(v)
-                if m is not None:
-                    best = m
-                    break
-        return best
+        hits = self.filed.hits(v)
+        ids = sorted(self.filed.always + hits) if hits else self.filed.always
+        for i in ids:
+            if i < start:
+                continue
+            r = rules[i]
+            node = r.node
+            if node is not None and not node.check(v):
+                continue
+            m = r.result if r.zone is None else r.decide(v)
+            if m is not None:
+                return m
+        return None
+
+    def allowed(self, v: Values) -> set[int]:
+        """The rules the index lets a lead be tested against (the others cannot match)."""
+        return {*self.filed.always, *self.filed.hits(v)}
 
 
 def _label(rule: Rule, i: int, fields: Sequence[str]) -> str:

@@ -123,6 +123,8 @@ def _has(values: Mapping[str, Any] | None, name: str) -> str:
 def rule_line(rule: Mapping[str, Any], values: Mapping[str, Any] | None) -> str:
     """One rule of a decision's trace: matched (by what), or the conditions that failed
     with the lead's values (shared by explain and the dashboard)."""
+    if "not_listed" in rule:
+        return f"  {rule['not_listed']} more rules did not match (not listed)"
     head = f'  rule {rule["index"]} "{rule["name"]}" -> team {rule["team"]}: '
     if rule["matched"]:
         why = ", ".join(describe_check(c) for c in rule["checks"])
