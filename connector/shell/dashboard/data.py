@@ -19,9 +19,11 @@ from connector.shell.dashboard.figures import (
     start_of_day,
     team_windows,
 )
+from connector.shell.explain import rule_line
 from connector.shell.status import org_status
 
 _SQL: dict[str, TextClause] = {k: text(v) for k, v in db.queries("dashboard").items()}
+_EXPLAIN: dict[str, TextClause] = {k: text(v) for k, v in db.queries("explain").items()}
 
 LATENCY_HOURS = 24
 PROBLEM_ROWS = 50
@@ -58,6 +60,8 @@ class LeadStory:
     assignment: dict[str, Any] | None
     events: list[dict[str, Any]] = field(default_factory=list)
     outbox: list[dict[str, Any]] = field(default_factory=list)
+    # the latest routing decision's rules tried, as `connector explain` writes them
+    rules: list[str] = field(default_factory=list)
     skipped: dict[str, Any] | None = None
 
 
@@ -139,10 +143,15 @@ def lead_story(engine: Engine, org: str, lead_id: int) -> LeadStory | None:
         events = [dict(r._mapping) for r in conn.execute(_SQL["lead_events"], key)]
         outbox = [dict(r._mapping) for r in conn.execute(_SQL["lead_outbox"], {"lead_id": lead_id})]
         skipped = conn.execute(_SQL["lead_skipped"], key).first()
+        decisions = conn.execute(_EXPLAIN["decisions"], {"lead_id": lead_id}).all()
+    routed = [d.detail for d in decisions if d.kind == "route"]
+    last = routed[-1] if routed else {}
+    rules = [rule_line(r, last.get("values")).strip() for r in last.get("rules", [])]
     return LeadStory(
         lead=dict(lead._mapping),
         assignment=dict(assignment._mapping) if assignment is not None else None,
         events=events,
         outbox=outbox,
         skipped=dict(skipped._mapping) if skipped is not None else None,
+        rules=rules,
     )
