@@ -187,7 +187,10 @@ def test_territory_refusals(rows: str, message: str) -> None:
         + f"    rows: {rows}\nrules:\n  - {{territory: na}}\n"
     )
     line = refusal(text_)[1]
-    assert line in (f"  territories.na: {message}", f"  {message}")
+    if message.startswith("rows[0]"):  # a row at fault: its line in the file
+        assert line == f"  acme.yaml:17: territories.na.rows[0]: {message}"
+    else:
+        assert line in (f"  territories.na: {message}", f"  {message}")
 
 
 def test_territory_csv_next_to_the_config(tmp_path: Path) -> None:

@@ -22,7 +22,14 @@ from pydantic import (
 )
 
 from connector.core.hours import WeeklyHours, parse_hours, parse_local_time, zone
-from connector.core.rule_syntax import FIELD_NAME, Condition, FieldType, fields_of, parse_when
+from connector.core.rule_syntax import (
+    FIELD_NAME,
+    Condition,
+    ConditionError,
+    FieldType,
+    fields_of,
+    parse_when,
+)
 from connector.core.territories import Table, build_table
 from crm_adapters.fields import hubspot_parent_field, salesforce_parent_field
 from crm_adapters.salesforce_ids import is_id as is_salesforce_id
@@ -274,6 +281,10 @@ class Territory(_Model):
             raise ValueError("has no rows")
         built = build_table(self.rows, wheres)
         if isinstance(built, str):
+            if self.file is None:  # name the first row at fault by its line in the file
+                for i, where in enumerate(wheres):
+                    if built.startswith((f"{where}:", f"{where} ")):
+                        raise ConditionError([(("rows", i), built)])
             raise ValueError(built)
         if self.fields.state is None and any(r.state for r in built.rows):
             raise ValueError("rows name a state: set fields.state")
