@@ -303,3 +303,20 @@ def test_unparsed_values_are_counted_in_metrics(engine: Engine) -> None:
         'connector_rule_values_unparsed_total{field="Employees",org="acme",type="number"} 2.0'
         in body.splitlines()
     )
+
+
+def test_the_trace_names_the_territory_row_that_decided() -> None:
+    from connector.routing.decisions import trace_rules
+    from connector.shell.explain import rule_line
+
+    cfg = parse_config(HEAD + TERRITORY, "acme.yaml", ENV)
+    tried, values = trace_rules(org_rules(cfg), {"Country": "US", "PostalCode": "12345"})
+    assert [rule_line(r, values) for r in tried] == [
+        '  rule 0 "by territory" -> team east: matched (territory na (row rows[1]))'
+    ]
+    tried, values = trace_rules(org_rules(cfg), {"Country": "MX", "PostalCode": "12345"})
+    assert [rule_line(r, values) for r in tried] == [
+        '  rule 0 "by territory" -> team of its territory: no match '
+        "(territory na: no row covers the lead)",
+        '  rule 1 "rest" -> team na: matched (default rule)',
+    ]

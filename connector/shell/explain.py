@@ -125,7 +125,8 @@ def rule_line(rule: Mapping[str, Any], values: Mapping[str, Any] | None) -> str:
     with the lead's values (shared by explain and the dashboard)."""
     if "not_listed" in rule:
         return f"  {rule['not_listed']} more rules did not match (not listed)"
-    head = f'  rule {rule["index"]} "{rule["name"]}" -> team {rule["team"]}: '
+    team = rule["team"] if rule["team"] is not None else "of its territory"
+    head = f'  rule {rule["index"]} "{rule["name"]}" -> team {team}: '
     if rule["matched"]:
         why = ", ".join(describe_check(c) for c in rule["checks"])
         return head + "matched" + (f" ({why})" if why else " (default rule)")
