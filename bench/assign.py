@@ -7,12 +7,15 @@ Every configuration runs in a fresh database on the same server in the same run 
 embedded PostgreSQL, or BENCH_DATABASE_URL), one team of 10 equal-weight reps, workers as
 separate processes released together. The ceiling (``ceiling``, ``ceiling_batch``) is the same
 work as one prepared statement a call (testbed/ceiling.sql, see testbed/harness.py); per lead
-there are two, one statement (``ceiling``) and two statements in a server-side function
-(``ceiling_fn``, no row lock on the members), and the project is measured against the
-faster of the two in each row. Each row also prints the CPU a lead cost in the timed part,
-in the workers' processes and in their server processes (read from /proc, so only for a
-server on this machine). Prints a
-table and the ratios project / ceiling, and writes bench/results/assign.json (or
+there are three: one statement sent by pgbench's C client (``ceiling_pgbench``, when pgbench
+is on the machine: no Python client's CPU competes with the server for the cores), one
+statement sent from Python (``ceiling``) and two statements in a server-side function sent
+from Python (``ceiling_fn``, no row lock on the members). The project per lead is measured
+against the pgbench ceiling (``per_lead_vs_pgbench_ceiling``) and against the faster of the
+two Python-driven ones (``per_lead_vs_ceiling``). Each row also prints the CPU a lead cost
+in the timed part, in the workers' processes (pgbench's, for its row) and in their server
+processes (read from /proc, so only for a server on this machine). Prints a table and the
+ratios project / ceiling, and writes bench/results/assign.json (or
 assign-history-N.json with ``--history N``), with the load average before and after, since
 other work on the machine moves these figures.
 
@@ -38,8 +41,10 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import statistics
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +53,7 @@ from sqlalchemy import Engine, text
 from connector.core.config_loading import parse_config
 from connector.routing.teams import apply_teams
 from connector.shell.store import make_engine
-from testbed.harness import ENV, RunResult, fairness, run, team_yaml
+from testbed.harness import ENV, RunResult, fairness, run, run_pgbench, team_yaml
 from testbed.pg import DatabaseFactory, server_url
 
 RESULTS = Path(__file__).parent / "results"
@@ -107,11 +112,18 @@ def one(
     if history:
         seed_history(engine, history)
     ids = [f"00Q{mode[:2]}{i:010d}" for i in range(leads)]
-    result: RunResult = run(mode, url, yaml_text, ids, workers, batch=batch, burn_ms=burn_ms)
+    if mode == "ceiling_pgbench":
+        pg = run_pgbench(url, "bench", "team", leads, workers, datetime.now(UTC).date())
+        result = RunResult(mode, workers, pg.leads, pg.seconds, [], [], client_cpu=pg.client_cpu)
+        leads = pg.leads
+    else:
+        result = run(mode, url, yaml_text, ids, workers, batch=batch, burn_ms=burn_ms)
     report = fairness(engine, "bench")
     engine.dispose()
     if result.errors:
         raise SystemExit(f"{mode} x{workers}: worker failed: {result.errors[0]}")
+    if report["assigned"] - history != leads:
+        raise SystemExit(f"{mode} x{workers}: {report['assigned'] - history} of {leads} assigned")
     row = {
         "mode": label,
         "workers": workers,
@@ -119,8 +131,9 @@ def one(
         "batch": batch,
         "seconds": round(result.seconds, 3),
         "leads_per_s": round(result.leads_per_s, 1),
-        "p50_ms": round(result.percentile(50) * 1000, 2),
-        "p99_ms": round(result.percentile(99) * 1000, 2),
+        # pgbench's run gives no latency per lead
+        "p50_ms": round(result.percentile(50) * 1000, 2) if result.latencies else None,
+        "p99_ms": round(result.percentile(99) * 1000, 2) if result.latencies else None,
         "spread": report["spread"],
         "double_owners": report["double_owners"],
         "assigned": report["assigned"] - history,  # this run's leads only
@@ -138,12 +151,16 @@ def one(
         cpu += f"  server {row['server_cpu_us']:>6.0f} us"
     print(
         f"{label:<17} workers={workers:<3} batch={batch:<4} leads={leads:<6} "
-        f"{row['leads_per_s']:>9,.0f}/s  p50 {row['p50_ms']:>7.2f} ms  "
-        f"p99 {row['p99_ms']:>7.2f} ms  spread {row['spread']:>4}  "
+        f"{row['leads_per_s']:>9,.0f}/s  p50 {_ms(row['p50_ms'])} ms  "
+        f"p99 {_ms(row['p99_ms'])} ms  spread {row['spread']:>4}  "
         f"double owners {row['double_owners']}  {cpu}",
         flush=True,
     )
     return row
+
+
+def _ms(value: float | None) -> str:
+    return "      -" if value is None else f"{value:>7.2f}"
 
 
 def ratios_of(rows: list[dict[str, Any]]) -> dict[str, float]:
@@ -159,6 +176,12 @@ def ratios_of(rows: list[dict[str, Any]]) -> dict[str, float]:
         ratios[f"per_lead_vs_ceiling_x{workers}"] = round(
             find("project", workers)["leads_per_s"] / best, 3
         )
+        if any(r["mode"] == "ceiling_pgbench" for r in rows):
+            ratios[f"per_lead_vs_pgbench_ceiling_x{workers}"] = round(
+                find("project", workers)["leads_per_s"]
+                / find("ceiling_pgbench", workers)["leads_per_s"],
+                3,
+            )
         ratios[f"batch_vs_ceiling_batch_x{workers}"] = round(
             find("project_batch", workers)["leads_per_s"]
             / find("ceiling_batch", workers)["leads_per_s"],
@@ -223,13 +246,18 @@ def main() -> None:
     factory = DatabaseFactory(url)
     rows: list[dict[str, Any]] = []
     each: list[dict[str, float]] = []  # every run's ratios
+    per_lead_modes = ["ceiling", "ceiling_fn", "project", "naive"]
+    if shutil.which("pgbench"):
+        per_lead_modes.insert(0, "ceiling_pgbench")
+    else:
+        print("pgbench is not on this machine: no pgbench-driven ceiling", flush=True)
     t0 = time.time()
     load_before = os.getloadavg()
     try:
         for run_no in range(args.repeat):
             run_rows: list[dict[str, Any]] = []
             for workers in (1, 4, 16):
-                for mode in ("ceiling", "ceiling_fn", "project", "naive"):
+                for mode in per_lead_modes:
                     run_rows.append(one(factory, mode, workers, per_lead, history=args.history))
             for workers in (1, 4, 16):
                 for mode in ("ceiling_batch", "project_batch"):
@@ -254,7 +282,7 @@ def main() -> None:
                 )
             each.append(ratios_of(run_rows))
             print(
-                f"ratios of run {run_no + 1} (project / the faster ceiling in each row):",
+                f"ratios of run {run_no + 1} (project / the ceiling named):",
                 ", ".join(f"{k}={v}" for k, v in each[-1].items()),
                 flush=True,
             )

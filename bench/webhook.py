@@ -48,6 +48,7 @@ from urllib.parse import urlsplit
 import httpx
 from sqlalchemy import text
 
+from connector.intake.hubspot_events import creation_events, events_body
 from connector.intake.signatures import sign_v3
 from connector.shell.store import make_engine
 from testbed.pg import DatabaseFactory, server_url
@@ -111,21 +112,7 @@ def _request_bytes(url: str, body: bytes, ts: int) -> tuple[str, int, bytes]:
 
 
 def _event_body(rid: str, ts: int) -> bytes:
-    return json.dumps(
-        [
-            {
-                "eventId": 10_000_000 + int(rid),
-                "subscriptionId": 1,
-                "portalId": PORTAL,
-                "appId": 1,
-                "occurredAt": ts,
-                "subscriptionType": "contact.creation",
-                "attemptNumber": 0,
-                "objectId": int(rid),
-                "changeSource": "CRM",
-            }
-        ]
-    ).encode()
+    return events_body(creation_events(PORTAL, "contacts", [int(rid)], 10_000_000 + int(rid), ts))
 
 
 Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter]

@@ -185,3 +185,11 @@ INSERT INTO member_load (member_id, period, starts_on, assigned)
 VALUES (:member_id, 'day', :day, 1), (:member_id, 'week', :week, 1)
 ON CONFLICT (member_id, period, starts_on)
 DO UPDATE SET assigned = member_load.assigned + EXCLUDED.assigned
+
+-- name: current_team
+-- The team of a lead's current owner, read without a lock (`reassign --to` checks the rep it
+-- would get the lead in before any lead moves; the move checks again under the lock).
+SELECT a.team_id
+FROM leads l JOIN assignments a ON a.lead_id = l.id
+WHERE l.org = :org AND l.crm_object = :crm_object AND l.crm_id = :crm_id
+  AND l.merged_into IS NULL

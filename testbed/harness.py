@@ -28,6 +28,9 @@ import datetime
 import json
 import multiprocessing as mp
 import os
+import resource
+import subprocess
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -438,6 +441,65 @@ def run(
         client_cpu=sum(r[2] for r in results),
         server_cpu=None if None in server else sum(x for x in server if x is not None),
     )
+
+
+@dataclass(frozen=True)
+class PgbenchResult:
+    """A pgbench run of the one-statement ceiling: its rate and the CPU pgbench used."""
+
+    leads: int
+    seconds: float
+    client_cpu: float
+
+    @property
+    def leads_per_s(self) -> float:
+        return self.leads / self.seconds if self.seconds else 0.0
+
+
+def pgbench_script() -> str:
+    """The one-statement ceiling (testbed/ceiling.sql ``one``) as a pgbench script: the same
+    text, its parameters pgbench variables. Each lead's CRM id is a random 18-digit number:
+    a repeat would be a no-op the count after the run (``fairness``) shows."""
+    one = db.parse_named(CEILING.read_text(encoding="utf-8"))["one"]
+    return "\\set crm_id random(100000000000000000, 999999999999999999)\n" + one + ";\n"
+
+
+def run_pgbench(
+    db_url: str, org: str, team: str, leads: int, workers: int, at: datetime.date
+) -> PgbenchResult:
+    """The ceiling sent by pgbench's C client (prepared, one statement a transaction), so
+    that no Python client's CPU is in its figure: ``workers`` connections and threads,
+    ``leads // workers`` transactions each. Raises when pgbench fails."""
+    per = leads // workers
+    week = at - datetime.timedelta(days=at.weekday())
+    with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as f:
+        f.write(pgbench_script())
+        script = f.name
+    try:
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        t0 = time.perf_counter()
+        done = subprocess.run(
+            [
+                "pgbench", "-n", "-M", "prepared", "-c", str(workers), "-j", str(workers),
+                "-t", str(per), "-f", script,
+                "-D", f"org={org}", "-D", f"team={team}",
+                "-D", f"day={at.isoformat()}", "-D", f"week={week.isoformat()}",
+                _libpq_url(db_url),
+            ],
+            capture_output=True, text=True, timeout=900, check=False,
+        )  # fmt: skip
+        seconds = time.perf_counter() - t0
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    finally:
+        os.unlink(script)
+    if done.returncode != 0:
+        raise RuntimeError(f"pgbench failed ({done.returncode}): {done.stderr.strip()[-500:]}")
+    # pgbench's own figure, without its connection set-up; the wall clock is the fallback
+    for line in done.stdout.splitlines():
+        if line.startswith("tps = ") and "without initial connection time" in line:
+            seconds = per * workers / float(line.split()[2])
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return PgbenchResult(per * workers, seconds, cpu)
 
 
 def fairness(engine: Engine, org: str) -> dict[str, Any]:

@@ -49,23 +49,25 @@ BAD = [
     ),
     (
         ("    caps: {per_day: -1}", "", "null"),
-        "teams[0].caps.per_day: Input should be greater than or equal to 0",
+        "teams[0].caps.per_day: must be at least 0, not -1",
     ),
     (
         ("    caps: {per_dya: 3}", "", "null"),
-        "teams[0].caps.per_dya: Extra inputs are not permitted",
+        "teams[0].caps.per_dya: unknown key; did you mean `per_day`?",
     ),
     (
         ("    overflow_team: nope", "", "null"),
-        "(top level): teams[0].overflow_team: unknown team 'nope'",
+        "teams[0].overflow_team: unknown team `nope`; write one of: a, b",
     ),
     (
         ("    overflow_team: a", "", "null"),
-        "(top level): teams[0].overflow_team: overflow goes round in a circle (a -> a)",
+        "teams[0].overflow_team: overflow goes round in a circle (a -> a); end the chain with "
+        "a team that has no overflow_team",
     ),
     (
         ("    overflow_team: b", "", "a"),
-        "(top level): teams[0].overflow_team: overflow goes round in a circle (a -> b -> a)",
+        "teams[0].overflow_team: overflow goes round in a circle (a -> b -> a); end the chain "
+        "with a team that has no overflow_team",
     ),
     (
         ("    catch_up: some", "", "null"),
@@ -126,16 +128,16 @@ BAD = [
     ),
     (
         ("", ", time_off: [{from: 2026-12-27, until: 2026-12-24}]", "null"),
-        "teams[0]: members[0].time_off[0]: `until` must be after `from`",
+        "teams[0].members[0].time_off[0].until: must be after `from`",
     ),
     (
         ("", ", time_off: [{from: tomorrow, until: 2026-12-24}]", "null"),
-        "teams[0]: members[0].time_off[0]: 'tomorrow' is not a date or date-time like "
+        "teams[0].members[0].time_off[0].from: 'tomorrow' is not a date or date-time like "
         "2026-12-24T09:00",
     ),
     (
         ("", ", time_off: [{until: 2026-12-24}]", "null"),
-        "teams[0].members[0].time_off[0].from: Field required",
+        "teams[0].members[0].time_off[0].from: missing; add `from:`",
     ),
 ]
 
@@ -146,7 +148,8 @@ def test_bad_values_are_refused_with_a_precise_message(
 ) -> None:
     with pytest.raises(ConfigError) as info:
         cfg(*parts)
-    assert str(info.value) == f"a.yaml: invalid configuration\n  {message}"
+    line = 9 if parts[0] else 11  # the team's inserted line, else Ada's
+    assert str(info.value) == f"a.yaml:{line}: {message}"
 
 
 def test_good_values_parse() -> None:
@@ -177,13 +180,14 @@ def test_good_values_parse() -> None:
 def test_check_config_warns_when_catch_up_can_never_pay() -> None:
     c = cfg("    catch_up: {max_in_a_row: 1}")
     assert c.warnings() == [
-        "intake_owner_ids is empty: every Salesforce record has an owner, so nothing will be "
-        "routed (list the intake queue or integration user)",
-        "crm.outbound_secrets is empty: Outbound Messages are refused",
-        "team a: with max_in_a_row 1, Ada (weight 1 of 2) can never catch up after time away; "
-        "it needs more than 1",
-        "team a: with max_in_a_row 1, Bob (weight 1 of 2) can never catch up after time away; "
-        "it needs more than 1",
+        "intake_owner_ids: empty: every Salesforce record has an owner, so nothing will be "
+        "routed; list the intake queue or integration user",
+        "crm.outbound_secrets: empty: Outbound Messages are refused; add `outbound_secrets: "
+        '["${ENV_NAME}"]` to receive them',
+        "teams[0].catch_up.max_in_a_row: 1 is too low for Ada of team a (weight 1 of 2): back "
+        "from time away, the rep can never catch up; set max_in_a_row to at least 2",
+        "teams[0].catch_up.max_in_a_row: 1 is too low for Bob of team a (weight 1 of 2): back "
+        "from time away, the rep can never catch up; set max_in_a_row to at least 2",
     ]
     assert len(cfg("    catch_up: {max_in_a_row: 2}").warnings()) == 2
 
@@ -191,16 +195,16 @@ def test_check_config_warns_when_catch_up_can_never_pay() -> None:
 def test_check_config_says_when_max_in_a_row_cannot_apply_to_a_heavy_rep() -> None:
     heavy = cfg("    catch_up: {max_in_a_row: 2}", ", weight: 5").warnings()[2:]
     assert heavy == [
-        "team a: max_in_a_row 2 does not apply to Ada (weight 5 of 6 is more than 2 of every 3 "
-        "leads): back from time away it catches up without a limit on leads in a row; set "
-        "max_in_a_row to at least 6 to limit it"
+        "teams[0].catch_up.max_in_a_row: 2 does not apply to Ada of team a (weight 5 of 6 is "
+        "more than 2 of every 3 leads): back from time away it catches up without a limit on "
+        "leads in a row; set max_in_a_row to at least 6 to limit it"
     ]
     assert cfg("    catch_up: {max_in_a_row: 6}", ", weight: 5").warnings()[2:] == []
     huge = cfg("    catch_up: {max_in_a_row: 1}", ", weight: 1000").warnings()[2:]
     assert huge == [
-        "team a: max_in_a_row 1 does not apply to Ada (weight 1000 of 1001 is more than 1 of "
-        "every 2 leads): back from time away it catches up without a limit on leads in a row; "
-        "no max_in_a_row up to 1000 can limit it"
+        "teams[0].catch_up.max_in_a_row: 1 does not apply to Ada of team a (weight 1000 of "
+        "1001 is more than 1 of every 2 leads): back from time away it catches up without a "
+        "limit on leads in a row; no max_in_a_row up to 1000 can limit it"
     ]
 
 
@@ -302,6 +306,6 @@ def test_configuration_doc_caps_example_parses() -> None:
     assert (team.timezone, team.overflow_team, team.max_in_a_row) == (
         "America/New_York",
         "row_ae",
-        2,
+        3,
     )
     assert team.members[1].time_off[0].reason == "holidays"

@@ -23,6 +23,7 @@ crm:
   instance_url: https://acme.my.salesforce.com
   auth: {method: session, access_token: "${ACME_TOKEN}"}
   object: Lead
+  organization_id: 00D5g000004ABCDEA4
   outbound_secrets: ["${ACME_OM}"]
 intake_owner_ids: ["00G000000000001"]
 teams:
@@ -94,10 +95,7 @@ def test_check_config_error_names_file_and_key(
     bad.write_text(CONFIG.replace("weight: 2}", "weigth: 2}"), encoding="utf-8")
     code, out, err = run(capsys, "--config", str(bad), "check-config")
     assert (code, out) == (2, "")
-    assert err == (
-        f"connector: {bad}: invalid configuration\n"
-        "  teams[0].members[1].weigth: Extra inputs are not permitted\n"
-    )
+    assert err == f"{bad}:15: teams[0].members[1].weigth: unknown key; did you mean `weight`?\n"
 
 
 def test_check_config_missing_env_var(
@@ -107,8 +105,8 @@ def test_check_config_missing_env_var(
     code, out, err = run(capsys, "check-config")
     assert (code, out) == (2, "")
     assert err == (
-        f"connector: {cfg_file}: crm.auth.access_token: "
-        "environment variable ACME_TOKEN is not set\n"
+        f"{cfg_file}:6: crm.auth.access_token: "
+        "environment variable ACME_TOKEN is not set; set it where the connector runs\n"
     )
 
 
@@ -265,6 +263,22 @@ def _check_status_shape(status: dict[str, Any]) -> None:
             assert {"crm_user_id", "name", "assigned"} <= set(m)
 
 
+def now(state: str) -> dict[str, Any]:
+    """A rep's state now as status --json gives it, for a state with no end."""
+    return {"state": state, "until": None, "note": None, "text": state}
+
+
+def day(leads: int, share: float, picks: int, passed: dict[str, int]) -> dict[str, Any]:
+    """A rep's last 24 hours as status --json gives it (no rep is below its fair share)."""
+    return {
+        "leads": leads,
+        "fair_share": share,
+        "picks": picks,
+        "passed_over": passed,
+        "below_fair_share": None,
+    }
+
+
 def test_status_json(cli_env: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run(capsys, "ingest", "--no-verify", str(_write_jsonl(tmp_path / "leads.jsonl")))
     code, out, err = run(capsys, "status", "--org", "acme", "--json")
@@ -284,6 +298,8 @@ def test_status_json(cli_env: Path, tmp_path: Path, capsys: pytest.CaptureFixtur
                         "assigned": 0,
                         "weight": 1,
                         "active": True,
+                        "now": now("available"),
+                        "last_24h": day(0, 0.67, 2, {}),
                     },
                     {
                         "crm_user_id": "005B",
@@ -291,6 +307,8 @@ def test_status_json(cli_env: Path, tmp_path: Path, capsys: pytest.CaptureFixtur
                         "assigned": 2,
                         "weight": 2,
                         "active": True,
+                        "now": now("available"),
+                        "last_24h": day(2, 1.33, 2, {}),
                     },
                 ],
             },
@@ -303,6 +321,8 @@ def test_status_json(cli_env: Path, tmp_path: Path, capsys: pytest.CaptureFixtur
                         "assigned": 1,
                         "weight": 1,
                         "active": True,
+                        "now": now("available"),
+                        "last_24h": day(1, 1.0, 1, {}),
                     },
                     {
                         "crm_user_id": "005D",
@@ -310,6 +330,8 @@ def test_status_json(cli_env: Path, tmp_path: Path, capsys: pytest.CaptureFixtur
                         "assigned": 0,
                         "weight": 1,
                         "active": False,
+                        "now": now("inactive"),
+                        "last_24h": day(0, 0.0, 1, {"inactive": 1}),
                     },
                 ],
             },
@@ -320,6 +342,15 @@ def test_status_json(cli_env: Path, tmp_path: Path, capsys: pytest.CaptureFixtur
     }
     code, out, _ = run(capsys, "status")
     assert code == 0 and out.startswith("org acme: 4 leads, 3 assigned, 1 unassigned\n")
+    assert out.splitlines()[1:7] == [
+        "team na_ae",
+        "  REP   CRM USER  WEIGHT  ALL TIME  24H  FAIR 24H  NOW        WHY BELOW FAIR SHARE",
+        "  Ada   005A           1         0    0       0.7  available",
+        "  Alan  005B           2         2    2       1.3  available",
+        "team row_ae",
+        "  REP     CRM USER  WEIGHT  ALL TIME  24H  FAIR 24H  NOW        WHY BELOW FAIR SHARE",
+    ]
+    assert "  Edsger  005D           1         0    0       0.0  inactive" in out
     assert "outbox: 3 pending, 0 sent, 0 dead" in out
 
 
@@ -491,6 +522,7 @@ crm:
   kind: salesforce
   instance_url: {url}
   auth: {{method: client_credentials, client_id: "${{SF_ID}}", client_secret: "${{{secret_var}}}"}}
+  organization_id: 00D5g000004ABCDEA4
   outbound_secrets: ["${{SF_OM}}"]
 intake_owner_ids: ["00G000000000001"]
 teams:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+import json
+from datetime import UTC, datetime, time, timedelta
 from pathlib import Path
+from zoneinfo import ZoneInfo
 
 import pytest
 from sqlalchemy import Engine, text
 
+from connector.core.hours import DAYS
 from connector.shell.cli import main
 
 CONFIG = """
@@ -83,11 +86,12 @@ def test_away_list_back(cli_env: Path, engine: Engine, capsys: pytest.CaptureFix
     code, out, err = run(capsys, "rep", "list")
     assert (code, err) == (0, "")
     assert out.splitlines() == [
-        "005A\tAda Lovelace\tna_ae\taway until 2099-12-24 14:00 UTC (PTO, command line)",
-        "005B\tAlan\tna_ae\taway until 2099-07-02 07:00 UTC (command line)",
-        "005S\tSam\tna_ae,emea\tavailable",
-        "005C\tGrace\temea\taway until 2098-12-31 23:00 UTC (sabbatical, config)",
-        "005T\tSam\temea\tavailable",
+        "REP   NAME          TEAMS       NOW",
+        "005A  Ada Lovelace  na_ae       away until 2099-12-24 14:00 UTC (PTO, command line)",
+        "005B  Alan          na_ae       away until 2099-07-02 07:00 UTC (command line)",
+        "005S  Sam           na_ae,emea  available",
+        "005C  Grace         emea        away until 2098-12-31 23:00 UTC (sabbatical, config)",
+        "005T  Sam           emea        available",
     ]
     code, out, _ = run(capsys, "rep", "back", "005A")
     assert (code, out) == (0, "Ada Lovelace (005A) is back\n")
@@ -101,6 +105,10 @@ BAD = [
         ["rep", "away", "Nobody", "--until", "2099-01-01"],
         "connector: org acme: no rep 'Nobody' in the config (give a crm_user_id or a name; "
         "`connector rep list` shows them)\n",
+    ),
+    (
+        ["rep", "away", "ada lovelance", "--until", "2099-01-01"],
+        "connector: org acme: no rep 'ada lovelance' in the config; did you mean 'Ada Lovelace'?\n",
     ),
     (
         ["rep", "back", "005Z"],
@@ -178,3 +186,99 @@ def test_usage_mistakes_are_refused_by_the_parser(
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
     assert stored(engine) == []
+
+
+STATES = """
+org: acme
+crm:
+  kind: salesforce
+  instance_url: https://acme.my.salesforce.com
+  auth: {method: session, access_token: "${ACME_TOKEN}"}
+  object: Lead
+teams:
+  - name: na
+    members:
+      - {crm_user_id: "005A", name: Ada}
+      - {crm_user_id: "005B", name: Bob, hours: {timezone: UTC, %(day)s: "09:00-10:00"}}
+      - {crm_user_id: "005C", name: Cy, caps: {per_day: 0}}
+  - name: emea
+    timezone: Asia/Tokyo
+    members:
+      - {crm_user_id: "005A", name: Ada, caps: {per_week: 0}}
+      - {crm_user_id: "005D", name: Dee, active: false}
+rules:
+  - {team: na}
+"""
+
+
+def test_rep_list_and_status_show_each_state_now_with_its_end(
+    tmp_path: Path, db_url: str, engine: Engine, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """Off shift until the next shift start, capped until the cap's day or week ends in the
+    team's zone, inactive; a rep whose teams disagree shows each team's state."""
+    today = datetime.now(UTC).date()
+    day = today + timedelta(days=2)  # not today nor tomorrow: Bob is off shift until then
+    cfg = tmp_path / "acme.yaml"
+    cfg.write_text(STATES % {"day": DAYS[day.weekday()]}, encoding="utf-8")
+    monkeypatch.setenv("DATABASE_URL", db_url)
+    monkeypatch.setenv("ACME_TOKEN", "tok")
+    monkeypatch.setenv("CONNECTOR_CONFIG", str(cfg))
+    bob_back = datetime.combine(day, time(9), UTC)
+    cy_reset = datetime.combine(today + timedelta(days=1), time(0), UTC)
+    tokyo = datetime.now(ZoneInfo("Asia/Tokyo")).date()
+    monday = tokyo - timedelta(days=tokyo.weekday()) + timedelta(days=7)
+    ada_reset = datetime.combine(monday, time(0), ZoneInfo("Asia/Tokyo"))
+
+    def utc(value: datetime) -> str:
+        return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+    code, out, err = run(capsys, "rep", "list")  # one org: --org is optional
+    assert (code, err) == (0, "")
+    assert [line.split("  ", 1)[0] for line in out.splitlines()] == [
+        "REP", "005A", "005B", "005C", "005D"
+    ]  # fmt: skip
+    at = out.splitlines()[0].index("NOW")
+    states = {line[:4]: line[at:] for line in out.splitlines()[1:]}
+    assert states == {
+        "005A": f"na: available; emea: capped until {utc(ada_reset)} (0 of 0 leads this week)",
+        "005B": f"off shift until {utc(bob_back)}",
+        "005C": f"capped until {utc(cy_reset)} (0 of 0 leads today)",
+        "005D": "inactive",
+    }
+    code, out, err = run(capsys, "status", "--json")
+    assert (code, err) == (0, "")
+    members = {
+        (t["name"], m["crm_user_id"]): m["now"] for t in json.loads(out)["teams"]
+        for m in t["members"]
+    }  # fmt: skip
+    assert members[("na", "005B")] == {
+        "state": "off_shift",
+        "until": bob_back.isoformat(),
+        "note": None,
+        "text": f"off shift until {utc(bob_back)}",
+    }
+    assert members[("emea", "005A")]["until"] == ada_reset.isoformat()
+    assert members[("na", "005A")]["state"] == "available"
+    code, out, _ = run(capsys, "status")
+    assert f"off shift until {utc(bob_back)}" in out and "REP " in out
+
+
+def test_org_is_optional_with_one_org_and_named_with_several(
+    cli_env: Path, engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    folder = tmp_path / "orgs"
+    folder.mkdir()
+    (folder / "acme.yaml").write_text(CONFIG, encoding="utf-8")
+    (folder / "globex.yaml").write_text(CONFIG.replace("org: acme", "org: globex"), "utf-8")
+    monkeypatch.setenv("CONNECTOR_CONFIG", str(folder))
+    for argv in (["rep", "list"], ["status"], ["outbox", "list"], ["inbox", "list"]):
+        code, out, err = run(capsys, *argv)
+        assert (code, out, err) == (
+            2,
+            "",
+            "connector: several orgs configured (acme, globex): pass --org\n",
+        ), argv
+    code, out, _ = run(capsys, "rep", "list", "--org", "globex")
+    assert code == 0 and out.startswith("REP ")

@@ -426,3 +426,111 @@ def test_dashboard_with_a_token_in_a_browser(
         assert browser.current_url.endswith(f"?retried={row}#dead")
         assert outbox_states(engine)[row] == ("pending", 0)
         shoot(browser, shots, "token-org-after-retry")
+
+
+def time_off(engine: Engine) -> list[tuple[Any, ...]]:
+    with engine.connect() as conn:
+        return [
+            tuple(r)
+            for r in conn.execute(
+                text("SELECT crm_user_id, until, reason FROM rep_time_off ORDER BY 1")
+            )
+        ]
+
+
+def test_reps_away_back_and_lead_lookup_in_a_browser(
+    browser: Any, shots: Path, engine: Engine, world: World, sf: SalesforceSandbox
+) -> None:
+    """Each rep's state on the org page; Away (typed and clicked) and Back, each as `rep
+    away|back` stores it; a forged Away refused with 403 and nothing stored; a lead found by
+    its 15-character CRM id in the search box; its page lists the candidates with their skip
+    reasons."""
+    from selenium.webdriver.common.by import By
+
+    from connector.routing.assign import Lead, Router
+    from connector.shell.explain import load_explanation
+
+    ada, grace = world.reps[0], world.reps[2]
+    app = create_admin_app(engine, Metrics(), configs={ORG: world.cfg})
+    with serve_in_thread(app) as base:
+        browser.get(f"{base}/dashboard/org/{ORG}")
+        row = f'table[data-team="americas"] tr[data-rep="{grace}"]'
+        now = browser.find_element(By.CSS_SELECTOR, f'{row} [data-figure="now"]')
+        assert now.text == "available"
+
+        # Refused: an Away the page did not offer (no CSRF value), and a wrong one.
+        away_url = f"/dashboard/org/{ORG}/rep/{grace}/away"
+        assert post_from_page(browser, away_url, {"until": "2099-01-01T09:00"}) == 403
+        assert browser.find_element(By.TAG_NAME, "h1").text == "Refused"
+        browser.back()
+        forged = {"until": "2099-01-01T09:00", "csrf": "0" * 64}
+        assert post_from_page(browser, away_url, forged) == 403
+        assert time_off(engine) == []
+
+        # Away: type the date-time and a reason into Grace's row, click Away.
+        browser.get(f"{base}/dashboard/org/{ORG}")
+        browser.find_element(By.CSS_SELECTOR, f'{row} input[name="until"]').send_keys(
+            "2099-01-01T09:00"
+        )
+        browser.find_element(By.CSS_SELECTOR, f'{row} input[name="reason"]').send_keys("PTO")
+        click_and_wait(browser, f"{row} form[action$='/away'] button")
+        assert browser.current_url.endswith(f"/dashboard/org/{ORG}?rep={grace}&did=away#reps")
+        assert time_off(engine) == [(grace, datetime(2099, 1, 1, 9, tzinfo=UTC), "PTO")]
+        note = browser.find_element(By.CSS_SELECTOR, "[role=status]").text
+        assert note == f"Grace Hopper ({grace}) is away: no lead until the time shown below."
+        now = browser.find_element(By.CSS_SELECTOR, f'{row} [data-figure="now"]')
+        assert now.text == "away until 2099-01-01 09:00 UTC (PTO, command line)"
+        check_accessibility(browser, "org with reps")
+        shoot(browser, shots, "org-rep-away")
+
+        # A wrong date-time: refused with the command's message, nothing changed.
+        browser.find_element(By.CSS_SELECTOR, f'{row} input[name="until"]').send_keys("soon")
+        click_and_wait(browser, f"{row} form[action$='/away'] button")
+        assert response_status(browser, away_url) == 400
+        assert browser.find_element(By.CSS_SELECTOR, ".err").text == (
+            "--until: 'soon' is not a date or date-time like 2026-12-24T09:00"
+        )
+        assert time_off(engine) == [(grace, datetime(2099, 1, 1, 9, tzinfo=UTC), "PTO")]
+
+        # A lead routed now passes Grace over: its page says so.
+        crm_id = sf.add_record("Lead", fields={"Country": "US"})
+        Router(engine, world.cfg).assign_many([Lead(crm_id, {"Country": "US"})], "import")
+        explained = load_explanation(engine, world.cfg, crm_id)["decisions"][-1]
+
+        # Back: Grace is available again.
+        browser.get(f"{base}/dashboard/org/{ORG}")
+        click_and_wait(browser, f"{row} form[action$='/back'] button")
+        assert browser.current_url.endswith(f"?rep={grace}&did=back#reps")
+        assert time_off(engine) == []
+        now = browser.find_element(By.CSS_SELECTOR, f'{row} [data-figure="now"]')
+        assert now.text == "available"
+
+        # Find the lead by the 15 characters of its id, as reports show it.
+        browser.find_element(By.ID, "crm_id").send_keys(crm_id[:15])
+        click_and_wait(browser, "form[role=search] button")
+        assert browser.current_url.endswith(f"/dashboard/org/{ORG}/lead/crm/{crm_id[:15]}")
+        lead_id = world_lead_id(engine, crm_id)
+        assert browser.find_element(By.TAG_NAME, "h1").text.startswith(f"Lead {lead_id}")
+        table = browser.find_element(By.CSS_SELECTOR, 'table[data-list="candidates"]')
+        shown = {
+            r.get_attribute("data-rep"): r.find_element(
+                By.CSS_SELECTOR, '[data-figure="skip"]'
+            ).text
+            for r in table.find_elements(By.CSS_SELECTOR, "tr[data-rep]")
+        }
+        chosen = explained["chosen"]["crm_user_id"]
+        words = {None: "eligible", "away": "skipped: away"}
+        assert shown == {
+            c["crm_user_id"]: words[c["skip"]] + (", chosen" if c["crm_user_id"] == chosen else "")
+            for c in explained["candidates"]
+        }
+        assert shown[grace] == "skipped: away" and ada in shown
+        check_accessibility(browser, "lead with candidates")
+        shoot(browser, shots, "lead-candidates")
+
+
+def world_lead_id(engine: Engine, crm_id: str) -> int:
+    with engine.connect() as conn:
+        return int(
+            conn.execute(text("SELECT id FROM leads WHERE crm_id = :c"), {"c": crm_id}).scalar_one()
+        )

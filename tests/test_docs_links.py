@@ -86,13 +86,3 @@ def test_every_connector_command_in_the_docs_exists() -> None:
         seen |= set(words)
     assert {"run", "check-config", "sandbox", "ingest"} <= seen  # the checker sees commands
     assert not unknown, f"commands the CLI does not have: {sorted(unknown)}"
-
-
-def test_tutorial_config_parses() -> None:
-    from connector.core.config_loading import parse_config
-
-    text = (ROOT / "docs" / "tutorial.md").read_text(encoding="utf-8")
-    block = next(b for b in re.findall(r"```yaml\n(.*?)```", text, re.S) if b.startswith("org:"))
-    env = {"SF_CLIENT_ID": "x", "SF_CLIENT_SECRET": "y", "TUTORIAL_OM_SECRET": "s" * 32}
-    cfg = parse_config(block, "docs/tutorial.md", env)
-    assert cfg.org == "tutorial" and cfg.intake_owner_ids == ["005SB0000000001YAA"]

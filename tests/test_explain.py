@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import Engine
 
 from connector.intake.receivers import create_app
-from connector.intake.soap import build_outbound_message
+from connector.intake.soap import OUTBOUND_MESSAGE_HEADERS, build_outbound_message
 from connector.routing.assign import Lead, Router
 from connector.shell.adapters import Adapters, adapter_for
 from connector.shell.explain import build_explanation, format_explanation, load_explanation
@@ -21,7 +21,7 @@ from crm_sandboxes import SalesforceSandbox
 from testbed.crm_orgs import OUTBOUND_SECRET, SF_ORG_ID
 from tests.helpers.reassign_orgs import ReOrg
 
-SOAP_HEADERS = {"Content-Type": "text/xml; charset=utf-8", "SOAPAction": '""'}
+SOAP_HEADERS = OUTBOUND_MESSAGE_HEADERS
 
 
 def push(engine: Engine, org: ReOrg, notes: list[tuple[str, str]]) -> None:

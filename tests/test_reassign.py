@@ -14,7 +14,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Engine, text
 
-from connector.routing.assign import Lead, Router
 from connector.routing.reassign import (
     ReassignError,
     choose_rep,
@@ -31,15 +30,15 @@ from crm_adapters.base import OwnerWrite
 from crm_adapters.salesforce_ids import to_18
 from crm_sandboxes import SalesforceSandbox
 from testbed.crm_orgs import OUTBOUND_SECRET
-from tests.helpers.reassign_orgs import ReOrg, counts, current_owner, outbox_rows, table_counts
-
-
-def route(engine: Engine, org: ReOrg, countries: list[str]) -> list[str]:
-    ids = [org.lead(c) for c in countries]
-    Router(engine, org.cfg).assign_many(
-        [Lead(i, {"Country": c}) for i, c in zip(ids, countries, strict=True)], "poll"
-    )
-    return ids
+from tests.helpers.reassign_orgs import (
+    ReOrg,
+    counts,
+    current_owner,
+    outbox_rows,
+    route,
+    table_counts,
+    write_config,
+)
 
 
 def dispatch(engine: Engine, org: ReOrg) -> None:
@@ -239,19 +238,6 @@ def test_in_flight_write_is_carried(engine: Engine, sf: SalesforceSandbox) -> No
     sf.person_edit(lead, org.user["Ada"])  # the old claim's write landed after all
     dispatch(engine, org)
     assert org.owner(lead) == org.user["Alan"]
-
-
-def write_config(
-    tmp_path: Path, org: ReOrg, yaml_text: str, db_url: str, mp_: pytest.MonkeyPatch
-) -> Path:
-    path = tmp_path / "acme.yaml"
-    path.write_text(yaml_text, encoding="utf-8")
-    mp_.setenv("DATABASE_URL", db_url)
-    mp_.setenv("SF_ID", org.sf.client_id)
-    mp_.setenv("SF_SECRET", org.sf.client_secret)
-    mp_.setenv("SF_OUTBOUND", OUTBOUND_SECRET)
-    mp_.setenv("CONNECTOR_CONFIG", str(path))
-    return path
 
 
 BAD_REASON = "connector: --reason must be printable text of at most 500 characters\n"

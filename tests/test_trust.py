@@ -15,12 +15,13 @@ import httpx
 from sqlalchemy import Engine, text
 
 from connector.core.config import OrgConfig, Rule
+from connector.intake.hubspot_events import creation_events, events_body
 from connector.intake.importer import ingest_file
 from connector.intake.inbox import list_events
 from connector.intake.inbox import retry_dead as retry_dead_events
 from connector.intake.receivers import create_app
-from connector.intake.signatures import sign_v3
-from connector.intake.soap import ack_response, build_outbound_message
+from connector.intake.signatures import signed_headers
+from connector.intake.soap import OUTBOUND_MESSAGE_HEADERS, ack_response, build_outbound_message
 from connector.routing.assign import Lead, Router
 from connector.routing.teams import apply_teams
 from connector.shell.adapters import Adapters, adapter_for
@@ -40,7 +41,7 @@ from testbed.crm_orgs import (
 )
 from testbed.waiting import wait_until
 
-SOAP_HEADERS = {"Content-Type": "text/xml; charset=utf-8", "SOAPAction": '""'}
+SOAP_HEADERS = OUTBOUND_MESSAGE_HEADERS
 
 
 class SfOrg:
@@ -308,26 +309,11 @@ def hubspot_delivery(
     client: httpx.Client, base: str, ids: list[str], first_event: int, portal: int = PORTAL_ID
 ) -> httpx.Response:
     now_ms = int(time.time() * 1000)
-    events = [
-        {
-            "eventId": first_event + i,
-            "subscriptionId": 1,
-            "portalId": portal,
-            "appId": 7,
-            "occurredAt": now_ms,
-            "subscriptionType": "contact.creation",
-            "attemptNumber": 0,
-            "objectId": int(rid),
-        }
-        for i, rid in enumerate(ids)
-    ]
-    body = json.dumps(events).encode()
+    body = events_body(
+        creation_events(portal, "contacts", [int(rid) for rid in ids], first_event, now_ms)
+    )
     url = f"{base}/webhooks/hubspot/hsdemo"
-    headers = {
-        "Content-Type": "application/json",
-        "X-HubSpot-Signature-v3": sign_v3(HS_WEBHOOK_SECRET, "POST", url, body, now_ms),
-        "X-HubSpot-Request-Timestamp": str(now_ms),
-    }
+    headers = signed_headers(HS_WEBHOOK_SECRET, url, body, now_ms)
     return client.post(url, content=body, headers=headers)
 
 

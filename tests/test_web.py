@@ -23,9 +23,10 @@ from connector.core.config import OrgConfig, SalesforceCrm
 from connector.core.config_loading import parse_config
 from connector.core.errors import Conflict, DatabaseError, DatabaseUnavailable
 from connector.core.metrics import Metrics
+from connector.intake.hubspot_events import webhook_event
 from connector.intake.receivers import create_app, db_errors
-from connector.intake.signatures import sign_v3
-from connector.intake.soap import ack_response, build_outbound_message
+from connector.intake.signatures import signed_headers
+from connector.intake.soap import OUTBOUND_MESSAGE_HEADERS, ack_response, build_outbound_message
 from connector.routing.assign import RoutingError
 from connector.routing.teams import apply_teams
 from connector.shell.adapters import adapter_for
@@ -222,7 +223,7 @@ def post_sf(
     headers: Mapping[str, str] | None = None,
     path: str | None = None,
 ) -> httpx.Response:
-    sent = {"Content-Type": "text/xml; charset=utf-8", "SOAPAction": '""', **(headers or {})}
+    sent = {**OUTBOUND_MESSAGE_HEADERS, **(headers or {})}
     return client.post(path or sf_path(org, secret), content=body, headers=sent)
 
 
@@ -546,20 +547,15 @@ def event(
     occurred: int = 1_733_139_000_000,
     portal: int = PORTAL,
 ) -> dict[str, Any]:
-    e: dict[str, Any] = {
-        "eventId": event_id,
-        "subscriptionId": 9001,
-        "portalId": portal,
-        "appId": 1160452,
-        "occurredAt": occurred,
-        "subscriptionType": kind,
-        "attemptNumber": 0,
-        "objectId": object_id,
-        "changeSource": "CRM",
-    }
-    if prop is not None:
-        e["propertyName"], e["propertyValue"] = prop, value
-    return e
+    return webhook_event(
+        event_id,
+        object_id,
+        portal,
+        occurred,
+        subscription_type=kind,
+        property_name=prop,
+        property_value=value,
+    )
 
 
 def post_hs(
@@ -575,11 +571,7 @@ def post_hs(
     body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
     url = f"{client.base_url}".rstrip("/") + f"/webhooks/hubspot/{org}?src=hs"
     ts = int(NOW * 1000) if timestamp_ms is None else timestamp_ms
-    sent = {
-        "Content-Type": "application/json",
-        "X-HubSpot-Signature-v3": sign_v3(secret, "POST", signed_url or url, body, ts),
-        "X-HubSpot-Request-Timestamp": str(ts),
-    }
+    sent = signed_headers(secret, signed_url or url, body, ts)
     sent.update(headers or {})
     return client.post(url, content=body, headers={k: v for k, v in sent.items() if v})
 
@@ -962,11 +954,7 @@ def test_hubspot_push_is_read_back_from_the_crm_and_routed(
         url = f"{base}/webhooks/hubspot/hsroute"
         body = json.dumps(events).encode()
         ts = int(time.time() * 1000)
-        headers = {
-            "Content-Type": "application/json",
-            "X-HubSpot-Signature-v3": sign_v3(HS_HOOK_SECRET, "POST", url, body, ts),
-            "X-HubSpot-Request-Timestamp": str(ts),
-        }
+        headers = signed_headers(HS_HOOK_SECRET, url, body, ts)
         resp = c.post(url, content=body, headers=headers)
         assert resp.status_code == 200, resp.text
         assert resp.json() == {"events": 7, "queued": 6, "duplicates": 0, "foreign": 0}
@@ -976,7 +964,7 @@ def test_hubspot_push_is_read_back_from_the_crm_and_routed(
 
         # A later event for a routed record: stored, not read again, not routed again.
         later = json.dumps([event(8, int(german), "contact.creation")]).encode()
-        headers["X-HubSpot-Signature-v3"] = sign_v3(HS_HOOK_SECRET, "POST", url, later, ts)
+        headers = signed_headers(HS_HOOK_SECRET, url, later, ts)
         resp = c.post(url, content=later, headers=headers)
         assert resp.json()["queued"] == 1
         wait_for(lambda: open_events(engine) == 0)
@@ -1061,11 +1049,7 @@ def test_routing_not_ready_is_retried_later_not_refused(
         resp = c.post(
             url,
             content=body,
-            headers={
-                "Content-Type": "application/json",
-                "X-HubSpot-Signature-v3": sign_v3(HS_HOOK_SECRET, "POST", url, body, ts),
-                "X-HubSpot-Request-Timestamp": str(ts),
-            },
+            headers=signed_headers(HS_HOOK_SECRET, url, body, ts),
         )
         assert resp.status_code == 200, resp.text
         assert resp.json()["queued"] == 1

@@ -6,8 +6,6 @@ name the file, the key path and the problem) is ``connector.core.config_loading`
 
 from __future__ import annotations
 
-import ipaddress
-import re
 from datetime import date, datetime
 from typing import Annotated, Literal
 
@@ -15,26 +13,25 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    SecretStr,
     field_validator,
     model_validator,
 )
 
+from connector.core.config_base import STRICT
+from connector.core.config_base import SecretUrl as SecretUrl
+from connector.core.config_checks import Invalid, did_you_mean, team_references
+from connector.core.config_crm import HubSpotCrm as HubSpotCrm
+from connector.core.config_crm import SalesforceCrm as SalesforceCrm
 from connector.core.hours import WeeklyHours, parse_hours, parse_local_time, zone
-
-# the rule models live beside, re-exported here: the whole file's models are this module's
 from connector.core.rule_config import FieldValues as FieldValues
 from connector.core.rule_config import Rule as Rule
 from connector.core.rule_config import Sla as Sla
 from connector.core.rule_config import Territory as Territory
 from connector.core.rule_config import TerritoryFields as TerritoryFields
 from connector.core.rule_syntax import FIELD_NAME
-from crm_adapters.fields import hubspot_parent_field, salesforce_parent_field
-from crm_adapters.salesforce_ids import is_id as is_salesforce_id
+from connector.core.yaml_source import loc_text
 
 ORG_NAME = r"^[a-z0-9][a-z0-9_-]{0,62}$"
-# The shared secret Salesforce sends as the last path segment of the endpoint URL.
-URL_SECRET = re.compile(r"^[A-Za-z0-9._~-]{24,200}$")
 MAX_IN_A_ROW = 1000  # the largest K of catch_up: {max_in_a_row: K}
 
 
@@ -42,8 +39,19 @@ class ConfigError(Exception):
     """A configuration file is missing, unreadable or invalid; the message says where and why."""
 
 
+class ConfigWarning(str):
+    """``path: what is likely wrong; what to write``, with the key path kept in ``loc``."""
+
+    loc: tuple[str | int, ...]
+
+    def __new__(cls, loc: tuple[str | int, ...], text: str) -> ConfigWarning:
+        self = super().__new__(cls, f"{loc_text(loc)}: {text}" if loc else text)
+        self.loc = loc
+        return self
+
+
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = STRICT
 
 
 class CatchUp(_Model):
@@ -97,7 +105,13 @@ class Member(_Model):
 
 
 class Team(_Model):
-    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")]
+    name: Annotated[
+        str,
+        Field(
+            pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$",
+            description="up to 100 letters, digits, _ . or -, starting with a letter or digit",
+        ),
+    ]
     members: Annotated[list[Member], Field(min_length=1)]
     sla: Sla | None = None
     # Days and weeks (Monday to Sunday) of the caps are counted in this zone.
@@ -134,25 +148,43 @@ class Team(_Model):
     @field_validator("members")
     @classmethod
     def _unique_members(cls, members: list[Member]) -> list[Member]:
-        seen: set[str] = set()
-        for m in members:
+        seen: dict[str, int] = {}
+        found: list[tuple[tuple[str | int, ...], str]] = []
+        for i, m in enumerate(members):
             if m.crm_user_id in seen:
-                raise ValueError(f"crm_user_id {m.crm_user_id!r} is listed twice")
-            seen.add(m.crm_user_id)
+                found.append(
+                    (
+                        (i, "crm_user_id"),
+                        f"`{m.crm_user_id}` is listed twice (also members[{seen[m.crm_user_id]}]); "
+                        "list each rep once",
+                    )
+                )
+            seen.setdefault(m.crm_user_id, i)
+        if found:
+            raise Invalid(*found)
         return members
 
     @model_validator(mode="after")
     def _time_off(self) -> Team:
+        found: list[tuple[tuple[str | int, ...], str]] = []
         for i, m in enumerate(self.members):
             tz = self.rep_timezone(m)
             for j, t in enumerate(m.time_off):
-                where = f"members[{i}].time_off[{j}]"
+                where = ("members", i, "time_off", j)
                 try:
-                    starts, until = parse_local_time(t.starts, tz), parse_local_time(t.until, tz)
+                    starts = parse_local_time(t.starts, tz)
                 except ValueError as exc:
-                    raise ValueError(f"{where}: {exc}") from None
+                    found.append(((*where, "from"), str(exc)))
+                    continue
+                try:
+                    until = parse_local_time(t.until, tz)
+                except ValueError as exc:
+                    found.append(((*where, "until"), str(exc)))
+                    continue
                 if until <= starts:
-                    raise ValueError(f"{where}: `until` must be after `from`")
+                    found.append(((*where, "until"), "must be after `from`"))
+        if found:
+            raise Invalid(*found)
         return self
 
     def rep_timezone(self, member: Member) -> str:
@@ -166,119 +198,6 @@ class Team(_Model):
     def max_in_a_row(self) -> int | None:
         """K of `catch_up: {max_in_a_row: K}`, or None for `catch_up: none`."""
         return None if isinstance(self.catch_up, str) else self.catch_up.max_in_a_row
-
-
-class SalesforceAuth(_Model):
-    method: Literal["client_credentials", "jwt", "password", "session"]
-    client_id: SecretStr | None = None
-    client_secret: SecretStr | None = None
-    username: str | None = None
-    password: SecretStr | None = None
-    security_token: SecretStr | None = None
-    private_key: SecretStr | None = None
-    private_key_file: str | None = None
-    access_token: SecretStr | None = None
-
-    @model_validator(mode="after")
-    def _required_for_method(self) -> SalesforceAuth:
-        needs: dict[str, tuple[str, ...]] = {
-            "client_credentials": ("client_id", "client_secret"),
-            "jwt": ("client_id", "username"),
-            "password": ("username", "password"),
-            "session": ("access_token",),
-        }
-        missing = [k for k in needs[self.method] if getattr(self, k) in (None, "")]
-        if missing:
-            raise ValueError(f"auth method {self.method!r} needs {', '.join(missing)}")
-        if self.method == "jwt" and not (self.private_key or self.private_key_file):
-            raise ValueError("auth method 'jwt' needs private_key or private_key_file")
-        return self
-
-
-class HubSpotAuth(_Model):
-    method: Literal["private_app"] = "private_app"
-    access_token: SecretStr
-
-
-class SalesforceCrm(_Model):
-    kind: Literal["salesforce"]
-    instance_url: Annotated[str, Field(pattern=r"^https?://[^\s/]+(:\d+)?/?$")]
-    auth: SalesforceAuth
-    object: Literal["Lead", "Contact"] = "Lead"
-    parent_field: str | None = None
-    organization_id: str | None = None
-    # Outbound Messages are not signed: Salesforce must call an endpoint URL that ends with
-    # one of these secrets (/webhooks/salesforce/{org}/{secret}); two during a rotation.
-    outbound_secrets: Annotated[list[SecretStr], Field(max_length=2)] = []
-    # When set, Outbound Messages are accepted only from these networks (e.g. Salesforce's
-    # published ranges), checked against the peer address or a trusted proxy's forward.
-    outbound_allow_cidrs: list[str] = []
-    api_version: Annotated[str, Field(pattern=r"^\d+\.\d$")] = "62.0"
-
-    @field_validator("organization_id")
-    @classmethod
-    def _org_id(cls, value: str | None) -> str | None:
-        if value is not None and not (value.startswith("00D") and is_salesforce_id(value)):
-            raise ValueError("not a Salesforce organization id (15 or 18 characters, 00D...)")
-        return value
-
-    @field_validator("outbound_secrets")
-    @classmethod
-    def _url_safe_secrets(cls, secrets: list[SecretStr]) -> list[SecretStr]:
-        for i, secret in enumerate(secrets):
-            if not URL_SECRET.match(secret.get_secret_value()):
-                raise ValueError(
-                    f"[{i}]: must be 24 to 200 characters of A-Z a-z 0-9 . _ ~ - "
-                    "(it is sent as a URL path segment)"
-                )
-        return secrets
-
-    @field_validator("outbound_allow_cidrs")
-    @classmethod
-    def _networks(cls, cidrs: list[str]) -> list[str]:
-        for c in cidrs:
-            try:
-                ipaddress.ip_network(c, strict=False)
-            except ValueError:
-                raise ValueError(f"{c!r} is not an IP network (e.g. 13.108.0.0/14)") from None
-        return cidrs
-
-    @property
-    def parent_key(self) -> str | None:
-        """The field that names the record's parent Account (Contact: AccountId)."""
-        return salesforce_parent_field(self.object, self.parent_field)
-
-
-class HubSpotCrm(_Model):
-    kind: Literal["hubspot"]
-    base_url: Annotated[str, Field(pattern=r"^https?://[^\s/]+(:\d+)?/?$")] = (
-        "https://api.hubapi.com"
-    )
-    auth: HubSpotAuth
-    object: Literal["contacts", "leads"] = "contacts"
-    parent_field: str | None = None
-    limit_per_10s: Annotated[int, Field(ge=1, le=1000)] = 100
-    # The app's client secret(s) that sign webhooks (v3); two during a rotation.
-    webhook_secrets: Annotated[list[SecretStr], Field(max_length=2)] = []
-    # The HubSpot account (portalId) this org is; events of any other portal are refused.
-    portal_id: Annotated[int, Field(ge=1)] | None = None
-    # Property changes that re-route a record (creation events always do).
-    routed_properties: list[str] = []
-    # Extra properties read with each record (the rules' fields are always read).
-    fetch_properties: list[str] = []
-
-    @model_validator(mode="after")
-    def _portal_for_webhooks(self) -> HubSpotCrm:
-        if self.webhook_secrets and self.portal_id is None:
-            raise ValueError(
-                "portal_id is required with webhook_secrets: events of other portals "
-                "must be told apart and refused"
-            )
-        return self
-
-    @property
-    def parent_key(self) -> str | None:
-        return hubspot_parent_field(self.parent_field)
 
 
 class Poll(_Model):
@@ -332,14 +251,18 @@ class Accounts(_Model):
             return None
         if not value:
             raise ValueError("lists no fields; omit it for the default")
-        for i, name in enumerate(value):
-            if not FIELD_NAME.match(name):
-                raise ValueError(
-                    f"[{i}] {name!r}: not a CRM field name (letters, digits and _ only)"
-                )
-        dupes = sorted({n for n in value if value.count(n) > 1})
-        if dupes:
-            raise ValueError(f"{', '.join(dupes)} listed twice")
+        found: list[tuple[tuple[str | int, ...], str]] = [
+            ((i,), f"`{name}` is not a CRM field name (letters, digits and _ only)")
+            for i, name in enumerate(value)
+            if not FIELD_NAME.match(name)
+        ]
+        found += [
+            ((i,), f"`{name}` is listed twice; list each field once")
+            for i, name in enumerate(value)
+            if name in value[:i]
+        ]
+        if found:
+            raise Invalid(*found)
         return value
 
 
@@ -356,9 +279,15 @@ class Webhook(_Model):
 
 
 class OrgConfig(_Model):
-    org: Annotated[str, Field(pattern=ORG_NAME)]
+    org: Annotated[
+        str,
+        Field(
+            pattern=ORG_NAME,
+            description="up to 63 lower-case letters, digits, _ or -, such as acme",
+        ),
+    ]
     crm: Annotated[SalesforceCrm | HubSpotCrm, Field(discriminator="kind")]
-    database_url: SecretStr | None = None
+    database_url: SecretUrl | None = None
     teams: Annotated[list[Team], Field(min_length=1)]
     rules: Annotated[list[Rule], Field(min_length=1)]
     territories: dict[
@@ -378,38 +307,14 @@ class OrgConfig(_Model):
 
     @model_validator(mode="after")
     def _rules_name_teams(self) -> OrgConfig:
-        names = [t.name for t in self.teams]
-        dupes = sorted({n for n in names if names.count(n) > 1})
-        if dupes:
-            raise ValueError(f"team names must be unique: {', '.join(dupes)}")
-        for i, rule in enumerate(self.rules):
-            if rule.territory is not None and rule.territory not in self.territories:
-                raise ValueError(f"rules[{i}] names unknown territory {rule.territory!r}")
-            if rule.team is not None and rule.team not in names:
-                raise ValueError(f"rules[{i}] routes to unknown team {rule.team!r}")
-        for tname, territory in self.territories.items():
-            for row in territory.table.rows:
-                if row.team not in names:
-                    raise ValueError(
-                        f"territories.{tname}: {row.where} routes to unknown team {row.team!r}"
-                    )
-        by_name = {t.name: t for t in self.teams}
-        for i, team in enumerate(self.teams):
-            if team.overflow_team is None:
-                continue
-            if team.overflow_team not in by_name:
-                raise ValueError(f"teams[{i}].overflow_team: unknown team {team.overflow_team!r}")
-            chain = [team.name]
-            nxt: str | None = team.overflow_team
-            while nxt is not None:
-                if nxt in chain:
-                    raise ValueError(
-                        f"teams[{i}].overflow_team: overflow goes round in a circle "
-                        f"({' -> '.join([*chain, nxt])})"
-                    )
-                chain.append(nxt)
-                nxt = by_name[nxt].overflow_team
-        self._check_accounts()
+        found = team_references(
+            [(t.name, t.overflow_team) for t in self.teams],
+            [r.team for r in self.rules],
+        )
+        found += self._territory_problems()
+        found += self._accounts_problems()
+        if found:
+            raise Invalid(*found)
         return self
 
     def overflow_chain(self, team: str) -> list[str]:
@@ -421,27 +326,60 @@ class OrgConfig(_Model):
             nxt = self.team(nxt).overflow_team
         return chain
 
-    def _check_accounts(self) -> None:
+    def _territory_problems(self) -> list[tuple[tuple[str | int, ...], str]]:
+        """Rules naming no territory, territory rows routing to no team."""
+        names = {t.name for t in self.teams}
+        found: list[tuple[tuple[str | int, ...], str]] = []
+        for i, rule in enumerate(self.rules):
+            if rule.territory is not None and rule.territory not in self.territories:
+                found.append(
+                    (
+                        ("rules", i, "territory"),
+                        f"unknown territory `{rule.territory}`; "
+                        + did_you_mean(rule.territory, self.territories),
+                    )
+                )
+        for tname, territory in self.territories.items():
+            for row in territory.table.rows:
+                if row.team in names:
+                    continue
+                fix = f"unknown team `{row.team}`; {did_you_mean(row.team, names)}"
+                if territory.file is None and row.where.startswith("rows["):
+                    at = int(row.where.removeprefix("rows[").rstrip("]"))
+                    found.append((("territories", tname, "rows", at, "team"), fix))
+                else:
+                    found.append((("territories", tname, "file"), f"{row.where}: {fix}"))
+        return found
+
+    def _accounts_problems(self) -> list[tuple[tuple[str | int, ...], str]]:
         owner_rules = [i for i, r in enumerate(self.rules) if r.route_to == "account_owner"]
         if self.accounts is not None and not owner_rules:
-            raise ValueError(
-                "accounts is set but no rule has `route_to: account_owner` (remove it, or "
-                "add that rule)"
-            )
+            return [
+                (
+                    ("accounts",),
+                    "set, but no rule has `route_to: account_owner`; remove it, or add that rule",
+                )
+            ]
         if not owner_rules:
-            return
+            return []
         domain_field = self.accounts.domain_field if self.accounts is not None else None
         if domain_field is not None and isinstance(self.crm, HubSpotCrm):
-            raise ValueError(
-                "accounts.domain_field is for Salesforce only: HubSpot companies are "
-                "matched by their domain and website properties"
-            )
+            return [
+                (
+                    ("accounts", "domain_field"),
+                    "for Salesforce only (HubSpot companies are matched by their domain and "
+                    "website properties); remove it",
+                )
+            ]
         if not self.match_fields and not self.crm.parent_key:
-            raise ValueError(
-                f"rules[{owner_rules[0]}] routes to account_owner, but a {self.crm.object} "
-                "record has no default field to match: set accounts.match_fields or "
-                "crm.parent_field"
-            )
+            return [
+                (
+                    ("rules", owner_rules[0], "route_to"),
+                    f"account_owner, but a {self.crm.object} record has no default field to "
+                    "match; set accounts.match_fields or crm.parent_field",
+                )
+            ]
+        return []
 
     @property
     def account_matching(self) -> bool:
@@ -482,62 +420,11 @@ class OrgConfig(_Model):
             out = out + [f for f in self.territories[rule.territory].read if f not in out]
         return out
 
-    def warnings(self) -> list[str]:
+    def warnings(self) -> list[ConfigWarning]:
         """Settings that are valid but almost certainly not what the operator wants."""
-        out: list[str] = []
-        if isinstance(self.crm, SalesforceCrm):
-            if not self.intake_owner_ids:
-                out.append(
-                    "intake_owner_ids is empty: every Salesforce record has an owner, so "
-                    "nothing will be routed (list the intake queue or integration user)"
-                )
-            if not self.crm.outbound_secrets:
-                out.append("crm.outbound_secrets is empty: Outbound Messages are refused")
-        elif not self.crm.webhook_secrets:
-            out.append("crm.webhook_secrets is empty: HubSpot webhooks are refused")
-        for team in self.teams:
-            k = team.max_in_a_row
-            total = sum(m.weight for m in team.members if m.active)
-            for m in team.members:
-                # K leads in a row then one other pays K - (K+1) * share of a debt
-                if k is None or not m.active or k * total > (k + 1) * m.weight:
-                    continue
-                if total == m.weight:
-                    out.append(f"team {team.name}: catch_up has no effect: {m.name} is alone")
-                elif k * total == (k + 1) * m.weight:
-                    out.append(
-                        f"team {team.name}: with max_in_a_row {k}, {m.name} (weight "
-                        f"{m.weight} of {total}) can never catch up after time away; it "
-                        f"needs more than {m.weight / (total - m.weight):g}"
-                    )
-                else:  # more than K of every K+1 leads: K would hold it below its share
-                    need = m.weight // (total - m.weight) + 1
-                    fix = (
-                        f"set max_in_a_row to at least {need} to limit it"
-                        if need <= MAX_IN_A_ROW
-                        else "no max_in_a_row up to 1000 can limit it"
-                    )
-                    out.append(
-                        f"team {team.name}: max_in_a_row {k} does not apply to {m.name} "
-                        f"(weight {m.weight} of {total} is more than {k} of every {k + 1} "
-                        f"leads): back from time away it catches up without a limit on "
-                        f"leads in a row; {fix}"
-                    )
-        for tname, territory in self.territories.items():
-            gaps = territory.table.gaps
-            if gaps:
-                more = f" and {len(gaps) - 1} more" if len(gaps) > 1 else ""
-                out.append(
-                    f"territories.{tname}: {len(gaps)} gap(s) between postal ranges, "
-                    f"first {gaps[0]}{more}: leads there fall to the state's or country's "
-                    "row, else to the next rule"
-                )
-        if self.account_matching and not self.poll.enabled:
-            out.append(
-                "poll.enabled is false: the account mirror is refreshed by the poll, so "
-                "route_to: account_owner only sees accounts synced before it was turned off"
-            )
-        return out
+        from connector.core.config_warnings import warnings
+
+        return warnings(self)
 
     def sla_for(self, rule_index: int, team: str) -> Sla | None:
         """The SLA of a lead routed by this rule to this team: the rule's, else the team's."""

@@ -2,7 +2,8 @@
 ``connector.core.config``.
 
 Secrets never live in the file: a value may be written as ``${ENV_NAME}`` and is resolved from
-the environment when the file is loaded. Errors name the file, the key path and the problem.
+the environment when the file is loaded. Every problem of a file is reported at once, one line
+each: ``file:line: key.path: what is wrong; what to write``.
 """
 
 from __future__ import annotations
@@ -10,202 +11,181 @@ from __future__ import annotations
 import csv
 import io
 import os
-import re
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl
 
-import yaml
 from pydantic import ValidationError
 
-from connector.core.config import ConfigError, OrgConfig
-from connector.core.crm_kinds import CRM_KINDS
-from connector.core.rule_syntax import ConditionError, dotted
+from connector.core.config import ConfigError, ConfigWarning, OrgConfig
+from connector.core.config_checks import team_references
+from connector.core.config_errors import problems as validation_problems
+from connector.core.config_secrets import (
+    ENV_REF,
+    resolve_env,
+    resolved_url_problems,
+    secret_fields,
+    written_secret_problems,
+)
+from connector.core.yaml_source import Document, Found, YamlSyntaxError, read_yaml
 
-ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
-# scheme://user[:password]@ at the start of a database URL
-_URL_USERINFO = re.compile(r"[\w+.-]+://[^:/@]*(?::(?P<password>[^@]*))?@")
-
-
-def _resolve_env(value: Any, env: Mapping[str, str], path: str, missing: list[str]) -> Any:
-    if isinstance(value, str):
-
-        def sub(m: re.Match[str]) -> str:
-            name = m.group(1)
-            if name not in env:
-                missing.append(f"{path}: environment variable {name} is not set")
-                return ""
-            return env[name]
-
-        return ENV_REF.sub(sub, value)
-    if isinstance(value, dict):
-        return {
-            k: _resolve_env(v, env, f"{path}.{k}" if path else str(k), missing)
-            for k, v in value.items()
-        }
-    if isinstance(value, list):
-        return [_resolve_env(v, env, f"{path}[{i}]", missing) for i, v in enumerate(value)]
-    return value
+__all__ = ["ENV_REF", "ConfigProblems", "load_configs", "load_sources", "parse_config"]
 
 
-_SECRET_KEYS = {
-    "outbound_secrets",
-    "client_secret",
-    "password",
-    "security_token",
-    "private_key",
-    "access_token",
-    "webhook_secrets",
-}
+class ConfigProblems(ConfigError):
+    """Every problem of one or more files, one line each:
+    ``file:line: key.path: what is wrong; what to write``."""
+
+    def __init__(self, lines: list[str]) -> None:
+        super().__init__("\n".join(lines))
+        self.lines = lines
 
 
-def _url_has_literal_password(url: str) -> bool:
-    """True when a database URL carries a password that is not a ${ENV} reference.
+@dataclass
+class Source:
+    """One loaded file: its config and the line of each key path (for warnings)."""
 
-    The whole URL may be a reference (``${DATABASE_URL}``); otherwise the password, in the
-    userinfo (``user:${PGPASS}@host``) or a ``password=`` query parameter, must be one. The
-    userinfo is split the way SQLAlchemy splits it (the password runs to the first ``@``).
-    """
-    text = url.strip()
-    if ENV_REF.fullmatch(text):
-        return False
-    m = _URL_USERINFO.match(text)
-    passwords = [m.group("password") or ""] if m else []
-    rest = text[m.end() :] if m else text
-    query = rest.partition("?")[2]
-    passwords += [v for k, v in parse_qsl(query, keep_blank_values=True) if k == "password"]
-    return any(pw and not ENV_REF.fullmatch(pw) for pw in passwords)
+    file: str
+    config: OrgConfig
+    doc: Document = field(repr=False)
+
+    def located(self, warning: ConfigWarning) -> str:
+        """``file:line: warning: key.path: ...`` for one of the config's warnings."""
+        return f"{self.file}:{self.doc.line_of(warning.loc)}: warning: {warning}"
 
 
-def _literal_secrets(value: Any, path: str = "") -> list[str]:
-    """Key paths of secrets written into the file itself instead of as ${ENV} references."""
-    found: list[str] = []
-    if isinstance(value, dict):
-        for k, v in value.items():
-            sub = f"{path}.{k}" if path else str(k)
-            if k == "database_url" and not path:
-                if isinstance(v, str) and _url_has_literal_password(v):
-                    found.append(sub)
-            elif (
-                k in _SECRET_KEYS and isinstance(v, str) and v and not ENV_REF.fullmatch(v.strip())
-            ):
-                found.append(sub)
-            elif k in _SECRET_KEYS and isinstance(v, list):
-                found.extend(
-                    f"{sub}[{i}]"
-                    for i, item in enumerate(v)
-                    if isinstance(item, str) and not ENV_REF.fullmatch(item.strip())
-                )
-            else:
-                found.extend(_literal_secrets(v, sub))
-    elif isinstance(value, list):
-        for i, v in enumerate(value):
-            found.extend(_literal_secrets(v, f"{path}[{i}]"))
-    return found
+def _line(source: str, doc: Document, found: Found) -> str:
+    line = found.line if found.line is not None else doc.line_of(found.loc)
+    where = f"{found.where}: " if found.loc else ""
+    return f"{source}:{line}: {where}{found.message}"
 
 
-def _format_validation(source: str, err: ValidationError, text: str = "") -> str:
-    lines = [f"{source}: invalid configuration"]
-    marks: dict[tuple[str | int, ...], int] | None = None
-    for e in err.errors():
-        parts = list(e["loc"])
-        if parts[:1] == ["crm"] and len(parts) > 1 and parts[1] in CRM_KINDS:
-            del parts[1]  # the union's tag, not a key written in the file
-        problem = (e.get("ctx") or {}).get("error")
-        if isinstance(problem, ConditionError):  # structured: one line each, with its line
-            marks = key_lines(text) if marks is None else marks
-            for sub, msg in problem.problems:
-                path = (*parts, *sub)
-                line = _line_of(marks, path)
-                at = f"{source}:{line}" if line else source
-                lines.append(f"  {at}: {dotted(path)}: {msg}")
-            continue
-        loc = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in parts)
-        loc = loc.replace(".[", "[")
-        msg = e["msg"].removeprefix("Value error, ")
-        lines.append(f"  {loc or '(top level)'}: {msg}")
-    return "\n".join(lines)
-
-
-def key_lines(text: str) -> dict[tuple[str | int, ...], int]:
-    """The line (1-based) of every key path of a YAML text (a mapping key's line, a list
-    item's first line), from the YAML nodes' marks."""
-    out: dict[tuple[str | int, ...], int] = {}
+def _problems(
+    doc: Document, env: Mapping[str, str], base_dir: Path | None = None
+) -> tuple[OrgConfig | None, list[Found]]:
+    """The config of a read document, or every problem found in it."""
+    if not isinstance(doc.data, dict):
+        if doc.problems:
+            return None, doc.problems
+        return None, [Found((), "expected `key: value` lines at the top level (org:, crm:, ...)")]
+    secrets = secret_fields(OrgConfig, doc.data)
+    found = [*doc.problems, *written_secret_problems(doc, secrets)]
+    from_env: set[tuple[str | int, ...]] = set()
+    resolved = resolve_env(doc.data, env, (), found, from_env)
+    said = {f.loc for f in found if f.loc}
+    found += [f for f in resolved_url_problems(doc.data, resolved, secrets) if f.loc not in said]
+    unread = _read_territory_files(resolved, base_dir)
+    found += unread
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError:
-        return out
+        cfg = OrgConfig.model_validate(resolved)
+    except ValidationError as exc:
+        said = {f.loc for f in found if f.loc}  # a value found wrong is not judged again
+        found += [
+            f
+            for f in validation_problems(OrgConfig, exc, hidden=[*secrets, *from_env])
+            if not any(f.loc[: len(loc)] == loc for loc in said)
+            # a territory whose file was not read has no rows to judge
+            and not any(u.loc[: len(f.loc)] == f.loc for u in unread)
+        ]
+        if not any(f.loc[:1] == ("teams",) and f.loc[2:3] in ((), ("name",)) for f in found):
+            found += _references(resolved)  # (with a team's name wrong, they would mislead)
+        cfg = None
+    if found:
+        return None, _unique(found)
+    return cfg, []
 
-    def walk(node: yaml.Node, path: tuple[str | int, ...]) -> None:
-        if isinstance(node, yaml.MappingNode):
-            for k, v in node.value:
-                sub = (*path, str(k.value))
-                out.setdefault(sub, k.start_mark.line + 1)
-                walk(v, sub)
-        elif isinstance(node, yaml.SequenceNode):
-            for i, v in enumerate(node.value):
-                out.setdefault((*path, i), v.start_mark.line + 1)
-                walk(v, (*path, i))
 
-    if root is not None:
-        walk(root, ())
+def _references(data: dict[Any, Any]) -> list[Found]:
+    """The checks between entries, on the entries as written (the model's own run of them
+    is skipped by pydantic when any field failed)."""
+    teams, rules = data.get("teams"), data.get("rules")
+    if not isinstance(teams, list) or not isinstance(rules, list):
+        return []
+    entries = [(t.get("name"), t.get("overflow_team")) for t in teams if isinstance(t, dict)]
+    if len(entries) < len(teams):
+        return []  # indexes would not match the file
+    rule_teams = [r.get("team") if isinstance(r, dict) else None for r in rules]
+    return [Found(loc, message) for loc, message in team_references(entries, rule_teams)]
+
+
+def _unique(found: list[Found]) -> list[Found]:
+    seen: set[tuple[object, ...]] = set()
+    out: list[Found] = []
+    for f in found:
+        if (f.loc, f.message) not in seen:
+            seen.add((f.loc, f.message))
+            out.append(f)
     return out
 
 
-def _line_of(marks: Mapping[tuple[str | int, ...], int], path: tuple[str | int, ...]) -> int:
-    """The line of the longest prefix of ``path`` the file has (0: none)."""
-    for n in range(len(path), 0, -1):
-        line = marks.get(path[:n])
-        if line:
-            return line
-    return 0
+def _read(
+    text: str, source: str, env: Mapping[str, str] | None, base_dir: Path | None = None
+) -> Source | list[str]:
+    """The loaded file, or its problem lines in the order of the file."""
+    try:
+        doc = read_yaml(text)
+    except YamlSyntaxError as exc:
+        return [_line(source, Document(), exc.found)]
+    cfg, found = _problems(doc, os.environ if env is None else env, base_dir)
+    if cfg is None:
+        ordered = sorted(found, key=lambda f: f.line if f.line is not None else doc.line_of(f.loc))
+        return [_line(source, doc, f) for f in ordered]
+    return Source(source, cfg, doc)
 
 
 MAX_TERRITORY_BYTES = 50 * 1024 * 1024
 
 
-def _read_territory_files(raw: dict[str, Any], base_dir: Path | None, source: str) -> None:
-    """Read each territory's CSV ``file`` (a name in the config's folder) into its ``rows``."""
+def _read_territory_files(raw: dict[str, Any], base_dir: Path | None) -> list[Found]:
+    """Read each territory's CSV ``file`` (a name in the config's folder) into its ``rows``;
+    the problems are the ``file`` key's (a CSV's rows named by ``file:line``)."""
     territories = raw.get("territories")
     if not isinstance(territories, dict):
-        return
+        return []
+    found: list[Found] = []
     for name, spec in territories.items():
         if not isinstance(spec, dict) or spec.get("file") is None:
             continue
-        where = f"{source}: territories.{name}.file"
+        loc = ("territories", str(name), "file")
         file = spec["file"]
-        if "rows" in spec:
-            raise ConfigError(f"{where}: write `rows` or `file`, not both")
-        if not isinstance(file, str) or not file.strip():
-            raise ConfigError(f"{where}: expected a file name")
-        rel = Path(file)
-        if rel.is_absolute() or ".." in rel.parts:
-            raise ConfigError(f"{where}: {file!r} must be a name in the config's folder")
-        if base_dir is None:
-            raise ConfigError(f"{where}: a territory file is read next to a config file")
-        path = base_dir / rel
-        try:
-            if path.stat().st_size > MAX_TERRITORY_BYTES:
-                raise ConfigError(f"{where}: {file} is over {MAX_TERRITORY_BYTES} bytes")
-            content = path.read_text(encoding="utf-8-sig")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"{where}: cannot read {file}: {exc}") from None
-        reader = csv.DictReader(io.StringIO(content, newline=""))
-        header = reader.fieldnames or []
-        if "country" not in header or "team" not in header:
-            raise ConfigError(f"{source}: {file}:1: the header needs country and team columns")
-        rows: list[dict[str, str | None]] = []
-        try:
-            for i, row in enumerate(reader):
-                if reader.line_num != i + 2 or None in row:
-                    raise ConfigError(
-                        f"{source}: {file}:{i + 2}: one row a line, as many cells as the header"
-                    )
-                rows.append({k: (v if v != "" else None) for k, v in row.items()})
-        except csv.Error as exc:
-            raise ConfigError(f"{source}: {file}:{reader.line_num}: {exc}") from None
-        spec["rows"] = rows
+        problem = _territory_rows(spec, file, base_dir)
+        if problem is not None:
+            found.append(Found(loc, problem))
+    return found
+
+
+def _territory_rows(spec: dict[str, Any], file: object, base_dir: Path | None) -> str | None:
+    if "rows" in spec:
+        return "write `rows` or `file`, not both"
+    if not isinstance(file, str) or not file.strip():
+        return "expected a file name"
+    rel = Path(file)
+    if rel.is_absolute() or ".." in rel.parts:
+        return f"`{file}` must be a name in the config's folder"
+    if base_dir is None:
+        return "a territory file is read next to a config file"
+    path = base_dir / rel
+    try:
+        if path.stat().st_size > MAX_TERRITORY_BYTES:
+            return f"{file} is over {MAX_TERRITORY_BYTES} bytes"
+        content = path.read_text(encoding="utf-8-sig")
+    except (OSError, UnicodeDecodeError) as exc:
+        return f"cannot read {file}: {exc}"
+    reader = csv.DictReader(io.StringIO(content, newline=""))
+    header = reader.fieldnames or []
+    if "country" not in header or "team" not in header:
+        return f"{file}:1: the header needs country and team columns"
+    rows: list[dict[str, str | None]] = []
+    try:
+        for i, row in enumerate(reader):
+            if reader.line_num != i + 2 or None in row:
+                return f"{file}:{i + 2}: one row a line, as many cells as the header"
+            rows.append({k: (v if v != "" else None) for k, v in row.items()})
+    except csv.Error as exc:
+        return f"{file}:{reader.line_num}: {exc}"
+    spec["rows"] = rows
+    return None
 
 
 def parse_config(
@@ -216,30 +196,10 @@ def parse_config(
 ) -> OrgConfig:
     """Parse one org's YAML text; ``source`` names it in error messages, ``base_dir`` is the
     folder its territory files are read from."""
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or "not valid YAML"
-        raise ConfigError(f"{source}: {problem}{where}") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{source}: expected a mapping at the top level")
-    literal = _literal_secrets(raw)
-    if literal:
-        raise ConfigError(
-            f"{source}: secrets must be ${{ENV_NAME}} references, not literal values: "
-            + ", ".join(literal)
-        )
-    missing: list[str] = []
-    resolved = _resolve_env(raw, os.environ if env is None else env, "", missing)
-    if missing:
-        raise ConfigError(f"{source}: " + "; ".join(missing))
-    _read_territory_files(resolved, base_dir, source)
-    try:
-        return OrgConfig.model_validate(resolved)
-    except ValidationError as exc:
-        raise ConfigError(_format_validation(source, exc, text)) from None
+    read = _read(text, source, env, base_dir)
+    if isinstance(read, list):
+        raise ConfigProblems(read)
+    return read.config
 
 
 def _config_files(path: Path) -> list[Path]:
@@ -253,19 +213,40 @@ def _config_files(path: Path) -> list[Path]:
     raise ConfigError(f"{path}: no such file or folder")
 
 
-def load_configs(path: str | Path, env: Mapping[str, str] | None = None) -> dict[str, OrgConfig]:
-    """Load a YAML file or every YAML file in a folder, keyed by org name."""
-    configs: dict[str, OrgConfig] = {}
+def load_sources(path: str | Path, env: Mapping[str, str] | None = None) -> list[Source]:
+    """Load a YAML file or every YAML file in a folder; the problems of all of them are
+    raised at once (ConfigProblems)."""
+    sources: list[Source] = []
+    lines: list[str] = []
+    orgs: dict[str, str] = {}
     for file in _config_files(Path(path)):
         try:
             text = file.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"{file}: cannot read: {exc}") from None
-        cfg = parse_config(text, str(file), env, file.parent)
-        if cfg.org in configs:
-            raise ConfigError(f"{file}: org {cfg.org!r} is already defined by another file")
-        configs[cfg.org] = cfg
-    return configs
+            lines.append(f"{file}:1: cannot read: {exc}")
+            continue
+        read = _read(text, str(file), env, file.parent)
+        if isinstance(read, list):
+            lines += read
+            continue
+        org = read.config.org
+        if org in orgs:
+            line = read.doc.line_of(("org",))
+            lines.append(
+                f"{file}:{line}: org: `{org}` is already defined by {orgs[org]}; "
+                "give each file its own org"
+            )
+            continue
+        orgs[org] = str(file)
+        sources.append(read)
+    if lines:
+        raise ConfigProblems(lines)
+    return sources
+
+
+def load_configs(path: str | Path, env: Mapping[str, str] | None = None) -> dict[str, OrgConfig]:
+    """Load a YAML file or every YAML file in a folder, keyed by org name."""
+    return {s.config.org: s.config for s in load_sources(path, env)}
 
 
 def config_path_from(arg: str | None, env: Mapping[str, str] | None = None) -> str:

@@ -28,11 +28,39 @@ import psycopg
 import sqlalchemy
 from sqlalchemy import Engine, event
 from sqlalchemy import exc as sa_exc
-from sqlalchemy.engine import URL, ExceptionContext
+from sqlalchemy.engine import URL, ExceptionContext, make_url
 from sqlalchemy.pool import PoolProxiedConnection, QueuePool
 
 from connector.core.arrays import send_lists_in_binary
 from connector.core.errors import DatabaseUnavailable, translate
+
+DATABASE_DRIVERS = ("postgresql", "postgres", "postgresql+psycopg")
+DATABASE_URL_FORM = "postgresql://USER:PASSWORD@HOST:5432/DBNAME"
+
+
+def database_url_problem(url: str) -> str | None:
+    """Why ``url`` cannot be used (never quoting it: it may hold a password), or None.
+
+    A libpq keyword string (``host=db password=...``) is refused rather than converted: the
+    literal-password check reads URLs only, and a ``${ENV}`` value substituted into a keyword
+    string would need libpq's quoting (a space or quote in a password would change the
+    string's other keywords).
+    """
+    text = url.strip()
+    if "://" not in text:
+        if "=" in text:
+            return (
+                "a libpq keyword string (host=... password=...) is not accepted; "
+                f"write {DATABASE_URL_FORM}"
+            )
+        return f"not a URL; write {DATABASE_URL_FORM}"
+    try:
+        driver = make_url(text).drivername
+    except (sa_exc.ArgumentError, ValueError):
+        return f"not a URL SQLAlchemy can read; write {DATABASE_URL_FORM}"
+    if driver not in DATABASE_DRIVERS:
+        return f"unsupported database driver {driver!r}; write {DATABASE_URL_FORM}"
+    return None
 
 
 def _on_error(ctx: ExceptionContext) -> None:

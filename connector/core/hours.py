@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, time, timedelta
 from itertools import pairwise
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -93,6 +93,21 @@ class WeeklyHours:
         local = at.astimezone(zone(self.timezone))
         minute = local.hour * 60 + local.minute
         return any(start <= minute < end for start, end in self.days[local.weekday()])
+
+    def next_open(self, at: datetime) -> datetime:
+        """The first instant at or after ``at`` that is on shift (``at`` itself when it is);
+        the schedule has a working day, so one comes within a week."""
+        if self.is_open(at):
+            return at
+        tz = zone(self.timezone)
+        day = at.astimezone(tz).date()
+        for i in range(8):
+            d = day + timedelta(days=i)
+            for start, _end in self.days[d.weekday()]:
+                begins = datetime.combine(d, time(start // 60, start % 60), tz)
+                if begins > at:
+                    return begins
+        raise AssertionError("a schedule with a working day opens within eight days")
 
 
 def parse_hours(raw: object, default_timezone: str | None = None) -> WeeklyHours:

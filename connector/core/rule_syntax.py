@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from typing import Any, Literal
 
+from connector.core.config_checks import Invalid
+
 # A CRM field or property name: what a rule may test and what is read from the CRM.
 FIELD_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,99}$")
 FieldType = Literal["text", "number", "date", "multi"]
@@ -56,12 +58,13 @@ OPTIONS = ("case_sensitive",)
 UNITS = {"minute": 60, "hour": 3600, "day": 86400, "week": 604800}
 
 
-class ConditionError(ValueError):
-    """A rule's conditions are invalid; ``problems`` are (path, message) items."""
+class ConditionError(Invalid):
+    """A rule's conditions are invalid; ``problems`` are (path, message) items, each reported
+    as a line of its own at its key path (``Invalid``'s findings)."""
 
     def __init__(self, problems: Sequence[Problem]) -> None:
         self.problems = list(problems)
-        super().__init__("; ".join(f"{dotted(p)}: {m}" for p, m in self.problems))
+        super().__init__(*self.problems)
 
 
 def norm_text(value: object) -> str:

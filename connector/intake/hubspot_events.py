@@ -8,7 +8,7 @@ and the ingest layer stays idempotent per ``event_id``. All functions are pure.
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +17,9 @@ from crm_adapters.fields import HUBSPOT_OWNER_PROPERTY
 DEFAULT_MAX_BYTES = 1_048_576
 DEFAULT_MAX_EVENTS = 1000
 _MAX_ID = 2**63 - 1  # ids land in BIGINT columns
+
+# The object type ids of the CRM objects a HubSpot org routes (`crm.object`).
+HUBSPOT_OBJECT_TYPE_IDS = {"contacts": "0-1", "leads": "0-136"}
 
 # The legacy "<object>.<action>" subscription types name standard objects by word.
 LEGACY_OBJECT_TYPE_IDS = {
@@ -190,3 +193,69 @@ def dedupe_latest(events: Iterable[HubSpotEvent]) -> list[HubSpotEvent]:
         if current is None or event.occurred_at > current.occurred_at:
             latest[key] = event
     return list(latest.values())
+
+
+# --- builder (`connector send`, the demo, tests) --------------------------------------------
+
+
+def webhook_event(
+    event_id: int,
+    object_id: int,
+    portal_id: int,
+    occurred_at_ms: int,
+    *,
+    subscription_type: str = "contact.creation",
+    object_type_id: str | None = None,
+    property_name: str | None = None,
+    property_value: str | None = None,
+    subscription_id: int = 9001,
+    app_id: int = 1160452,
+    attempt_number: int = 0,
+) -> dict[str, Any]:
+    """One event as HubSpot sends it in a webhook body; ``parse_events`` reads it back."""
+    event: dict[str, Any] = {
+        "eventId": event_id,
+        "subscriptionId": subscription_id,
+        "portalId": portal_id,
+        "appId": app_id,
+        "occurredAt": occurred_at_ms,
+        "subscriptionType": subscription_type,
+        "attemptNumber": attempt_number,
+        "objectId": object_id,
+        "changeSource": "CRM",
+    }
+    if object_type_id is not None:
+        event["objectTypeId"] = object_type_id
+    if property_name is not None:
+        event["propertyName"], event["propertyValue"] = property_name, property_value
+    return event
+
+
+def creation_events(
+    portal_id: int,
+    crm_object: str,
+    object_ids: Sequence[int],
+    first_event_id: int,
+    occurred_at_ms: int,
+) -> list[dict[str, Any]]:
+    """The creation events of these records of ``crm_object`` (``contacts``: the legacy
+    ``contact.creation``; ``leads``: ``object.creation`` of type 0-136), one per record."""
+    if crm_object not in HUBSPOT_OBJECT_TYPE_IDS:
+        raise ValueError(f"unknown HubSpot object {crm_object!r}")
+    legacy = crm_object == "contacts"
+    return [
+        webhook_event(
+            first_event_id + i,
+            object_id,
+            portal_id,
+            occurred_at_ms,
+            subscription_type="contact.creation" if legacy else "object.creation",
+            object_type_id=None if legacy else HUBSPOT_OBJECT_TYPE_IDS[crm_object],
+        )
+        for i, object_id in enumerate(object_ids)
+    ]
+
+
+def events_body(events: Sequence[dict[str, Any]]) -> bytes:
+    """A webhook body: the JSON array of ``events``."""
+    return json.dumps(list(events)).encode()

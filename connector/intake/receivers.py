@@ -49,7 +49,13 @@ from connector.core.database import AsyncPool, async_pool_for
 from connector.core.errors import Conflict, DatabaseError, DatabaseUnavailable
 from connector.core.metrics import Metrics
 from connector.intake.http_server import DEFAULT_BODY_TIMEOUT, BodyError, read_body
-from connector.intake.hubspot_events import EventError, dedupe_latest, lead_events, parse_events
+from connector.intake.hubspot_events import (
+    HUBSPOT_OBJECT_TYPE_IDS,
+    EventError,
+    dedupe_latest,
+    lead_events,
+    parse_events,
+)
 from connector.intake.inbox import AdapterSource, EventWriter, InboxWorker
 from connector.intake.senders import (
     IPNetwork,
@@ -72,7 +78,6 @@ from crm_adapters.salesforce_ids import id_key, is_id, same_id
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-HUBSPOT_OBJECT_TYPE_IDS = {"contacts": "0-1", "leads": "0-136"}
 RETRY_AFTER_SECONDS = 5
 SOAP_CONTENT_TYPE = "text/xml; charset=utf-8"
 BODY_TIMEOUT_SECONDS = DEFAULT_BODY_TIMEOUT

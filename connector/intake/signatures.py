@@ -75,6 +75,15 @@ def sign_v3(secret: str, method: str, uri: str, body: bytes, timestamp_ms: int) 
     return base64.b64encode(_digest(secret, method, uri, body, str(timestamp_ms))).decode()
 
 
+def signed_headers(secret: str, url: str, body: bytes, timestamp_ms: int) -> dict[str, str]:
+    """The headers of a webhook POST of ``body`` to ``url`` as HubSpot sends it."""
+    return {
+        "Content-Type": "application/json",
+        SIGNATURE_HEADER: sign_v3(secret, "POST", url, body, timestamp_ms),
+        TIMESTAMP_HEADER: str(timestamp_ms),
+    }
+
+
 def verify_v3(
     secrets: Sequence[str],
     method: str,

@@ -297,7 +297,10 @@ def soap_fault(message: str, faultcode: str = "Client") -> bytes:
     ).encode()
 
 
-# --- builder (demo, tests, the sandbox CRM) ---------------------------------------------
+# --- builder (`connector send`, the demo, tests) -------------------------------------------
+
+OUTBOUND_MESSAGE_HEADERS = {"Content-Type": "text/xml; charset=utf-8", "SOAPAction": '""'}
+"""The headers Salesforce sends with an Outbound Message."""
 
 
 def _xml_value(value: str, what: str) -> str:

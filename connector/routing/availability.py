@@ -8,7 +8,7 @@ it may take the lead); a recorder can store that mapping as it is.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
 from typing import Any, Literal
 
@@ -37,10 +37,13 @@ def periods(now: datetime, timezone: str) -> Periods:
 
 @dataclass(frozen=True)
 class Window:
-    """An absence from ``starts`` (inclusive) to ``until`` (exclusive)."""
+    """An absence from ``starts`` (inclusive) to ``until`` (exclusive); ``reason`` and
+    ``source`` (``config`` or ``command line``) are for display only."""
 
     starts: datetime
     until: datetime
+    reason: str | None = field(default=None, compare=False)
+    source: str = field(default="config", compare=False)
 
     def covers(self, now: datetime) -> bool:
         return self.starts <= now < self.until
@@ -107,19 +110,24 @@ def config_windows(team: Team, member: Member) -> tuple[Window, ...]:
     """The member's `time_off` entries from the YAML (validated when the file was loaded)."""
     tz = team.rep_timezone(member)
     return tuple(
-        Window(parse_local_time(t.starts, tz), parse_local_time(t.until, tz))
+        Window(parse_local_time(t.starts, tz), parse_local_time(t.until, tz), t.reason)
         for t in member.time_off
     )
 
 
 def member_candidate(
-    team: Team, member: Member | None, row: Any, load: tuple[int, int]
+    team: Team,
+    member: Member | None,
+    row: Any,
+    load: tuple[int, int],
+    away_reason: str | None = None,
 ) -> Candidate:
     """What the eligibility of one member row (``team_candidates``) depends on: the config
-    and its database row; ``load`` is its leads of the day and week."""
+    and its database row; ``load`` is its leads of the day and week, ``away_reason`` the
+    reason given with its time off set from the command line."""
     away = config_windows(team, member) if member else ()
     if row.away_until is not None:
-        away += (Window(row.away_from, row.away_until),)
+        away += (Window(row.away_from, row.away_until, away_reason, "command line"),)
     caps = team.caps_of(member) if member else team.caps
     return Candidate(
         member_id=row.id,

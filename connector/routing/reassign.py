@@ -36,9 +36,10 @@ import db
 from connector.core.config import OrgConfig
 from connector.core.crm_kinds import crm_kind
 from connector.core.errors import UsageError
-from connector.routing.availability import Periods, eligibility, periods
+from connector.routing.availability import Candidate, Periods, eligibility, periods
 from connector.routing.availability import member_candidate as candidate_of
 from connector.routing.decisions import DecisionRecorder
+from connector.routing.rep_state import RepState, state_now
 from connector.routing.rotation import Seat, next_owners
 from connector.routing.rules import org_rules
 
@@ -47,6 +48,7 @@ log = logging.getLogger(__name__)
 _SQL: dict[str, TextClause] = {k: text(v) for k, v in db.queries("reassign").items()}
 _TEAMS: dict[str, TextClause] = {k: text(v) for k, v in db.queries("teams").items()}
 _ROUTING: dict[str, TextClause] = {k: text(v) for k, v in db.queries("routing").items()}
+_REPS: dict[str, TextClause] = {k: text(v) for k, v in db.queries("reps").items()}
 
 Reason = Literal["rotated", "reassigned", "rep_deactivated", "sla_expired"]
 REASONS: tuple[str, ...] = ("rotated", "reassigned", "rep_deactivated", "sla_expired")
@@ -153,16 +155,21 @@ def reassign_lead(
     reason: Reason = "rotated",
     note: str | None = None,
     expect_owner: str | None = None,
+    force: bool = False,
 ) -> Moved:
     """Move one lead (its own transaction): to rep ``to``, or by rotation when None.
 
     ``expect_owner``: refuse unless the lead's current owner is still this one (another
     reassignment of the same lead that committed first wins; this one changes nothing).
+    ``force``: give the lead to ``to`` even when that rep cannot take a lead now (away, off
+    shift, capped); without it that is refused.
     """
     if reason not in REASONS:
         raise ValueError(f"unknown reason {reason!r}")
     with engine.begin() as conn:
-        return _reassign_in(conn, cfg, stored_id(cfg, crm_id), to, reason, note, expect_owner)
+        return _reassign_in(
+            conn, cfg, stored_id(cfg, crm_id), to, reason, note, expect_owner, force
+        )
 
 
 def _lock_current(conn: Connection, cfg: OrgConfig, crm_id: str, expect_owner: str | None) -> Any:
@@ -193,13 +200,11 @@ def _lock_current(conn: Connection, cfg: OrgConfig, crm_id: str, expect_owner: s
     return cur
 
 
-def _team_candidates(
-    conn: Connection, cfg: OrgConfig, team_name: str, team_id: int, current_member_id: int
-) -> tuple[Periods, list[_Member], list[tuple[int, str | None]]]:
-    """(the team's day and week now, its members, each member with why it cannot take a lead
-    now or None), read under the team lock as a routing pick reads them: turns, time off,
-    and the caps' counts."""
-    now = datetime.now(UTC)
+def _team_seats(
+    conn: Connection, cfg: OrgConfig, team_name: str, team_id: int, now: datetime
+) -> tuple[Periods, list[_Member], dict[int, Candidate]]:
+    """(the team's day and week at ``now``, its members, what each one's eligibility
+    depends on), read as a routing pick reads them: turns, time off, and the caps' counts."""
     team_cfg = cfg.team(team_name)
     when = periods(now, team_cfg.timezone)
     members = [
@@ -210,18 +215,66 @@ def _team_candidates(
         )
     ]
     configured = {m.crm_user_id: m for m in team_cfg.members}
-    available = eligibility(
-        [
-            candidate_of(team_cfg, configured.get(m.crm_user_id), m.row, (m.row.day_count,
-                         m.row.week_count))
-            for m in members
-        ],
-        now,
-    )  # fmt: skip
+    reasons = {r.crm_user_id: r.reason for r in conn.execute(_REPS["time_off"], {"org": cfg.org})}
+    candidates = {
+        m.id: candidate_of(
+            team_cfg,
+            configured.get(m.crm_user_id),
+            m.row,
+            (m.row.day_count, m.row.week_count),
+            reasons.get(m.crm_user_id),
+        )
+        for m in members
+    }
+    return when, members, candidates
+
+
+def _team_candidates(
+    conn: Connection, cfg: OrgConfig, team_name: str, team_id: int, current_member_id: int
+) -> tuple[Periods, list[_Member], list[tuple[int, str | None]], dict[int, RepState]]:
+    """(the team's day and week now, its members, each member with why it cannot take a lead
+    now or None, each member's state now), read under the team lock as a routing pick reads
+    them."""
+    now = datetime.now(UTC)
+    when, members, seats = _team_seats(conn, cfg, team_name, team_id, now)
+    available = eligibility(seats.values(), now)
     candidates: list[tuple[int, str | None]] = [
         (m.id, "current_owner" if m.id == current_member_id else available[m.id]) for m in members
     ]
-    return when, members, candidates
+    zone = cfg.team(team_name).timezone
+    states = {mid: state_now(c, now, zone) for mid, c in seats.items()}
+    return when, members, candidates, states
+
+
+def unavailable(rep: Rep, state: RepState, crm_id: str) -> ReassignError:
+    """The refusal of ``--to`` a rep who cannot take a lead now (without ``--force``)."""
+    return ReassignError(
+        f"lead {crm_id}: rep {rep.name} ({rep.crm_user_id}) is {state.text()} in team "
+        f"{rep.team}; --force gives it the lead anyway; nothing changed"
+    )
+
+
+def check_target(
+    engine: Engine, cfg: OrgConfig, crm_ids: Sequence[str], to: str, now: datetime
+) -> None:
+    """Refuse ``--to`` before any lead moves when the rep cannot take a lead now in the team
+    it would get each lead in (the lead's team when the rep is in it); leads that cannot be
+    reassigned anyway are refused one by one later."""
+    states: dict[int | None, tuple[Rep, RepState]] = {}  # by the lead's team
+    with engine.connect() as conn:
+        for crm_id in crm_ids:
+            key = {"org": cfg.org, "crm_object": cfg.crm_object, "crm_id": stored_id(cfg, crm_id)}
+            team_id = conn.execute(_SQL["current_team"], key).scalar_one_or_none()
+            if team_id is None:
+                continue
+            if team_id not in states:
+                rep = resolve_rep(conn, cfg, to, team_id)
+                seats = _team_seats(conn, cfg, rep.team, rep.team_id, now)[2]
+                zone = cfg.team(rep.team).timezone
+                states[team_id] = (rep, state_now(seats[rep.member_id], now, zone))
+            rep, state = states[team_id]
+            if not state.available:
+                raise unavailable(rep, state, key["crm_id"])
 
 
 def _next_by_rotation(
@@ -283,6 +336,7 @@ def _reassign_in(
     reason: Reason,
     note: str | None,
     expect_owner: str | None,
+    force: bool,
 ) -> Moved:
     cur = _lock_current(conn, cfg, crm_id, expect_owner)
     if to is not None:
@@ -296,11 +350,15 @@ def _reassign_in(
         _SQL["lock_teams_by_id"], {"team_ids": sorted({team_id, cur.team_id})}
     ).all()
     team = next(t for t in locked_teams if t.id == team_id)
-    when, members, candidates = _team_candidates(conn, cfg, team.name, team_id, cur.member_id)
+    when, members, candidates, states = _team_candidates(
+        conn, cfg, team.name, team_id, cur.member_id
+    )
     if to is None:
         member_id = _next_by_rotation(crm_id, team.name, members, candidates, cur.member_id)
     else:
         member_id = rep.member_id
+        if not force and not states[member_id].available:
+            raise unavailable(rep, states[member_id], crm_id)
         # the named rep is given the lead whatever the rotation says: record it eligible
         candidates = [(mid, None if mid == member_id else r) for mid, r in candidates]
     row = conn.execute(
@@ -413,9 +471,15 @@ MAX_NOTE = 500
 
 
 def check_reassign_args(
-    engine: Engine, cfg: OrgConfig, crm_ids: Sequence[str], to: str | None, note: str | None
+    engine: Engine,
+    cfg: OrgConfig,
+    crm_ids: Sequence[str],
+    to: str | None,
+    note: str | None,
+    force: bool = False,
 ) -> None:
-    """Refuse bad input before any lead is touched (ReassignError says why)."""
+    """Refuse bad input before any lead is touched (ReassignError says why), and ``--to`` a
+    rep who cannot take a lead now unless ``force``."""
     if note is not None and (len(note) > MAX_NOTE or not note.isprintable()):
         raise ReassignError(f"--reason must be printable text of at most {MAX_NOTE} characters")
     for crm_id in crm_ids:
@@ -423,3 +487,5 @@ def check_reassign_args(
             raise ReassignError(f"{crm_id!r} is not a CRM id")
     if to is not None:
         check_rep(engine, cfg, to)
+        if not force:
+            check_target(engine, cfg, crm_ids, to, datetime.now(UTC))

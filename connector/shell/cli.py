@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from connector import __version__
 from connector.core.config import ConfigError
+from connector.core.config_loading import ConfigProblems
 from connector.core.errors import DatabaseError, DatabaseUnavailable, UsageError
 from connector.shell.commands import (
     EXIT_DB_UNAVAILABLE,
@@ -29,12 +31,23 @@ from connector.shell.commands import (
     cmd_reassign,
     cmd_rep,
     cmd_run,
-    cmd_sandbox,
     cmd_serve,
     cmd_simulate,
     cmd_status,
     cmd_sync,
 )
+
+
+def _lazy(module: str, name: str) -> Callable[[argparse.Namespace], int]:
+    """A command handler imported when its command runs (not on every start of the CLI)."""
+
+    def run(args: argparse.Namespace) -> int:
+        handler: Callable[[argparse.Namespace], int] = getattr(
+            importlib.import_module(module), name
+        )
+        return handler(args)
+
+    return run
 
 
 def _positive_int(value: str) -> int:
@@ -124,6 +137,11 @@ def _add_reassign(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     )
     how.add_argument("--to", metavar="REP", help="this rep (crm_user_id or name)")
     s.add_argument("--reason", metavar="TEXT", help="why (kept in the history)")
+    s.add_argument(
+        "--force",
+        action="store_true",
+        help="(--to) give the leads even when the rep is away, off shift or capped now",
+    )
     s.add_argument("crm_ids", nargs="+", metavar="CRM_ID")
     s.set_defaults(func=cmd_reassign)
 
@@ -341,7 +359,36 @@ def _add_sandbox(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         help="hubspot: calls a token may make in any 10 s before 429 (HubSpot's tiers: 100, "
         "190, 250; default 100)",
     )
-    s.set_defaults(func=cmd_sandbox)
+    s.add_argument(
+        "--write-config",
+        metavar="FILE",
+        help="write a ready org config for this sandbox to FILE and print the export lines "
+        "of the secrets it names",
+    )
+    s.set_defaults(func=_lazy("connector.shell.sandbox_cmd", "cmd_sandbox"))
+
+
+def _add_send(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`connector send`."""
+    s = sub.add_parser(
+        "send",
+        help="push records to a running connector as the CRM would: a Salesforce Outbound "
+        "Message or a signed HubSpot webhook",
+    )
+    s.add_argument("--org")
+    s.add_argument(
+        "--url",
+        metavar="BASE_URL",
+        help="the connector's webhook listener (default http://127.0.0.1:$CONNECTOR_PORT, "
+        "else port 8080)",
+    )
+    s.add_argument(
+        "--object",
+        metavar="KIND",
+        help="the record kind the message names (default: the org's crm.object)",
+    )
+    s.add_argument("record_ids", nargs="+", metavar="RECORD_ID")
+    s.set_defaults(func=_lazy("connector.shell.send", "cmd_send"))
 
 
 def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -374,6 +421,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_purge(sub)
     _add_services(sub)
     _add_sandbox(sub)
+    _add_send(sub)
     _add_demo(sub)
     for subparser in [*sub.choices.values(), *rep_parsers]:
         # after the command too; SUPPRESS keeps a value given before it when this one is absent
@@ -391,6 +439,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         code: int = args.func(args)
         return code
+    except ConfigProblems as exc:  # one line each: file:line: key.path: problem; fix
+        print("\n".join(exc.lines), file=sys.stderr)
+        return EXIT_USAGE
     except (ConfigError, UsageError) as exc:
         print(f"connector: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -14,10 +14,17 @@ from pathlib import Path
 from typing import Any
 
 from connector.core.config import ConfigError, OrgConfig
-from connector.core.config_loading import all_orgs, config_path_from, load_configs, pick_org
+from connector.core.config_loading import (
+    all_orgs,
+    config_path_from,
+    load_configs,
+    load_sources,
+    pick_org,
+)
 from connector.core.crm_kinds import crm_kind
 from connector.core.errors import UsageError
-from connector.shell.store import open_database, warn_if_vacuum_off
+from connector.shell.store import open_database, resolve_database_url, warn_if_vacuum_off
+from connector.shell.tables import table
 from crm_adapters.base import CrmError
 
 log = logging.getLogger("connector")
@@ -70,7 +77,7 @@ def cmd_reassign(args: argparse.Namespace) -> int:
 
     cfg = pick_org(_configs(args), args.org)
     engine = open_database([cfg])
-    check_reassign_args(engine, cfg, args.crm_ids, args.to, args.reason)
+    check_reassign_args(engine, cfg, args.crm_ids, args.to, args.reason, args.force)
     refused = 0
     for crm_id in args.crm_ids:
         try:
@@ -81,6 +88,7 @@ def cmd_reassign(args: argparse.Namespace) -> int:
                 to=args.to,
                 reason="reassigned" if args.to else "rotated",
                 note=args.reason,
+                force=args.force,
             )
         except ReassignError as exc:
             refused += 1
@@ -134,8 +142,11 @@ def _crm_problem(exc: CrmError | OSError) -> str:
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
-    configs = _configs(args)
-    for cfg in all_orgs(configs):
+    sources = sorted(load_sources(config_path_from(args.config)), key=lambda s: s.config.org)
+    configs = {s.config.org: s.config for s in sources}
+    resolve_database_url(configs.values())  # its form, checked without connecting
+    for source in sources:
+        cfg = source.config
         members = sum(len(t.members) for t in cfg.teams)
         active = sum(1 for t in cfg.teams for m in t.members if m.active)
         default = any(r.when is None and r.territory is None for r in cfg.rules)
@@ -149,7 +160,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
             + ("" if default else " (no default rule: unmatched leads stay unassigned)")
         )
         for warning in cfg.warnings():
-            print(f"org {cfg.org}: warning: {warning}", file=sys.stderr)
+            print(source.located(warning), file=sys.stderr)
     if not args.online:
         return EXIT_OK
     from connector.shell.adapters import adapter_for
@@ -294,12 +305,25 @@ def cmd_outbox(args: argparse.Namespace) -> int:
     if args.action == "list":
         state = "superseded" if args.superseded else "dead"
         rows = finished_rows(engine, cfg.org, state, limit=args.limit)
-        for r in rows:
-            found = f"\tfound_owner={r['found_owner']}" if state == "superseded" else ""
-            print(
-                f"{r['id']}\t{r['crm_object']}\t{r['crm_id']}\towner={r['owner_id']}{found}\t"
-                f"attempts={r['attempts']}\t{r['last_error']}"
-            )
+        found = ["FOUND OWNER"] if state == "superseded" else []
+        lines = table(
+            ["ROW", "OBJECT", "CRM ID", "OWNER", *found, "ATTEMPTS", "LAST ERROR"],
+            [
+                [
+                    r["id"],
+                    r["crm_object"],
+                    r["crm_id"],
+                    r["owner_id"],
+                    *([r["found_owner"] or ""] if found else []),
+                    r["attempts"],
+                    r["last_error"] or "",
+                ]
+                for r in rows
+            ],
+            right=(0, 5 if found else 4),
+        )
+        if rows:
+            print("\n".join(lines))
         print(f"{len(rows)} {state} rows", file=sys.stderr)
         return EXIT_OK
     if args.superseded:
@@ -316,11 +340,16 @@ def cmd_inbox(args: argparse.Namespace) -> int:
     engine = open_database([cfg])
     if args.action == "list":
         rows = list_events(engine, cfg.org, args.state, limit=args.limit)
-        for r in rows:
-            print(
-                f"{r['id']}\t{r['source']}\t{r['crm_id']}\tattempts={r['attempts']}\t"
-                f"{r['last_error'] or ''}"
-            )
+        lines = table(
+            ["EVENT", "SOURCE", "CRM ID", "ATTEMPTS", "LAST ERROR"],
+            [
+                [r["id"], r["source"], r["crm_id"], r["attempts"], r["last_error"] or ""]
+                for r in rows
+            ],
+            right=(0, 3),
+        )
+        if rows:
+            print("\n".join(lines))
         print(f"{len(rows)} {args.state} events", file=sys.stderr)
         return EXIT_OK
     n = retry_dead(engine, cfg.org, args.id or None)
@@ -345,44 +374,32 @@ def cmd_purge(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _utc(value: datetime) -> str:
-    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
-
-
 def cmd_rep(args: argparse.Namespace) -> int:
-    from connector.shell.reps import (
-        check_reason,
-        end_away,
-        parse_until,
-        rep_rows,
-        resolve_rep,
-        set_away,
-    )
+    from connector.routing.rep_state import fmt_utc
+    from connector.shell.reps import away_command, back_command, rep_rows
 
     cfg = pick_org(_configs(args), args.org)
     now = datetime.now(UTC)
     if args.action == "deactivate":
         return _rep_deactivate(args, cfg)
     if args.action == "list":
-        engine = open_database([cfg])
-        for row in rep_rows(engine, cfg, now):
-            rep, away = row["rep"], row["away"]
-            status = "available"
-            if away is not None:
-                why = f"{away['reason']}, " if away["reason"] else ""
-                status = f"away until {_utc(away['until'])} ({why}{away['source']})"
-            print(f"{rep.crm_user_id}\t{rep.name}\t{','.join(rep.teams)}\t{status}")
+        rows = rep_rows(open_database([cfg]), cfg, now)
+        print(
+            "\n".join(
+                table(
+                    ["REP", "NAME", "TEAMS", "NOW"],
+                    [[r.crm_user_id, r.name, ",".join(r.teams), state] for r, state in rows],
+                )
+            )
+        )
         return EXIT_OK
-    rep = resolve_rep(cfg, args.rep)
     if args.action == "away":
-        if not args.until:
-            raise ConfigError("rep away: --until is required (e.g. --until 2026-12-24T09:00)")
-        until = parse_until(rep, args.until, now)
-        reason = check_reason(args.reason)
-        set_away(open_database([cfg]), cfg, rep, until, reason, now)
-        print(f"{rep.name} ({rep.crm_user_id}) is away until {_utc(until)}")
+        engine = open_database([cfg])
+        rep, until = away_command(engine, cfg, args.rep, args.until, args.reason, now)
+        print(f"{rep.name} ({rep.crm_user_id}) is away until {fmt_utc(until)}")
         return EXIT_OK
-    if end_away(open_database([cfg]), cfg, rep):
+    rep, ended = back_command(open_database([cfg]), cfg, args.rep)
+    if ended:
         print(f"{rep.name} ({rep.crm_user_id}) is back")
     else:
         print(f"{rep.name} ({rep.crm_user_id}) had no time off set from the command line")
@@ -440,14 +457,6 @@ def cmd_sync(args: argparse.Namespace) -> int:
             f"{r.skipped_owned} already owned, {r.rejected} rejected; "
             f"watermark {r.watermark.isoformat() if r.watermark else 'none'}"
         )
-    return EXIT_OK
-
-
-def cmd_sandbox(args: argparse.Namespace) -> int:
-    from crm_sandboxes import serve
-
-    print(f"{args.kind} sandbox on http://{args.host}:{args.port}", file=sys.stderr)
-    serve(args.kind, args.host, args.port, hubspot_limit_per_10s=args.limit_per_10s)
     return EXIT_OK
 
 

@@ -15,7 +15,6 @@ every guarantee, and exits 0 only when all of them held.
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import shutil
@@ -32,9 +31,10 @@ from sqlalchemy import Engine, text
 
 from connector.core.pacing import Nudges
 from connector.intake.accounts_sync import refresh_accounts
+from connector.intake.hubspot_events import creation_events, events_body
 from connector.intake.receivers import create_app
-from connector.intake.signatures import sign_v3
-from connector.intake.soap import build_outbound_message
+from connector.intake.signatures import signed_headers
+from connector.intake.soap import OUTBOUND_MESSAGE_HEADERS, build_outbound_message
 from connector.shell.adapters import Adapters
 from connector.shell.demo_world import (
     DEMO_CAP,
@@ -77,9 +77,7 @@ def send_soap(
         [(f"04l{n:010d}{i:02d}AAA", "Lead", {"Id": rid, **f}) for i, (rid, f) in enumerate(batch)],
     )
     t0 = time.time()
-    r = client.post(
-        url, content=body, headers={"Content-Type": "text/xml; charset=utf-8", "SOAPAction": '""'}
-    )
+    r = client.post(url, content=body, headers=OUTBOUND_MESSAGE_HEADERS)
     ms = (time.time() - t0) * 1000
     if r.status_code != 200 or b"<Ack>true</Ack>" not in r.content:
         sent.errors.append(f"salesforce {r.status_code}")
@@ -91,26 +89,10 @@ def send_hubspot(
     client: httpx.Client, url: str, ids: list[str], sent: Sent, first_event: int
 ) -> None:
     now_ms = int(time.time() * 1000)
-    events = [
-        {
-            "eventId": first_event + i,
-            "subscriptionId": 9001,
-            "portalId": HS_PORTAL,
-            "appId": 1160452,
-            "occurredAt": now_ms,
-            "subscriptionType": "contact.creation",
-            "attemptNumber": 0,
-            "objectId": int(rid),
-            "changeSource": "CRM",
-        }
-        for i, rid in enumerate(ids)
-    ]
-    body = json.dumps(events).encode()
-    headers = {
-        "Content-Type": "application/json",
-        "X-HubSpot-Signature-v3": sign_v3(ENV["DEMO_HS_WEBHOOK_SECRET"], "POST", url, body, now_ms),
-        "X-HubSpot-Request-Timestamp": str(now_ms),
-    }
+    body = events_body(
+        creation_events(HS_PORTAL, "contacts", [int(rid) for rid in ids], first_event, now_ms)
+    )
+    headers = signed_headers(ENV["DEMO_HS_WEBHOOK_SECRET"], url, body, now_ms)
     t0 = time.time()
     r = client.post(url, content=body, headers=headers)
     ms = (time.time() - t0) * 1000
@@ -132,9 +114,8 @@ def forge_outbound_messages(client: httpx.Client, base: str, ids: list[str]) -> 
     body = build_outbound_message(
         SF_ORG_ID, [(f"04l{n:012d}AAA", "Lead", {"Id": rid}) for n, rid in enumerate(ids)]
     )
-    headers = {"Content-Type": "text/xml; charset=utf-8", "SOAPAction": '""'}
     codes = [
-        client.post(f"{base}{path}", content=body, headers=headers).status_code
+        client.post(f"{base}{path}", content=body, headers=OUTBOUND_MESSAGE_HEADERS).status_code
         for path in (
             "/webhooks/salesforce/demo-sf",
             "/webhooks/salesforce/demo-sf/guessed-secret-guessed-secret",

@@ -32,15 +32,48 @@ SF_COUNTRIES = ["US", "CA", "us", "DE", "FR", "GB", "NL", "SE"]
 HS_COUNTRIES = ["United States", "Canada", "Germany", "France", "Japan"]
 
 
-def salesforce_yaml(sf: SalesforceSandbox, reps: list[str], intake: str) -> str:
-    names = [
-        "Ada Lovelace",
-        "Alan Turing",
-        "Grace Hopper",
-        "Edsger Dijkstra",
-        "Barbara Liskov",
-        "Tony Hoare",
-    ]
+SF_REP_NAMES = [
+    "Ada Lovelace",
+    "Alan Turing",
+    "Grace Hopper",
+    "Edsger Dijkstra",
+    "Barbara Liskov",
+    "Tony Hoare",
+]
+SF_INTAKE_NAME = "Lead intake (integration user)"
+HS_OWNER_NAMES = ["Hedy Lamarr", "Katherine Johnson", "Margaret Hamilton", "Radia Perlman"]
+
+
+def seed_salesforce_users(sf: SalesforceSandbox) -> tuple[list[str], str]:
+    """The Salesforce org's users, as the configs name them: (the six reps, the integration
+    user that owns new leads until they are routed)."""
+    reps = [sf.add_user(name) for name in SF_REP_NAMES]
+    return reps, sf.add_user(SF_INTAKE_NAME)
+
+
+def seed_hubspot_owners(hs: HubSpotSandbox) -> list[str]:
+    """The HubSpot portal's four owners, as the configs name them."""
+    return [hs.add_owner(name) for name in HS_OWNER_NAMES]
+
+
+def _poll_yaml(interval_seconds: int | None) -> str:
+    if interval_seconds is None:  # the defaults: every 60 s
+        return ""
+    return f"poll:\n  interval_seconds: {interval_seconds}\n  overlap_seconds: 5\n"
+
+
+def salesforce_yaml(
+    sf: SalesforceSandbox,
+    reps: list[str],
+    intake: str,
+    *,
+    org: str = "demo-sf",
+    written_by: str = "connector demo",
+    poll_interval_seconds: int | None = 1,
+) -> str:
+    """A Salesforce org routing Leads over the sandbox ``sf``; secrets are ${ENV} names of
+    ``ENV``."""
+    names = SF_REP_NAMES
     na = "\n".join(
         f'      - {{crm_user_id: "{reps[i]}", name: {names[i]}, weight: {w}}}'
         for i, w in zip(range(3), (1, 1, 2), strict=True)
@@ -52,8 +85,8 @@ def salesforce_yaml(sf: SalesforceSandbox, reps: list[str], intake: str) -> str:
     )
 
     return f"""\
-# Written by `connector demo`: a Salesforce org routing Leads. Secrets are ${{ENV}} references.
-org: demo-sf
+# Written by `{written_by}`: a Salesforce org routing Leads. Secrets are ${{ENV}} references.
+org: {org}
 crm:
   kind: salesforce
   instance_url: {sf.url}
@@ -64,10 +97,7 @@ crm:
   object: Lead
 # New Leads are owned by the integration user until routed; anything else is a person's.
 intake_owner_ids: ["{intake}"]
-poll:
-  interval_seconds: 1
-  overlap_seconds: 5
-teams:
+{_poll_yaml(poll_interval_seconds)}teams:
   - name: na_ae
     members:
 {na}
@@ -81,15 +111,23 @@ rules:
 """
 
 
-def hubspot_yaml(hs: HubSpotSandbox, owners: list[str]) -> str:
-    names = ["Hedy Lamarr", "Katherine Johnson", "Margaret Hamilton", "Radia Perlman"]
+def hubspot_yaml(
+    hs: HubSpotSandbox,
+    owners: list[str],
+    *,
+    org: str = "demo-hs",
+    written_by: str = "connector demo",
+) -> str:
+    """A HubSpot portal routing contacts over the sandbox ``hs``; secrets are ${ENV} names of
+    ``ENV``."""
+    names = HS_OWNER_NAMES
     amer = "\n".join(f'      - {{crm_user_id: "{owners[i]}", name: {names[i]}}}' for i in range(2))
     intl = "\n".join(
         f'      - {{crm_user_id: "{owners[i]}", name: {names[i]}}}' for i in range(2, 4)
     )
     return f"""\
-# Written by `connector demo`: a HubSpot portal routing contacts.
-org: demo-hs
+# Written by `{written_by}`: a HubSpot portal routing contacts.
+org: {org}
 crm:
   kind: hubspot
   base_url: {hs.url}
@@ -133,9 +171,8 @@ def _set_up_orgs(
 ) -> tuple[dict[str, OrgConfig], list[str], str, list[str]]:
     """The CRM users, the two orgs' config folder and teams, and one rep away:
     (configs, Salesforce reps, the Salesforce intake user, HubSpot owners)."""
-    reps = [sf.add_user(f"Rep {i}") for i in range(6)]
-    intake = sf.add_user("Lead intake (integration user)")
-    owners = [hs.add_owner(f"Owner{i}") for i in range(4)]
+    reps, intake = seed_salesforce_users(sf)
+    owners = seed_hubspot_owners(hs)
     (root / "config").mkdir()
     (root / "config" / "demo-sf.yaml").write_text(salesforce_yaml(sf, reps, intake))
     (root / "config" / "demo-hs.yaml").write_text(hubspot_yaml(hs, owners))

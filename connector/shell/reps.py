@@ -7,16 +7,17 @@ are: a rep is named by its crm_user_id or its name in the org's YAML.
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 from sqlalchemy import Engine, text
 
 import db
 from connector.core.config import ConfigError, OrgConfig
 from connector.core.hours import parse_local_time
-from connector.routing.availability import config_windows
+from connector.routing.rep_state import combined
+from connector.shell.availability import rep_states
 
 MAX_REASON = 200
 
@@ -52,6 +53,12 @@ def resolve_rep(cfg: OrgConfig, who: str) -> Rep:
     if len(named) > 1:
         ids = ", ".join(r.crm_user_id for r in named)
         raise ConfigError(f"org {cfg.org}: {who!r} names several reps ({ids}): give a crm_user_id")
+    by_name = {r.name.casefold(): r.name for r in reps}
+    close = difflib.get_close_matches(who.strip().casefold(), by_name, n=1, cutoff=0.75)
+    if close:
+        raise ConfigError(
+            f"org {cfg.org}: no rep {who!r} in the config; did you mean {by_name[close[0]]!r}?"
+        )
     raise ConfigError(
         f"org {cfg.org}: no rep {who!r} in the config (give a crm_user_id or a name; "
         "`connector rep list` shows them)"
@@ -124,26 +131,36 @@ def end_away(engine: Engine, cfg: OrgConfig, rep: Rep) -> bool:
     return row is not None
 
 
-def rep_rows(engine: Engine, cfg: OrgConfig, now: datetime) -> list[dict[str, Any]]:
-    """Each configured rep with its current time off (command line or config), if any."""
-    with engine.connect() as conn:
-        stored = {
-            r.crm_user_id: r
-            for r in conn.execute(text(db.queries("reps")["time_off"]), {"org": cfg.org})
-        }
-    rows: list[dict[str, Any]] = []
+def away_command(
+    engine: Engine, cfg: OrgConfig, who: str, until: str | None, reason: str | None, now: datetime
+) -> tuple[Rep, datetime]:
+    """`connector rep away` and the dashboard's Away button: check the input (ConfigError
+    with the one-line message when it is wrong; nothing stored), then store the time off."""
+    rep = resolve_rep(cfg, who)
+    if not until or not until.strip():
+        raise ConfigError("rep away: --until is required (e.g. --until 2026-12-24T09:00)")
+    when = parse_until(rep, until, now)
+    set_away(engine, cfg, rep, when, check_reason(reason), now)
+    return rep, when
+
+
+def back_command(engine: Engine, cfg: OrgConfig, who: str) -> tuple[Rep, bool]:
+    """`connector rep back` and the dashboard's Back button: (the rep, whether it had time
+    off set from the command line, now removed)."""
+    rep = resolve_rep(cfg, who)
+    return rep, end_away(engine, cfg, rep)
+
+
+def rep_rows(engine: Engine, cfg: OrgConfig, now: datetime) -> list[tuple[Rep, str]]:
+    """Each configured rep with its state now in its teams, as one line (``rep_state``)."""
+    by_team = rep_states(engine, cfg, now)
+    rows = []
     for rep in configured_reps(cfg):
-        away: dict[str, Any] | None = None
-        s = stored.get(rep.crm_user_id)
-        if s is not None and s.starts_at <= now < s.until:
-            away = {"until": s.until, "reason": s.reason, "source": "command line"}
-        else:
-            for team in cfg.teams:
-                for m in team.members:
-                    if m.crm_user_id != rep.crm_user_id:
-                        continue
-                    for w, t in zip(config_windows(team, m), m.time_off, strict=True):
-                        if w.covers(now) and away is None:
-                            away = {"until": w.until, "reason": t.reason, "source": "config"}
-        rows.append({"rep": rep, "away": away})
+        states = [
+            (team, r.state)
+            for team in rep.teams
+            for r in by_team.get(team, [])
+            if r.crm_user_id == rep.crm_user_id
+        ]
+        rows.append((rep, combined(states) if states else "not applied yet: run migrate"))
     return rows

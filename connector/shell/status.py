@@ -2,18 +2,29 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import Engine, text
 
 import db
 from connector.core.config import OrgConfig
+from connector.shell.availability import rep_states
+from connector.shell.tables import table
 
 OUTBOX_STATES = ("pending", "claimed", "sent", "dead", "superseded")
+HEAD_NOW = ("NOW", "WHY BELOW FAIR SHARE")
 
 
-def org_status(engine: Engine, cfg: OrgConfig) -> dict[str, Any]:
-    """The documented JSON shape: org, leads, teams (config order) with members, outbox."""
+def org_status(engine: Engine, cfg: OrgConfig, now: datetime | None = None) -> dict[str, Any]:
+    """The documented JSON shape: org, leads, teams (config order) with members (each with
+    its state at ``now`` and its last 24 hours), outbox."""
+    now = now or datetime.now(UTC)
+    states = {
+        (team, r.crm_user_id): r
+        for team, reps in rep_states(engine, cfg, now).items()
+        for r in reps
+    }
     q = db.queries("status")
     with engine.connect() as conn:
         leads = conn.execute(text(q["lead_counts"]), {"org": cfg.org}).one()
@@ -34,6 +45,9 @@ def org_status(engine: Engine, cfg: OrgConfig) -> dict[str, Any]:
         }
         if cfg.account_matching:  # of `assigned`, those given to their account's owner
             member["account_matched"] = r.account_matched
+        rep = states.get((r.team, r.crm_user_id)) if r.in_config else None
+        if rep is not None:
+            member.update(rep.as_dict())
         by_team.setdefault(r.team, []).append(member)
     teams = [{"name": t.name, "members": by_team.get(t.name, [])} for t in cfg.teams]
     return {
@@ -68,29 +82,47 @@ def format_status(status: dict[str, Any]) -> str:
         f"{leads['unassigned']} unassigned"
     ]
     for team in status["teams"]:
-        counts = [m["assigned"] for m in team["members"] if m["active"]]
-        spread = (max(counts) - min(counts)) if counts else 0
-        lines.append(f"  team {team['name']} (spread {spread})")
+        lines.append(f"team {team['name']}")
+        rows = []
         for m in team["members"]:
-            flag = "" if m["active"] else "  (inactive)"
+            day = m.get("last_24h")
+            total = str(m["assigned"])
             if m.get("account_matched"):
-                flag += f"  ({m['account_matched']} by account)"
-            lines.append(
-                f"    {m['name']:<28} {m['crm_user_id']:<20} w={m['weight']:<3} "
-                f"{m['assigned']:>8}{flag}"
+                total += f" ({m['account_matched']} by account)"
+            rows.append(
+                [
+                    m["name"],
+                    m["crm_user_id"],
+                    m["weight"],
+                    total,
+                    day["leads"] if day else "",
+                    f"{day['fair_share']:.1f}" if day else "",
+                    m["now"]["text"] if "now" in m else "no longer configured",
+                    (day["below_fair_share"] or "") if day else "",
+                ]
             )
+        lines += table(
+            [*("REP", "CRM USER", "WEIGHT", "ALL TIME", "24H", "FAIR 24H"), *HEAD_NOW],
+            rows,
+            right=(2, 3, 4, 5),
+            indent="  ",
+        )
+    lines.append(
+        "  ALL TIME: leads assigned ever; 24H: leads of the last 24 hours; FAIR 24H: the rep's "
+        "weighted share of its team's leads of the last 24 hours"
+    )
     skipped = status["skipped"]
     if skipped:
         lines.append(
-            f"  skipped (the CRM said not ours): {sum(skipped.values())} ("
+            f"skipped (the CRM said not ours): {sum(skipped.values())} ("
             + ", ".join(f"{k} {v}" for k, v in skipped.items())
             + ")"
         )
     inbox = status["inbox"]
-    lines.append(f"  inbox: {inbox['pending']} waiting for a CRM read, {inbox['dead']} dead")
+    lines.append(f"inbox: {inbox['pending']} waiting for a CRM read, {inbox['dead']} dead")
     ob = status["outbox"]
     lines.append(
-        f"  outbox: {ob['pending']} pending, {ob['sent']} sent, {ob['dead']} dead, "
+        f"outbox: {ob['pending']} pending, {ob['sent']} sent, {ob['dead']} dead, "
         f"{ob['superseded']} superseded"
     )
     return "\n".join(lines)

@@ -27,7 +27,7 @@ from sqlalchemy.engine import make_url
 
 import db
 from connector.core.config import ConfigError, OrgConfig
-from connector.core.database import create_engine
+from connector.core.database import create_engine, database_url_problem
 from connector.core.errors import Conflict, DatabaseError
 
 log = logging.getLogger(__name__)
@@ -261,6 +261,9 @@ def resolve_database_url(
     """DATABASE_URL, else the configs' database_url (which must agree), else None."""
     env = os.environ if env is None else env
     if env.get("DATABASE_URL"):
+        problem = database_url_problem(env["DATABASE_URL"])
+        if problem:
+            raise ConfigError(f"DATABASE_URL: {problem}")
         return env["DATABASE_URL"]
     urls = {c.database_url.get_secret_value() for c in configs if c.database_url is not None}
     if len(urls) > 1:
@@ -272,13 +275,12 @@ def resolve_database_url(
 
 def sqlalchemy_url(url: str) -> str:
     """Use psycopg 3 for plain postgresql:// URLs."""
-    parsed = make_url(url)
+    problem = database_url_problem(url)
+    if problem:
+        raise ConfigError(f"database URL: {problem}")
+    parsed = make_url(url.strip())
     if parsed.drivername in ("postgresql", "postgres"):
         parsed = parsed.set(drivername="postgresql+psycopg")
-    if parsed.drivername != "postgresql+psycopg":
-        raise ConfigError(
-            f"unsupported database driver {parsed.drivername!r}: use a postgresql:// URL"
-        )
     return parsed.render_as_string(hide_password=False)
 
 

@@ -4,8 +4,21 @@
 -- COMMITTED each statement inside takes a fresh snapshot: a read that follows the team lock
 -- sees what the previous lock holder committed.
 
+-- Their results are single rows (OUT parameters), which a caller assigns as an expression
+-- (`r := route_team(...)`), without a query's set-up. CREATE OR REPLACE cannot change a
+-- function's result type, so a database made before these signatures gets them dropped first.
+DROP FUNCTION IF EXISTS route_new_lead(text, text, text, text, jsonb, text, text, integer, text,
+    timestamptz, date, date, text[], text[], integer[], integer[], integer, integer, integer,
+    jsonb, integer);
+DROP FUNCTION IF EXISTS route_team(text, text, text, text, timestamptz, date, date, bigint,
+    text[], text[], integer[], integer[], integer, integer, integer, bigint[], text[], text[],
+    integer[], text[], integer[], jsonb, integer[], boolean);
+DROP FUNCTION IF EXISTS record_assignments(text, text, text, bigint, integer, boolean, date,
+    date, bigint[], bigint[], text[], text[], integer[], text[], integer[], jsonb, bigint[],
+    bigint[], bigint, jsonb, integer[], bigint[], integer[], text[], bigint[], text);
+
 -- THE RECORDER: every assignment is inserted here, with what goes with it in the same
--- statement: the members' rotation counts and credits and the caps' counters (p_turns: a
+-- call: the members' rotation counts and credits and the caps' counters (p_turns: a
 -- rotation's picks; an account owner's lead is no turn), one outbox row per assignment, and
 -- the leads' decisions. Leads in pick order; a lead whose member is NULL was placed by nobody:
 -- with p_reason it is recorded unassigned (its reason and decision), else nothing is written
@@ -15,7 +28,8 @@
 -- decision is written by the caller); a pick's part (batch, epoch, chosen member and seats:
 -- p_seat_ids and p_seat_weights for every lead, p_seat_skips and p_seat_counts flat, one run
 -- of the seats' length per lead) goes in columns, read back through decision_details. Every
--- lead given here was inserted by this transaction, so now() is its received_at.
+-- lead given here was inserted by this transaction, so now() is its received_at. Returns the
+-- number of assignments recorded.
 CREATE OR REPLACE FUNCTION record_assignments(
     p_org text, p_crm_object text, p_source text, p_team_id bigint, p_epoch integer,
     p_turns boolean, p_day date, p_week date,
@@ -26,57 +40,66 @@ CREATE OR REPLACE FUNCTION record_assignments(
     p_seat_ids bigint[], p_seat_weights integer[], p_seat_skips text[], p_seat_counts bigint[],
     p_reason text
 )
-RETURNS void
+RETURNS integer
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
     k integer := coalesce(cardinality(p_seat_ids), 0);
+    n integer := 0;
 BEGIN
-    WITH picks AS (
-        SELECT *
-        FROM unnest(p_lead_ids, p_member_ids, p_rule_indexes, p_rule_names, p_crm_ids,
-                    p_parent_ids, p_sla_minutes, p_detail_of)
-             WITH ORDINALITY AS p (lead_id, member_id, rule_index, rule_name, crm_id, parent_id,
-                                   sla_minutes, detail_of, ord)
-    ), per_member AS (
-        SELECT p.member_id, count(*) AS n FROM picks p
-        WHERE p_turns AND p.member_id IS NOT NULL
-        GROUP BY p.member_id
-    ), credits AS (
-        SELECT * FROM unnest(p_credit_ids, p_credit_ns) AS c (member_id, n)
-    ), bump AS (
+    -- Plain statements, each run only when it has work: a statement costs its executor
+    -- set-up even for one row, and one WITH of every step set up all of them every call.
+    IF p_turns OR cardinality(p_credit_ids) > 0 THEN
         -- one UPDATE per member row: a member may be picked and credited in the same batch
         UPDATE members m
-        SET assigned_in_epoch = m.assigned_in_epoch + coalesce(pm.n, 0),
-            credited_in_epoch = m.credited_in_epoch + coalesce(c.n, 0)
-        FROM per_member pm FULL JOIN credits c ON c.member_id = pm.member_id
-        WHERE m.id = coalesce(pm.member_id, c.member_id)
-        RETURNING m.id
-    ), load AS (
+        SET assigned_in_epoch = m.assigned_in_epoch + x.n,
+            credited_in_epoch = m.credited_in_epoch + x.c
+        FROM (SELECT y.id, sum(y.n) AS n, sum(y.c) AS c
+              FROM (SELECT u AS id, 1 AS n, 0 AS c FROM unnest(p_member_ids) AS u
+                    WHERE p_turns AND u IS NOT NULL
+                    UNION ALL
+                    SELECT c.id, 0, c.n FROM unnest(p_credit_ids, p_credit_ns) AS c (id, n)) y
+              GROUP BY y.id) x
+        WHERE m.id = x.id;
+    END IF;
+    IF p_turns THEN
         -- the caps' counters: this day and this week in the team's time zone
         INSERT INTO member_load (member_id, period, starts_on, assigned)
-        SELECT pm.member_id, w.period, w.starts_on, pm.n
-        FROM per_member pm
+        SELECT u, w.period, w.starts_on, count(*)
+        FROM unnest(p_member_ids) AS u
         CROSS JOIN (VALUES ('day', p_day), ('week', p_week)) AS w (period, starts_on)
+        WHERE u IS NOT NULL
+        GROUP BY u, w.period, w.starts_on
         ON CONFLICT (member_id, period, starts_on)
-        DO UPDATE SET assigned = member_load.assigned + EXCLUDED.assigned
-        RETURNING member_id
-    ), assigned AS (
+        DO UPDATE SET assigned = member_load.assigned + EXCLUDED.assigned;
+    END IF;
+    -- the assignments in pick order, and one outbox row each
+    WITH assigned AS (
         INSERT INTO assignments (lead_id, org, team_id, member_id, crm_user_id, epoch,
                                  rule_index, rule_name, source, sla_due_at, account_match)
         SELECT p.lead_id, p_org, p_team_id, p.member_id, m.crm_user_id, p_epoch,
                p.rule_index, p.rule_name, p_source,
                now() + make_interval(mins => p.sla_minutes),
                p_account_matches -> CAST(p.ord - 1 AS integer)
-        FROM picks p JOIN members m ON m.id = p.member_id
+        FROM unnest(p_lead_ids, p_member_ids, p_rule_indexes, p_rule_names, p_sla_minutes)
+             WITH ORDINALITY AS p (lead_id, member_id, rule_index, rule_name, sla_minutes, ord)
+        JOIN members m ON m.id = p.member_id
         ORDER BY p.ord
         RETURNING id, lead_id, crm_user_id
-    ), unplaced AS (
+    )
+    INSERT INTO outbox (org, lead_id, assignment_id, crm_object, crm_id, owner_id, parent_id,
+                        lead_received_at)
+    SELECT p_org, a.lead_id, a.id, p_crm_object, p.crm_id, a.crm_user_id, p.parent_id, now()
+    FROM assigned a
+    JOIN unnest(p_lead_ids, p_crm_ids, p_parent_ids) AS p (lead_id, crm_id, parent_id)
+      ON p.lead_id = a.lead_id;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    IF p_reason IS NOT NULL AND n < cardinality(p_lead_ids) THEN
         UPDATE leads l SET unassigned_reason = p_reason
-        FROM picks p
-        WHERE p_reason IS NOT NULL AND p.member_id IS NULL AND l.id = p.lead_id
-        RETURNING l.id
-    ), decided AS (
+        FROM unnest(p_lead_ids, p_member_ids) AS p (lead_id, member_id)
+        WHERE p.member_id IS NULL AND l.id = p.lead_id;
+    END IF;
+    IF p_details IS NOT NULL THEN
         -- in pick order, unsorted: readers order a lead's decisions by id
         INSERT INTO routing_decisions (org, lead_id, kind, detail, batch, epoch, chosen_id,
                                        seat_ids, seat_weights, seat_counts, seat_skips)
@@ -89,15 +112,12 @@ BEGIN
                p_seat_ids, p_seat_weights,
                p_seat_counts[(p.ord - 1) * k + 1:p.ord * k],
                p_seat_skips[(p.ord - 1) * k + 1:p.ord * k]
-        FROM picks p
+        FROM unnest(p_lead_ids, p_member_ids, p_detail_of)
+             WITH ORDINALITY AS p (lead_id, member_id, detail_of, ord)
         WHERE p_details -> p.detail_of IS NOT NULL
-          AND (p.member_id IS NOT NULL OR p_reason IS NOT NULL)
-        RETURNING lead_id
-    )
-    INSERT INTO outbox (org, lead_id, assignment_id, crm_object, crm_id, owner_id, parent_id,
-                        lead_received_at)
-    SELECT p_org, a.lead_id, a.id, p_crm_object, p.crm_id, a.crm_user_id, p.parent_id, now()
-    FROM assigned a JOIN picks p ON p.lead_id = a.lead_id;
+          AND (p.member_id IS NOT NULL OR p_reason IS NOT NULL);
+    END IF;
+    RETURN n;
 END
 $$;
 
@@ -118,12 +138,11 @@ CREATE OR REPLACE FUNCTION route_team(
     p_team_per_day integer, p_team_per_week integer, p_max_in_a_row integer,
     p_lead_ids bigint[], p_crm_ids text[], p_parent_ids text[], p_rule_indexes integer[],
     p_rule_names text[], p_sla_minutes integer[], p_details jsonb, p_detail_of integer[],
-    p_final boolean
-)
-RETURNS TABLE (
-    status text, epoch integer, member_ids bigint[], reason text, seat_ids bigint[],
-    seat_users text[], seat_names text[], seat_weights integer[], seat_skips text[],
-    seat_counts bigint[], away_by_command text[]
+    p_final boolean,
+    OUT status text, OUT epoch integer, OUT member_ids bigint[], OUT reason text,
+    OUT seat_ids bigint[], OUT seat_users text[], OUT seat_names text[],
+    OUT seat_weights integer[], OUT seat_skips text[], OUT seat_counts bigint[],
+    OUT away_by_command text[]
 )
 LANGUAGE plpgsql VOLATILE
 AS $$
@@ -132,6 +151,7 @@ DECLARE
     v_team   bigint;
     v_recent bigint[] := '{}';
     v_member bigint;
+    v_room   integer[];
     s        record;
     r        record;
     v_n      integer := coalesce(cardinality(p_lead_ids), 0);
@@ -144,7 +164,6 @@ BEGIN
     FROM teams t WHERE t.org = p_org AND t.name = p_team AND t.in_config FOR UPDATE;
     IF NOT FOUND THEN
         status := 'no_team';
-        RETURN NEXT;
         RETURN;
     END IF;
     -- catch-up's latest owners, newest first, read under the lock. The constant LIMIT is the
@@ -162,60 +181,68 @@ BEGIN
         END LOOP;
     END IF;
     -- The members, in a new statement: a fresh snapshot, so the counts the previous lock
-    -- holder committed. The rotation's seats first, in its order, then the inactive ones.
-    SELECT array_agg(y.id ORDER BY y.rk) AS ids, array_agg(y.crm_user_id ORDER BY y.rk) AS users,
-           array_agg(y.name ORDER BY y.rk) AS names, array_agg(y.weight ORDER BY y.rk) AS weights,
-           array_agg(y.turns ORDER BY y.rk) AS turns, array_agg(y.why ORDER BY y.rk) AS why,
-           array_agg(y.room ORDER BY y.rk) AS room,
+    -- holder committed. The rotation's seats first, in its order, then the inactive ones:
+    -- the aggregates take the rows in the order the subquery sorts them (plain aggregates
+    -- over a sorted subquery with nothing else at their level; one sort, where an ORDER BY
+    -- in each aggregate sorts once per aggregate).
+    SELECT array_agg(y.id) AS ids, array_agg(y.crm_user_id) AS users,
+           array_agg(y.name) AS names, array_agg(y.weight) AS weights,
+           array_agg(y.turns) AS turns, array_agg(y.why) AS why,
            CAST(count(*) FILTER (WHERE y.active) AS integer) AS active,
-           -- reps away by `connector rep away` now, sorted by code point (as Python sorts)
-           coalesce(array_agg(y.crm_user_id ORDER BY y.crm_user_id COLLATE "C")
-                    FILTER (WHERE y.away_cmd), '{}') AS away_cmd
+           array_agg(y.crm_user_id) FILTER (WHERE y.away_cmd) AS away_cmd
     INTO s
     FROM (
         SELECT mb.id, mb.crm_user_id, mb.name, mb.weight, mb.active,
-               -- the rotation's seats in its order, then the inactive members
-               row_number() OVER (ORDER BY NOT mb.active,
-                                  CASE WHEN mb.active THEN mb.weight END DESC, mb.position,
-                                  mb.id) AS rk,
                mb.assigned_in_epoch + mb.credited_in_epoch AS turns,
                CASE WHEN NOT mb.active THEN 'inactive'
                     WHEN o.starts_at <= p_now AND p_now < o.until THEN 'away'
-                    ELSE p_blocked[c.i] END AS why,
-               coalesce(o.starts_at <= p_now AND p_now < o.until, false) AS away_cmd,
-               CASE WHEN cap.day IS NOT NULL OR cap.week IS NOT NULL THEN
-               greatest(0, least(cap.day - coalesce(d.assigned, 0),
-                                 cap.week - coalesce(w.assigned, 0))) END AS room
+                    ELSE p_blocked[array_position(p_users, mb.crm_user_id)] END AS why,
+               coalesce(o.starts_at <= p_now AND p_now < o.until, false) AS away_cmd
         FROM members mb
-        CROSS JOIN LATERAL (SELECT array_position(p_users, mb.crm_user_id) AS i) c
-        -- a member the config does not name has the team's caps; NULL: no cap (least and
-        -- greatest skip NULLs, so a NULL room is left only when neither is set)
-        CROSS JOIN LATERAL (
-            SELECT CASE WHEN c.i IS NULL THEN p_team_per_day ELSE p_per_day[c.i] END AS day,
-                   CASE WHEN c.i IS NULL THEN p_team_per_week ELSE p_per_week[c.i] END AS week
-        ) cap
         LEFT JOIN rep_time_off o ON o.org = p_org AND o.crm_user_id = mb.crm_user_id
-        -- a count is read only for a cap that is set (the test gates the index probe)
-        LEFT JOIN LATERAL (
-            SELECT l.assigned FROM member_load l
-            WHERE cap.day IS NOT NULL
-              AND l.member_id = mb.id AND l.period = 'day' AND l.starts_on = p_day
-        ) d ON true
-        LEFT JOIN LATERAL (
-            SELECT l.assigned FROM member_load l
-            WHERE cap.week IS NOT NULL
-              AND l.member_id = mb.id AND l.period = 'week' AND l.starts_on = p_week
-        ) w ON true
         WHERE mb.team_id = v_team AND mb.in_config
+        ORDER BY NOT mb.active, CASE WHEN mb.active THEN mb.weight END DESC, mb.position,
+                 mb.id
     ) y;
     seat_ids := coalesce(s.ids, '{}');
     seat_users := coalesce(s.users, '{}');
     seat_names := coalesce(s.names, '{}');
     seat_weights := coalesce(s.weights, '{}');
-    away_by_command := s.away_cmd;
     v_k := cardinality(seat_ids);
-    SELECT * INTO r
-    FROM rotation_picks(seat_ids, seat_weights, s.turns, s.why, s.room, s.active,
+    IF p_team_per_day IS NOT NULL OR p_team_per_week IS NOT NULL
+       OR cardinality(array_remove(p_per_day || p_per_week, NULL)) > 0 THEN
+        -- the caps' room, seat by seat: a member the config does not name has the team's
+        -- caps; NULL: no cap (least and greatest skip NULLs, so a NULL room is left only
+        -- when neither is set). A count is read only for a cap that is set.
+        SELECT array_agg(CASE WHEN cap.day IS NOT NULL OR cap.week IS NOT NULL THEN
+                         greatest(0, least(cap.day - coalesce(d.assigned, 0),
+                                           cap.week - coalesce(w.assigned, 0))) END
+                         ORDER BY q.ord)
+        INTO v_room
+        FROM unnest(seat_ids, seat_users) WITH ORDINALITY AS q (id, usr, ord)
+        CROSS JOIN LATERAL (SELECT array_position(p_users, q.usr) AS i) c
+        CROSS JOIN LATERAL (
+            SELECT CASE WHEN c.i IS NULL THEN p_team_per_day ELSE p_per_day[c.i] END AS day,
+                   CASE WHEN c.i IS NULL THEN p_team_per_week ELSE p_per_week[c.i] END AS week
+        ) cap
+        LEFT JOIN LATERAL (
+            SELECT l.assigned FROM member_load l
+            WHERE cap.day IS NOT NULL
+              AND l.member_id = q.id AND l.period = 'day' AND l.starts_on = p_day
+        ) d ON true
+        LEFT JOIN LATERAL (
+            SELECT l.assigned FROM member_load l
+            WHERE cap.week IS NOT NULL
+              AND l.member_id = q.id AND l.period = 'week' AND l.starts_on = p_week
+        ) w ON true;
+    END IF;
+    -- reps away by `connector rep away` now, sorted by code point (as Python sorts)
+    away_by_command := '{}';
+    IF s.away_cmd IS NOT NULL THEN
+        SELECT array_agg(u ORDER BY u COLLATE "C") INTO away_by_command
+        FROM unnest(s.away_cmd) AS u;
+    END IF;
+    r := rotation_picks(seat_ids, seat_weights, s.turns, s.why, v_room, s.active,
                         p_max_in_a_row, v_recent, v_n);
     member_ids := r.picks;
     seat_skips := r.skips;
@@ -229,23 +256,22 @@ BEGIN
             WHEN 'capped' = ANY (v_skips[1:s.active]) THEN 'all_capped'
             ELSE 'none_available' END;
     END IF;
-    IF cardinality(s.away_cmd) > 0 THEN
+    IF cardinality(away_by_command) > 0 THEN
         -- with those a lead met in the teams it overflowed from, sorted by code point
         SELECT jsonb_agg(e || jsonb_build_object('away_by_command', (
                    SELECT to_jsonb(array_agg(x.u ORDER BY x.u COLLATE "C"))
                    FROM (SELECT jsonb_array_elements_text(coalesce(e -> 'away_by_command',
                                                                    '[]'))
                          UNION
-                         SELECT unnest(s.away_cmd)) AS x (u))))
+                         SELECT unnest(away_by_command)) AS x (u))))
         INTO v_details FROM jsonb_array_elements(p_details) AS e;
     END IF;
-    PERFORM record_assignments(
+    v_n := record_assignments(
         p_org, p_crm_object, p_source, v_team, epoch, true, p_day, p_week,
         p_lead_ids, r.picks, p_crm_ids, p_parent_ids, p_rule_indexes, p_rule_names,
         p_sla_minutes, NULL, r.credit_ids, r.credit_ns, p_batch, v_details, p_detail_of,
         seat_ids, seat_weights, r.skips, r.counts, CASE WHEN p_final THEN reason END);
     status := 'routed';
-    RETURN NEXT;
 END
 $$;
 
@@ -259,12 +285,10 @@ CREATE OR REPLACE FUNCTION route_new_lead(
     p_now timestamptz, p_day date, p_week date,
     p_users text[], p_blocked text[], p_per_day integer[], p_per_week integer[],
     p_team_per_day integer, p_team_per_week integer, p_max_in_a_row integer,
-    p_detail jsonb, p_sla_minutes integer
-)
-RETURNS TABLE (
-    status text, lead_id bigint, team text, owner_id text, owner_name text, reason text,
-    member_ids bigint[], seat_ids bigint[], seat_users text[], seat_names text[],
-    seat_skips text[]
+    p_detail jsonb, p_sla_minutes integer,
+    OUT status text, OUT lead_id bigint, OUT team text, OUT owner_id text,
+    OUT owner_name text, OUT reason text, OUT member_ids bigint[], OUT seat_ids bigint[],
+    OUT seat_users text[], OUT seat_names text[], OUT seat_skips text[]
 )
 LANGUAGE plpgsql VOLATILE
 AS $$
@@ -281,8 +305,7 @@ BEGIN
         RETURNING id INTO v_lead;
         IF v_lead IS NOT NULL THEN
             lead_id := v_lead;
-            SELECT * INTO r
-            FROM route_team(p_org, p_crm_object, p_source, p_team, p_now, p_day, p_week, v_lead,
+            r := route_team(p_org, p_crm_object, p_source, p_team, p_now, p_day, p_week, v_lead,
                             p_users, p_blocked, p_per_day, p_per_week, p_team_per_day,
                             p_team_per_week, p_max_in_a_row, ARRAY[v_lead], ARRAY[p_crm_id],
                             ARRAY[p_parent_id], ARRAY[p_rule_index], ARRAY[p_rule_name],
@@ -291,7 +314,6 @@ BEGIN
                 DELETE FROM leads l WHERE l.id = v_lead;
                 status := 'no_team';
                 lead_id := NULL;
-                RETURN NEXT;
                 RETURN;
             END IF;
             status := 'routed';
@@ -301,7 +323,6 @@ BEGIN
             seat_users := r.seat_users;
             seat_names := r.seat_names;
             seat_skips := r.seat_skips;
-            RETURN NEXT;
             RETURN;
         END IF;
     END IF;
@@ -318,6 +339,5 @@ BEGIN
     IF NOT FOUND THEN
         team := p_team;
     END IF;
-    RETURN NEXT;
 END
 $$;

@@ -31,8 +31,9 @@ from sqlalchemy import Engine, text
 
 from connector.core.config import OrgConfig
 from connector.core.config_loading import load_configs
-from connector.intake.signatures import sign_v3
-from connector.intake.soap import build_outbound_message
+from connector.intake.hubspot_events import creation_events, events_body
+from connector.intake.signatures import signed_headers
+from connector.intake.soap import OUTBOUND_MESSAGE_HEADERS, build_outbound_message
 from connector.shell.demo_world import ENV, HS_PORTAL, SF_ORG_ID, hubspot_yaml, salesforce_yaml
 from crm_sandboxes import HubSpotSandbox, SalesforceSandbox
 from crm_sandboxes._server import Reply, Request
@@ -411,11 +412,7 @@ def soap_body(batch: Sequence[tuple[str, dict[str, str]]], n: int) -> bytes:
 def post_soap(client: httpx.Client, url: str, body: bytes) -> int:
     """HTTP status (0 = no answer); acknowledged only when 200 with <Ack>true</Ack>."""
     try:
-        r = client.post(
-            url,
-            content=body,
-            headers={"Content-Type": "text/xml; charset=utf-8", "SOAPAction": '""'},
-        )
+        r = client.post(url, content=body, headers=OUTBOUND_MESSAGE_HEADERS)
     except httpx.HTTPError:
         return 0
     if r.status_code == 200 and b"<Ack>true</Ack>" not in r.content:
@@ -425,30 +422,13 @@ def post_soap(client: httpx.Client, url: str, body: bytes) -> int:
 
 def hubspot_events(ids: Sequence[str], first_event: int, prop: str | None = None) -> bytes:
     now_ms = int(time.time() * 1000)
-    events: list[dict[str, Any]] = [
-        {
-            "eventId": first_event + i,
-            "subscriptionId": 9001,
-            "portalId": HS_PORTAL,
-            "appId": 1160452,
-            "occurredAt": now_ms,
-            "subscriptionType": "contact.creation",
-            "attemptNumber": 0,
-            "objectId": int(rid),
-            "changeSource": "CRM",
-        }
-        for i, rid in enumerate(ids)
-    ]
-    return json.dumps(events).encode()
+    events = creation_events(HS_PORTAL, "contacts", [int(rid) for rid in ids], first_event, now_ms)
+    return events_body(events)
 
 
 def post_hubspot(client: httpx.Client, url: str, body: bytes) -> int:
     now_ms = int(time.time() * 1000)
-    headers = {
-        "Content-Type": "application/json",
-        "X-HubSpot-Signature-v3": sign_v3(ENV["DEMO_HS_WEBHOOK_SECRET"], "POST", url, body, now_ms),
-        "X-HubSpot-Request-Timestamp": str(now_ms),
-    }
+    headers = signed_headers(ENV["DEMO_HS_WEBHOOK_SECRET"], url, body, now_ms)
     try:
         r = client.post(url, content=body, headers=headers)
     except httpx.HTTPError:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+import pytest
 from sqlalchemy import Engine, text
 
 from connector.core.config import OrgConfig
 from connector.core.config_loading import parse_config
+from connector.routing.assign import Lead, Router
 from connector.routing.teams import apply_teams
 from crm_sandboxes import SalesforceSandbox
 from testbed.crm_orgs import OUTBOUND_SECRET, SF_ORG_ID
@@ -118,3 +121,24 @@ def table_counts(engine: Engine) -> dict[str, int]:
     tables = ("leads", "assignments", "assignment_history", "outbox", "routing_decisions")
     with engine.connect() as conn:
         return {t: conn.execute(text(f"SELECT count(*) FROM {t}")).scalar_one() for t in tables}
+
+
+def route(engine: Engine, org: ReOrg, countries: list[str]) -> list[str]:
+    ids = [org.lead(c) for c in countries]
+    Router(engine, org.cfg).assign_many(
+        [Lead(i, {"Country": c}) for i, c in zip(ids, countries, strict=True)], "poll"
+    )
+    return ids
+
+
+def write_config(
+    tmp_path: Path, org: ReOrg, yaml_text: str, db_url: str, mp_: pytest.MonkeyPatch
+) -> Path:
+    path = tmp_path / "acme.yaml"
+    path.write_text(yaml_text, encoding="utf-8")
+    mp_.setenv("DATABASE_URL", db_url)
+    mp_.setenv("SF_ID", org.sf.client_id)
+    mp_.setenv("SF_SECRET", org.sf.client_secret)
+    mp_.setenv("SF_OUTBOUND", OUTBOUND_SECRET)
+    mp_.setenv("CONNECTOR_CONFIG", str(path))
+    return path

@@ -1,5 +1,6 @@
 """What each dashboard page shows, read from the database: one function per page, so the
-handlers only render (and the lead page can later come from `connector explain`)."""
+handlers only render. The reps' states are ``shell/availability.py``'s (as `connector status`
+shows them); the lead page's decisions are `connector explain`'s (``shell/explain.py``)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from sqlalchemy import Engine, TextClause, text
 
 import db
 from connector.core.config import OrgConfig
+from connector.core.crm_kinds import crm_kind
+from connector.shell.availability import RepNow, rep_states
 from connector.shell.dashboard.figures import (
     Member,
     TeamWindow,
@@ -19,11 +22,10 @@ from connector.shell.dashboard.figures import (
     start_of_day,
     team_windows,
 )
-from connector.shell.explain import rule_line
+from connector.shell.explain import NotFound, load_explanation, rule_line
 from connector.shell.status import org_status
 
 _SQL: dict[str, TextClause] = {k: text(v) for k, v in db.queries("dashboard").items()}
-_EXPLAIN: dict[str, TextClause] = {k: text(v) for k, v in db.queries("explain").items()}
 
 LATENCY_HOURS = 24
 PROBLEM_ROWS = 50
@@ -50,6 +52,7 @@ class Overview:
     dead: list[dict[str, Any]]
     superseded: list[dict[str, Any]]
     decisions: list[dict[str, Any]]
+    reps: dict[str, list[RepNow]] = field(default_factory=dict)
 
 
 @dataclass
@@ -63,6 +66,9 @@ class LeadStory:
     # the latest routing decision's rules tried, as `connector explain` writes them
     rules: list[str] = field(default_factory=list)
     skipped: dict[str, Any] | None = None
+    # `connector explain --json`'s decisions (candidates, skip reasons, the pick); none for a
+    # lead merged into another
+    decisions: list[dict[str, Any]] = field(default_factory=list)
 
 
 def overview(engine: Engine, cfg: OrgConfig, now: datetime) -> Overview:
@@ -122,6 +128,7 @@ def overview(engine: Engine, cfg: OrgConfig, now: datetime) -> Overview:
         dead=dead,
         superseded=superseded,
         decisions=decisions,
+        reps=rep_states(engine, cfg, now),
     )
 
 
@@ -130,10 +137,34 @@ def totals(engine: Engine, cfg: OrgConfig) -> dict[str, Any]:
     return org_status(engine, cfg)
 
 
-def lead_story(engine: Engine, org: str, lead_id: int) -> LeadStory | None:
+class BadCrmId(ValueError):
+    """Text that cannot be a CRM record id of the org's CRM; the message says why."""
+
+
+MAX_CRM_ID = 64
+
+
+def lead_by_crm_id(engine: Engine, cfg: OrgConfig, crm_id: str) -> int | None:
+    """The id of the org's live lead with this CRM record id, in any of the CRM's forms (a
+    15-character Salesforce id finds the lead stored under its 18 characters); None when
+    there is none. BadCrmId for text that is no id of the org's CRM."""
+    value = crm_id.strip()
+    kind = crm_kind(cfg.crm.kind)
+    if not value or len(value) > MAX_CRM_ID or not value.isprintable():
+        raise BadCrmId(f"a CRM record id has 1 to {MAX_CRM_ID} printable characters")
+    if kind.typed_ids and not kind.is_id(value):
+        raise BadCrmId(f"{value!r} is not a {kind.label} record id")
+    params = {"org": cfg.org, "crm_object": cfg.crm_object, "crm_id": kind.id_key(value)}
+    with engine.connect() as conn:
+        row = conn.execute(text(db.queries("explain")["lead"]), params).first()
+    return None if row is None else int(row.id)
+
+
+def lead_story(engine: Engine, cfg: OrgConfig, lead_id: int) -> LeadStory | None:
     """The explanation page's data: the lead, its assignment (rule, team, rep), the pushes
-    that named its record, its outbox rows with attempts and errors, and any skip record.
-    None when the org has no such lead."""
+    that named its record, its outbox rows with attempts and errors, any skip record, and
+    the decisions `connector explain` shows. None when the org has no such lead."""
+    org = cfg.org
     with engine.connect() as conn:
         lead = conn.execute(_SQL["lead"], {"org": org, "lead_id": lead_id}).first()
         if lead is None:
@@ -143,8 +174,14 @@ def lead_story(engine: Engine, org: str, lead_id: int) -> LeadStory | None:
         events = [dict(r._mapping) for r in conn.execute(_SQL["lead_events"], key)]
         outbox = [dict(r._mapping) for r in conn.execute(_SQL["lead_outbox"], {"lead_id": lead_id})]
         skipped = conn.execute(_SQL["lead_skipped"], key).first()
-        decisions = conn.execute(_EXPLAIN["decisions"], {"lead_id": lead_id}).all()
-    routed = [d.detail for d in decisions if d.kind == "route"]
+    decisions: list[dict[str, Any]] = []
+    if lead.merged_into is None and lead.crm_object == cfg.crm_object:
+        try:
+            decisions = load_explanation(engine, cfg, lead.crm_id)["decisions"]
+        except NotFound:  # merged or purged since the read above
+            decisions = []
+    # the latest routing decision's rules tried, as `connector explain` writes them
+    routed = [d for d in decisions if d["kind"] == "route"]
     last = routed[-1] if routed else {}
     rules = [rule_line(r, last.get("values")).strip() for r in last.get("rules", [])]
     return LeadStory(
@@ -154,4 +191,5 @@ def lead_story(engine: Engine, org: str, lead_id: int) -> LeadStory | None:
         outbox=outbox,
         skipped=dict(skipped._mapping) if skipped is not None else None,
         rules=rules,
+        decisions=decisions,
     )

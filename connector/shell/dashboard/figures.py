@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+
+from connector.routing.rep_state import fair_shares
 
 
 @dataclass(frozen=True)
@@ -34,16 +36,6 @@ class TeamWindow:
     team: str
     total: int
     reps: list[RepLine]
-
-
-def fair_shares(weights: Mapping[int, int], active: Iterable[int], total: int) -> dict[int, float]:
-    """Each member's weighted share of ``total`` leads: weight / sum of the active members'
-    weights; an inactive member's share is 0 (the rotation gives it nothing)."""
-    live = set(active)
-    weight_sum = sum(w for m, w in weights.items() if m in live)
-    return {
-        m: (total * w / weight_sum if m in live and weight_sum else 0.0) for m, w in weights.items()
-    }
 
 
 def team_windows(

@@ -7,7 +7,7 @@ import logging
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, quote
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 from sqlalchemy import Engine
@@ -17,8 +17,10 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from connector.core import charts
-from connector.core.config import OrgConfig
+from connector.core.config import ConfigError, OrgConfig
+from connector.routing.rep_state import SKIP_WORDS
 from connector.shell.dashboard import data, figures, security
+from connector.shell.reps import away_command, back_command
 from connector.writeback.dispatch import retry_dead
 
 log = logging.getLogger(__name__)
@@ -46,6 +48,8 @@ def _environment() -> Environment:
     env.filters["when"] = figures.fmt_time
     env.filters["num"] = charts.fmt_number
     env.filters["share"] = lambda v: f"{v:,.1f}"
+    env.filters["iso"] = lambda v: figures.fmt_time(datetime.fromisoformat(v)) if v else "–"
+    env.filters["skip"] = lambda v: "eligible" if v is None else f"skipped: {SKIP_WORDS.get(v, v)}"
     return env
 
 
@@ -137,6 +141,7 @@ class _Dashboard:
                 "org": cfg.org,
                 "view": view,
                 "retried": int(retried) if retried.isdigit() else None,
+                "changed": _changed_rep(cfg, request.query_params),
                 "charts": {
                     "today": [
                         fair_share_chart(w, f"{w.team}: leads today vs fair share", f"today-{i}")
@@ -167,12 +172,84 @@ class _Dashboard:
         if cfg is None:
             return self.refuse(request, 404, "Not found", "No such org.")
         lead_id = int(request.path_params["lead_id"])
-        story = await run_in_threadpool(data.lead_story, self.engine, cfg.org, lead_id)
+        return await self._lead(request, cfg, lead_id, f"lead {lead_id}")
+
+    async def _lead(self, request: Request, cfg: OrgConfig, lead_id: int, named: str) -> Response:
+        story = await run_in_threadpool(data.lead_story, self.engine, cfg, lead_id)
         if story is None:
-            return self.refuse(request, 404, "Not found", f"Org {cfg.org} has no lead {lead_id}.")
+            return self.refuse(request, 404, "Not found", f"Org {cfg.org} has no {named}.")
         return self.render(request, "lead.html", {"org": cfg.org, "story": story})
 
-    async def retry(self, request: Request) -> Response:
+    async def lead_by_crm_id(self, request: Request) -> Response:
+        """/lead/crm/<CRM id>: the lead page of a record, by any form of its CRM id."""
+        if not self.authorized(request):
+            return self.refuse(request, 401, "Sign in", "")
+        cfg = self.org_or_404(request)
+        if cfg is None:
+            return self.refuse(request, 404, "Not found", "No such org.")
+        given = str(request.path_params["crm_id"])
+        try:
+            lead_id = await run_in_threadpool(data.lead_by_crm_id, self.engine, cfg, given)
+        except data.BadCrmId as exc:
+            return self.refuse(request, 400, "Bad request", f"{exc}.")
+        if lead_id is None:
+            return self.refuse(
+                request, 404, "Not found", f"Org {cfg.org} has no lead with CRM id {given!r}."
+            )
+        return await self._lead(request, cfg, lead_id, f"lead {lead_id}")
+
+    async def lead_search(self, request: Request) -> Response:
+        """The search box: GET ?crm_id=... goes to that record's /lead/crm/ page."""
+        if not self.authorized(request):
+            return self.refuse(request, 401, "Sign in", "")
+        cfg = self.org_or_404(request)
+        if cfg is None:
+            return self.refuse(request, 404, "Not found", "No such org.")
+        given = request.query_params.get("crm_id", "").strip()
+        if not given or len(given) > data.MAX_CRM_ID or not given.isprintable():
+            return self.refuse(
+                request,
+                400,
+                "Bad request",
+                f"a CRM record id has 1 to {data.MAX_CRM_ID} printable characters.",
+            )
+        return RedirectResponse(f"/dashboard/org/{cfg.org}/lead/crm/{quote(given, safe='')}", 303)
+
+    async def rep_action(self, request: Request) -> Response:
+        """POST .../rep/<rep>/away (until, reason) or .../back: what `connector rep away` and
+        `connector rep back` do, through the same functions."""
+        who, action = str(request.path_params["rep"]), str(request.path_params["action"])
+        if action not in ("away", "back"):
+            return self.refuse(request, 404, "Not found", "No such action.")
+        checked = await self._checked_form(request)
+        if isinstance(checked, Response):
+            return checked
+        cfg, form = checked
+        now = self.clock()
+        try:
+            if action == "away":
+                rep, until = await run_in_threadpool(
+                    away_command,
+                    self.engine,
+                    cfg,
+                    who,
+                    form.get("until"),
+                    form.get("reason") or None,
+                    now,
+                )
+                log.info("dashboard: org %s rep %s away until %s", cfg.org, rep.crm_user_id, until)
+                done = "away"
+            else:
+                rep, ended = await run_in_threadpool(back_command, self.engine, cfg, who)
+                log.info("dashboard: org %s rep %s back", cfg.org, rep.crm_user_id)
+                done = "back" if ended else "not_away"
+        except ConfigError as exc:  # the command's own message (its option names included)
+            return self.refuse(request, 400, "Not changed", str(exc))
+        target = f"/dashboard/org/{cfg.org}?rep={quote(rep.crm_user_id, safe='')}&did={done}"
+        return RedirectResponse(target + "#reps", 303)
+
+    async def _checked_form(self, request: Request) -> tuple[OrgConfig, dict[str, str]] | Response:
+        """The org and form of an authorized POST with a valid CSRF value, else the refusal."""
         if not self.authorized(request):
             return self.refuse(request, 401, "Sign in", "Sign in with the admin token first.")
         form = await _form(request)
@@ -185,6 +262,13 @@ class _Dashboard:
         cfg = self.org_or_404(request)
         if cfg is None:
             return self.refuse(request, 404, "Not found", "No such org.")
+        return cfg, form
+
+    async def retry(self, request: Request) -> Response:
+        checked = await self._checked_form(request)
+        if isinstance(checked, Response):
+            return checked
+        cfg, _form = checked
         row_id = int(request.path_params["row_id"])
         n = await run_in_threadpool(retry_dead, self.engine, cfg.org, [row_id])
         if n == 0:
@@ -220,7 +304,8 @@ def dashboard_routes(
     admin_token: str | None,
     clock: Callable[[], datetime] = lambda: datetime.now(UTC),
 ) -> list[BaseRoute]:
-    """GET /dashboard/..., POST .../retry and /dashboard/login, for the admin app."""
+    """GET /dashboard/..., POST .../retry, .../rep/<rep>/away|back and /dashboard/login, for
+    the admin app."""
     d = _Dashboard(engine, configs, admin_token, clock)
     return [
         Route("/dashboard", lambda r: RedirectResponse("/dashboard/", 308), methods=["GET"]),
@@ -230,8 +315,24 @@ def dashboard_routes(
         Route("/dashboard/org/{org}", d.org_page, methods=["GET"]),
         Route("/dashboard/org/{org}/totals", d.totals_page, methods=["GET"]),
         Route("/dashboard/org/{org}/lead/{lead_id:int}", d.lead_page, methods=["GET"]),
+        Route("/dashboard/org/{org}/lead/crm/{crm_id}", d.lead_by_crm_id, methods=["GET"]),
+        Route("/dashboard/org/{org}/lead", d.lead_search, methods=["GET"]),
+        Route("/dashboard/org/{org}/rep/{rep}/{action:str}", d.rep_action, methods=["POST"]),
         Route("/dashboard/org/{org}/outbox/{row_id:int}/retry", d.retry, methods=["POST"]),
     ]
+
+
+def _changed_rep(cfg: OrgConfig, query: Mapping[str, str]) -> str | None:
+    """The note after an Away or Back button: what was done, for a rep of the config."""
+    who, did = query.get("rep", ""), query.get("did", "")
+    names = {m.crm_user_id: m.name for t in cfg.teams for m in t.members}
+    if who not in names:
+        return None
+    return {
+        "away": f"{names[who]} ({who}) is away: no lead until the time shown below.",
+        "back": f"{names[who]} ({who}) is back.",
+        "not_away": f"{names[who]} ({who}) had no time off set from the command line.",
+    }.get(did)
 
 
 def _set_cookie(response: Response, value: str) -> None:
