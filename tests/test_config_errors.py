@@ -158,7 +158,7 @@ def test_the_shipped_examples_load_clean(capsys: pytest.CaptureFixture[str]) -> 
     out, err = capsys.readouterr()
     assert (code, err) == (0, "")
     assert out.splitlines() == [
-        "org acme: salesforce Lead, 2 teams, 4 members (4 active), 2 rules",
+        "org acme: salesforce Lead, 2 teams, 4 members (4 active), 3 rules",
         "org globex: hubspot contacts, 2 teams, 4 members (4 active), 2 rules",
     ]
 

@@ -78,6 +78,14 @@ def test_pages_show_the_recorded_story(engine: Engine, world: World) -> None:
     assert f'href="/dashboard/org/{ORG}/lead/{pushed}"' in org  # decisions link their lead
     assert "salesforce_outbound" in lead and "04l000000000000001" in lead  # the push
     assert 'data-figure="rule">rule 1: default' in lead
+    # the rules tried, with the condition that failed and the lead's value (explain's lines)
+    tried = re.findall(r"<li><code>([^<]*)</code></li>", lead.split('data-list="rules"')[1])
+    q, arrow = "&#34;", "-&gt;"
+    assert tried[1] == f"rule 1 {q}rule 1: default{q} {arrow} team americas: matched (default rule)"
+    assert tried[0].startswith(
+        f"rule 0 {q}rule 0: Country{q} {arrow} team emea: no match "
+        "(Country: wanted de|fr, lead has "
+    )
     assert 'data-figure="team">americas' in lead
     assert 'data-figure="state">sent<' in lead
     assert 'data-figure="state">dead<' in dead and "NOT_FOUND" in dead

@@ -96,7 +96,7 @@ def test_default_rule_matches_everything() -> None:
 
 def test_no_rule_matches() -> None:
     assert match(rules({"team": "t", "when": {"Country": "US"}}), {"Country": "FR"}) is None
-    assert match((), {"Country": "FR"}) is None
+    assert match(compile_rules([]), {"Country": "FR"}) is None
 
 
 def test_compiled_names() -> None:

@@ -693,3 +693,77 @@ def test_without_the_account_rule_the_account_owners_leads_go_to_the_rotation(
               and o.lead.fields["Country"] == "US"]  # fmt: skip
     assert r_corp and all(o.lead.owner == "r1" and o.team in ("na", "spill") for o in r_corp)
     assert rep["changed_team"] >= len(r_corp)
+
+
+# --- rules with operators, groups, a relative date and a territory table -------------------
+
+OPERATOR_RULES = """  - {name: fresh big, team: na,
+     when: {Employees: {gte: 500}, Created: {gte: 2 hours ago}}}
+  - {name: by territory, territory: geo}
+  - {name: vp or europe, team: row,
+     when: {any: [{Country: [DE, FR]}, {Title: {contains: vp}}], not: {Tags: {includes_any: x}}}}
+territories:
+  geo:
+    fields: {country: Country, state: State, postal_code: PostalCode}
+    rows:
+      - {country: US, state: CA, team: row}
+      - {country: US, postal_code: "100-199", team: na}
+      - {country: CA, team: na}"""
+
+
+def operator_lead(i: int) -> Lead:
+    fields: dict[str, object] = {
+        "Country": ["US", "CA", "DE", "JP", "US", "FR"][i % 6],
+        "State": ["CA", "NY", "", "TX"][i % 4],
+        "PostalCode": ["10001", "94103", "150-22", "K1A 0B1", "199"][i % 5],
+        "Employees": [900, "1200", "12", "lots", None][i % 5],
+        "Created": (W0 + timedelta(minutes=20 * (i % 9))).isoformat(),
+        "Title": ["VP Sales", "Engineer", "svp"][i % 3],
+        "Tags": ["a;x", "b", ""][i % 3],
+    }
+    return Lead(f"00Q{i:012d}", fields)
+
+
+def test_replaying_rules_with_operators_and_territories_gives_back_the_record(
+    engine: Engine,
+) -> None:
+    c = cfg(rules=OPERATOR_RULES)
+    apply_teams(engine, c)
+    clock = StepClock()
+    router = Router(engine, c, clock=clock)
+    with engine.connect() as conn:
+        since = conn.execute(text("SELECT clock_timestamp()")).scalar_one()
+
+    def work(k: int) -> None:
+        ids = list(range(k * 30, (k + 1) * 30))
+        for j in range(0, len(ids), 3):
+            router.assign_many([operator_lead(i) for i in ids[j : j + 3]], "api")
+
+    ts = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT l.crm_id, a.crm_user_id, l.unassigned_reason, a.rule_name FROM leads l"
+                " LEFT JOIN assignments a ON a.lead_id = l.id"
+            )
+        ).all()
+    truth = {r.crm_id: (r.crm_user_id, r.unassigned_reason) for r in rows}
+    by_rule = Counter(r.rule_name for r in rows)
+    # every rule decided some leads, the relative date both ways, and some matched none
+    assert set(by_rule) == {"fresh big", "by territory", "vp or europe", None}, by_rule
+    history = load_history(engine, c, since)
+    sim = simulate(c, history)
+    assert len(sim.outcomes) == 120
+    assert [
+        o.lead.crm_id for o in sim.outcomes if (o.owner, o.reason) != truth[o.lead.crm_id]
+    ] == []
+    # matched at arrival instead of the recorded instant, the relative date decides otherwise
+    at_arrival = dc_replace(
+        history, leads=[dc_replace(x, at=None, batch=None) for x in history.leads]
+    )
+    wrong = simulate(c, at_arrival)
+    assert [o for o in wrong.outcomes if (o.owner, o.reason) != truth[o.lead.crm_id]]

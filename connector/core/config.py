@@ -6,7 +6,6 @@ name the file, the key path and the problem) is ``connector.core.config_loading`
 
 from __future__ import annotations
 
-import re
 from datetime import date, datetime
 from typing import Annotated, Literal
 
@@ -20,16 +19,20 @@ from pydantic import (
 
 from connector.core.config_base import STRICT
 from connector.core.config_base import SecretUrl as SecretUrl
-from connector.core.config_checks import Invalid, team_references
+from connector.core.config_checks import Invalid, did_you_mean, team_references
 from connector.core.config_crm import HubSpotCrm as HubSpotCrm
 from connector.core.config_crm import SalesforceCrm as SalesforceCrm
 from connector.core.hours import WeeklyHours, parse_hours, parse_local_time, zone
 from connector.core.notify_config import Notifications
+from connector.core.rule_config import FieldValues as FieldValues
+from connector.core.rule_config import Rule as Rule
+from connector.core.rule_config import Sla as Sla
+from connector.core.rule_config import Territory as Territory
+from connector.core.rule_config import TerritoryFields as TerritoryFields
+from connector.core.rule_syntax import FIELD_NAME
 from connector.core.yaml_source import loc_text
 
 ORG_NAME = r"^[a-z0-9][a-z0-9_-]{0,62}$"
-# A CRM field or property name: what a rule may test and what is read from the CRM.
-FIELD_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,99}$")
 MAX_IN_A_ROW = 1000  # the largest K of catch_up: {max_in_a_row: K}
 
 
@@ -100,22 +103,6 @@ class Member(_Model):
         if value is None or isinstance(value, WeeklyHours):
             return value
         return parse_hours(value)
-
-
-class Sla(_Model):
-    """A lead still in one of the ``initial`` values of ``status_field`` this many minutes
-    after its assignment (read from the CRM by the poll) is re-routed once."""
-
-    minutes: Annotated[int, Field(ge=1, le=525_600)]
-    status_field: str
-    initial: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)]
-
-    @field_validator("status_field")
-    @classmethod
-    def _field_name(cls, value: str) -> str:
-        if not FIELD_NAME.match(value):
-            raise ValueError("not a CRM field name (letters, digits and _ only)")
-        return value
 
 
 class Team(_Model):
@@ -214,38 +201,6 @@ class Team(_Model):
         return None if isinstance(self.catch_up, str) else self.catch_up.max_in_a_row
 
 
-FieldValues = str | int | float | bool | list[str | int | float | bool]
-
-
-class Rule(_Model):
-    """Route to ``team`` when every field in ``when`` equals one of its values; no ``when``
-    matches everything (the default rule). With ``route_to: account_owner`` the lead goes to
-    the owner of its Account (Salesforce) or Company (HubSpot) when one matches, and to
-    ``team``'s rotation otherwise (see connector/routing/domains.py)."""
-
-    team: str
-    when: dict[str, FieldValues] | None = None
-    name: str | None = None
-    # Overrides the team's `sla` for leads this rule routes.
-    sla: Sla | None = None
-    route_to: Literal["team", "account_owner"] = "team"
-
-    @field_validator("when")
-    @classmethod
-    def _non_empty(cls, when: dict[str, FieldValues] | None) -> dict[str, FieldValues] | None:
-        if when is not None and not when:
-            raise ValueError("`when` must name at least one field; omit it for a default rule")
-        if when:
-            for key, value in when.items():
-                if not FIELD_NAME.match(key):
-                    raise ValueError(
-                        f"`when.{key}`: not a CRM field name (letters, digits and _ only)"
-                    )
-                if isinstance(value, list) and not value:
-                    raise ValueError(f"`when.{key}` lists no values")
-        return when
-
-
 class Poll(_Model):
     """The scheduled sync that catches what pushes missed."""
 
@@ -336,6 +291,9 @@ class OrgConfig(_Model):
     database_url: SecretUrl | None = None
     teams: Annotated[list[Team], Field(min_length=1)]
     rules: Annotated[list[Rule], Field(min_length=1)]
+    territories: dict[
+        Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")], Territory
+    ] = {}
     poll: Poll = Poll()
     webhook: Webhook = Webhook()
     accounts: Accounts | None = None
@@ -353,8 +311,10 @@ class OrgConfig(_Model):
     @model_validator(mode="after")
     def _rules_name_teams(self) -> OrgConfig:
         found = team_references(
-            [(t.name, t.overflow_team) for t in self.teams], [r.team for r in self.rules]
+            [(t.name, t.overflow_team) for t in self.teams],
+            [r.team for r in self.rules],
         )
+        found += self._territory_problems()
         found += self._accounts_problems()
         if found:
             raise Invalid(*found)
@@ -368,6 +328,31 @@ class OrgConfig(_Model):
             chain.append(nxt)
             nxt = self.team(nxt).overflow_team
         return chain
+
+    def _territory_problems(self) -> list[tuple[tuple[str | int, ...], str]]:
+        """Rules naming no territory, territory rows routing to no team."""
+        names = {t.name for t in self.teams}
+        found: list[tuple[tuple[str | int, ...], str]] = []
+        for i, rule in enumerate(self.rules):
+            if rule.territory is not None and rule.territory not in self.territories:
+                found.append(
+                    (
+                        ("rules", i, "territory"),
+                        f"unknown territory `{rule.territory}`; "
+                        + did_you_mean(rule.territory, self.territories),
+                    )
+                )
+        for tname, territory in self.territories.items():
+            for row in territory.table.rows:
+                if row.team in names:
+                    continue
+                fix = f"unknown team `{row.team}`; {did_you_mean(row.team, names)}"
+                if territory.file is None and row.where.startswith("rows["):
+                    at = int(row.where.removeprefix("rows[").rstrip("]"))
+                    found.append((("territories", tname, "rows", at, "team"), fix))
+                else:
+                    found.append((("territories", tname, "file"), f"{row.where}: {fix}"))
+        return found
 
     def _accounts_problems(self) -> list[tuple[tuple[str | int, ...], str]]:
         owner_rules = [i for i, r in enumerate(self.rules) if r.route_to == "account_owner"]
@@ -421,7 +406,7 @@ class OrgConfig(_Model):
         the configured extras (the adapter adds the id, owner and modification time)."""
         names: list[str] = []
         for rule in self.rules:
-            names.extend((rule.when or {}).keys())
+            names.extend(self.rule_fields(rule))
         if self.crm.parent_key:
             names.append(self.crm.parent_key)
         if self.account_matching:
@@ -432,6 +417,13 @@ class OrgConfig(_Model):
         if isinstance(self.crm, HubSpotCrm):
             names.extend(self.crm.fetch_properties)
         return list(dict.fromkeys(names))
+
+    def rule_fields(self, rule: Rule) -> list[str]:
+        """The lead fields a rule reads: its conditions' and its territory table's."""
+        out = rule.fields
+        if rule.territory is not None:
+            out = out + [f for f in self.territories[rule.territory].read if f not in out]
+        return out
 
     def warnings(self) -> list[ConfigWarning]:
         """Settings that are valid but almost certainly not what the operator wants."""

@@ -8,6 +8,8 @@ each: ``file:line: key.path: what is wrong; what to write``.
 
 from __future__ import annotations
 
+import csv
+import io
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -59,7 +61,9 @@ def _line(source: str, doc: Document, found: Found) -> str:
     return f"{source}:{line}: {where}{found.message}"
 
 
-def _problems(doc: Document, env: Mapping[str, str]) -> tuple[OrgConfig | None, list[Found]]:
+def _problems(
+    doc: Document, env: Mapping[str, str], base_dir: Path | None = None
+) -> tuple[OrgConfig | None, list[Found]]:
     """The config of a read document, or every problem found in it."""
     if not isinstance(doc.data, dict):
         if doc.problems:
@@ -71,6 +75,8 @@ def _problems(doc: Document, env: Mapping[str, str]) -> tuple[OrgConfig | None, 
     resolved = resolve_env(doc.data, env, (), found, from_env)
     said = {f.loc for f in found if f.loc}
     found += [f for f in resolved_url_problems(doc.data, resolved, secrets) if f.loc not in said]
+    unread = _read_territory_files(resolved, base_dir)
+    found += unread
     try:
         cfg = OrgConfig.model_validate(resolved)
     except ValidationError as exc:
@@ -79,6 +85,8 @@ def _problems(doc: Document, env: Mapping[str, str]) -> tuple[OrgConfig | None, 
             f
             for f in validation_problems(OrgConfig, exc, hidden=[*secrets, *from_env])
             if not any(f.loc[: len(loc)] == loc for loc in said)
+            # a territory whose file was not read has no rows to judge
+            and not any(u.loc[: len(f.loc)] == f.loc for u in unread)
         ]
         if not any(f.loc[:1] == ("teams",) and f.loc[2:3] in ((), ("name",)) for f in found):
             found += _references(resolved)  # (with a team's name wrong, they would mislead)
@@ -111,24 +119,84 @@ def _unique(found: list[Found]) -> list[Found]:
     return out
 
 
-def _read(text: str, source: str, env: Mapping[str, str] | None) -> Source | list[str]:
+def _read(
+    text: str, source: str, env: Mapping[str, str] | None, base_dir: Path | None = None
+) -> Source | list[str]:
     """The loaded file, or its problem lines in the order of the file."""
     try:
         doc = read_yaml(text)
     except YamlSyntaxError as exc:
         return [_line(source, Document(), exc.found)]
-    cfg, found = _problems(doc, os.environ if env is None else env)
+    cfg, found = _problems(doc, os.environ if env is None else env, base_dir)
     if cfg is None:
         ordered = sorted(found, key=lambda f: f.line if f.line is not None else doc.line_of(f.loc))
         return [_line(source, doc, f) for f in ordered]
     return Source(source, cfg, doc)
 
 
+MAX_TERRITORY_BYTES = 50 * 1024 * 1024
+
+
+def _read_territory_files(raw: dict[str, Any], base_dir: Path | None) -> list[Found]:
+    """Read each territory's CSV ``file`` (a name in the config's folder) into its ``rows``;
+    the problems are the ``file`` key's (a CSV's rows named by ``file:line``)."""
+    territories = raw.get("territories")
+    if not isinstance(territories, dict):
+        return []
+    found: list[Found] = []
+    for name, spec in territories.items():
+        if not isinstance(spec, dict) or spec.get("file") is None:
+            continue
+        loc = ("territories", str(name), "file")
+        file = spec["file"]
+        problem = _territory_rows(spec, file, base_dir)
+        if problem is not None:
+            found.append(Found(loc, problem))
+    return found
+
+
+def _territory_rows(spec: dict[str, Any], file: object, base_dir: Path | None) -> str | None:
+    if "rows" in spec:
+        return "write `rows` or `file`, not both"
+    if not isinstance(file, str) or not file.strip():
+        return "expected a file name"
+    rel = Path(file)
+    if rel.is_absolute() or ".." in rel.parts:
+        return f"`{file}` must be a name in the config's folder"
+    if base_dir is None:
+        return "a territory file is read next to a config file"
+    path = base_dir / rel
+    try:
+        if path.stat().st_size > MAX_TERRITORY_BYTES:
+            return f"{file} is over {MAX_TERRITORY_BYTES} bytes"
+        content = path.read_text(encoding="utf-8-sig")
+    except (OSError, UnicodeDecodeError) as exc:
+        return f"cannot read {file}: {exc}"
+    reader = csv.DictReader(io.StringIO(content, newline=""))
+    header = reader.fieldnames or []
+    if "country" not in header or "team" not in header:
+        return f"{file}:1: the header needs country and team columns"
+    rows: list[dict[str, str | None]] = []
+    try:
+        for i, row in enumerate(reader):
+            if reader.line_num != i + 2 or None in row:
+                return f"{file}:{i + 2}: one row a line, as many cells as the header"
+            rows.append({k: (v if v != "" else None) for k, v in row.items()})
+    except csv.Error as exc:
+        return f"{file}:{reader.line_num}: {exc}"
+    spec["rows"] = rows
+    return None
+
+
 def parse_config(
-    text: str, source: str = "<string>", env: Mapping[str, str] | None = None
+    text: str,
+    source: str = "<string>",
+    env: Mapping[str, str] | None = None,
+    base_dir: Path | None = None,
 ) -> OrgConfig:
-    """Parse one org's YAML text; ``source`` names it in error messages."""
-    read = _read(text, source, env)
+    """Parse one org's YAML text; ``source`` names it in error messages, ``base_dir`` is the
+    folder its territory files are read from."""
+    read = _read(text, source, env, base_dir)
     if isinstance(read, list):
         raise ConfigProblems(read)
     return read.config
@@ -157,7 +225,7 @@ def load_sources(path: str | Path, env: Mapping[str, str] | None = None) -> list
         except (OSError, UnicodeDecodeError) as exc:
             lines.append(f"{file}:1: cannot read: {exc}")
             continue
-        read = _read(text, str(file), env)
+        read = _read(text, str(file), env, file.parent)
         if isinstance(read, list):
             lines += read
             continue

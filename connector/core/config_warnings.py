@@ -31,6 +31,17 @@ def warnings(cfg: OrgConfig) -> list[ConfigWarning]:
     if cfg.notifications is not None:
         reps = [m.crm_user_id for t in cfg.teams for m in t.members]
         out += [ConfigWarning(loc, text) for loc, text in cfg.notifications.warnings(reps)]
+    for tname, territory in cfg.territories.items():
+        gaps = territory.table.gaps
+        if gaps:
+            more = f" and {len(gaps) - 1} more" if len(gaps) > 1 else ""
+            out.append(
+                ConfigWarning(
+                    ("territories", tname),
+                    f"{len(gaps)} gap(s) between postal ranges, first {gaps[0]}{more}: leads "
+                    "there fall to the state's or country's row, else to the next rule",
+                )
+            )
     if cfg.account_matching and not cfg.poll.enabled:
         out.append(
             ConfigWarning(

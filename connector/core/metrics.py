@@ -106,6 +106,17 @@ class QueueCollector(Collector):
         yield from (depth, oldest, inbox, inbox_age, up)
 
 
+class UnparsedCounter:
+    """Counts one org's rule values that did not parse (``connector.routing.rules.Unparsed``)."""
+
+    def __init__(self, counter: Counter, org: str) -> None:
+        self.counter = counter
+        self.org = org
+
+    def add(self, key: tuple[str, str]) -> None:
+        self.counter.labels(self.org, *key).inc()
+
+
 class Metrics:
     """Every metric the connector exports, bound to one CollectorRegistry."""
 
@@ -181,8 +192,19 @@ class Metrics:
             ["org", "figure"],
             registry=r,
         )
+        self.rule_values_unparsed = Counter(
+            "connector_rule_values_unparsed",
+            "Lead field values a rule condition could not read as its type (number, date): "
+            "that condition did not match; by org, field and type",
+            ["org", "field", "type"],
+            registry=r,
+        )
         if engine is not None:
             r.register(QueueCollector(engine, orgs))
+
+    def unparsed(self, org: str) -> UnparsedCounter:
+        """What an org's router counts unparsed rule values in."""
+        return UnparsedCounter(self.rule_values_unparsed, org)
 
     def render(self) -> bytes:
         """The Prometheus text exposition of this registry."""

@@ -32,6 +32,7 @@ from connector.intake.accounts_sync import AccountSyncResult, refresh_accounts
 from connector.intake.verify import routing_fields
 from connector.routing.assign import Lead, LeadError, Router, validate_lead
 from connector.routing.reassign import ReassignError, reassign_lead
+from connector.routing.rules import Unparsed
 from connector.routing.sla import sla_verdict
 from crm_adapters.base import AccountSource, CrmAdapter, CrmRecord
 
@@ -80,11 +81,12 @@ class Poller:
         cfg: OrgConfig,
         adapter: CrmAdapter,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        unparsed: Unparsed | None = None,
     ) -> None:
         self.engine = engine
         self.cfg = cfg
         self.adapter = adapter
-        self.router = Router(engine, cfg)
+        self.router = Router(engine, cfg, unparsed=unparsed)
         self.clock = clock
         self.intake = intake_keys(cfg)
 

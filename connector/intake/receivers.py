@@ -205,8 +205,11 @@ class _App:
         self.clock = clock
         self.public_base_url = public_base_url
         self.trusted_proxies = list(trusted_proxies)
-        self.routers = {org: Router(engine, cfg) for org, cfg in self.configs.items()}
         self.metrics = metrics or Metrics(engine, self.configs)
+        self.routers = {
+            org: Router(engine, cfg, unparsed=self.metrics.unparsed(org))
+            for org, cfg in self.configs.items()
+        }
         self.allow = {
             org: parse_networks(cfg.crm.outbound_allow_cidrs)
             for org, cfg in self.configs.items()

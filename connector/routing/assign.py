@@ -46,7 +46,7 @@ from connector.routing.leads import (
     assigned_outcome,
     validate_lead,
 )
-from connector.routing.rules import compile_rules, match
+from connector.routing.rules import Tally, Unparsed, match, org_rules
 
 __all__ = ["SOURCES", "Lead", "LeadError", "Outcome", "Router", "RoutingError", "validate_lead"]
 
@@ -63,13 +63,19 @@ class Router:
     """Assigns one org's leads; safe to share between threads (it holds no connection)."""
 
     def __init__(
-        self, engine: Engine, cfg: OrgConfig, clock: Callable[[], datetime] | None = None
+        self,
+        engine: Engine,
+        cfg: OrgConfig,
+        clock: Callable[[], datetime] | None = None,
+        unparsed: Unparsed | None = None,
     ) -> None:
         self.engine = engine
         self.cfg = cfg
         # The time the caps, working hours and time off are judged at (tests inject one).
         self.clock = clock or (lambda: datetime.now(UTC))
-        self.rules = compile_rules(cfg.rules)
+        self.rules = org_rules(cfg)
+        # where field values that did not parse as their condition's type are counted
+        self.unparsed: Unparsed = unparsed if unparsed is not None else Tally()
         self.parent_key = cfg.crm.parent_key
         # One record, one lead: ids are stored in their CRM's one form (Salesforce: 18).
         self.id_key = crm_kind(cfg.crm.kind).id_key
@@ -105,14 +111,15 @@ class Router:
     def _single_params(self, lead: Lead, source: str) -> dict[str, Any] | None:
         """The ``route_new_lead`` call for a lead that can take it (a rotation rule matched and
         its team has no overflow team), else None: the batch's plan decides it."""
-        m = match(self.rules, lead.fields)
+        now = self.clock()
+        m = match(self.rules, lead.fields, now, self.unparsed)
         if m is None or self.cfg.rules[m.rule_index].route_to != "team":
             return None
         inputs = self.teams.get(m.team)
         if inputs is None or inputs.overflow_team is not None:
             return None
         key = (self.stored_crm_id(lead.crm_id), lead.fields, self._parent(lead))
-        return lead_params(self.cfg, self.traces, inputs, key, m, source, self.clock())
+        return lead_params(self.cfg, self.traces, inputs, key, m, source, now)
 
     def _single_outcome(self, row: Sequence[Any] | None, params: Mapping[str, Any]) -> Outcome:
         """The outcome a ``route_new_lead`` row says."""
@@ -181,13 +188,13 @@ class Router:
             first.setdefault(key, lead)
         b = batch.Batch(conn, self.cfg, source, DecisionRecorder(self.cfg, self.rules))
         b.parents = {cid: self._parent(lead) for cid, lead in first.items()}
+        now = self.clock()  # the batch's instant: rules with relative dates match by it too
         new_ids = batch.insert(b, first)
-        picked = batch.match_rules(b, self.rules, first, new_ids)
+        picked = batch.match_rules(b, self.rules, first, new_ids, now, self.unparsed)
         matched, fallbacks = batch.match_accounts(b, picked, first)
         for lead_id, cid, m in picked:
             if cid not in b.results:  # not given to its account's owner: the rotation
                 b.by_team[m.team].append((lead_id, cid, m))
-        now = self.clock()
         if new_ids:
             b.first = min(new_ids.values())
             b.recorder.judged_at(list(new_ids.values()), now, b.first)

@@ -29,7 +29,7 @@ from connector.routing import accounts
 from connector.routing.calls import TeamInputs, team_params
 from connector.routing.decisions import DecisionRecorder, Standing
 from connector.routing.leads import Lead, Outcome, RoutingError, assigned_outcome
-from connector.routing.rules import CompiledRule, Match, match
+from connector.routing.rules import Match, RuleSet, Unparsed, match
 
 _SQL: dict[str, TextClause] = {k: text(v) for k, v in db.queries("routing").items()}
 
@@ -129,19 +129,21 @@ def insert(batch: Batch, first: Mapping[str, Lead]) -> dict[str, int]:
 
 def match_rules(
     batch: Batch,
-    rules: Sequence[CompiledRule],
+    rules: RuleSet,
     first: Mapping[str, Lead],
     new_ids: Mapping[str, int],
+    now: datetime,
+    unparsed: Unparsed | None = None,
 ) -> list[Item]:
-    """The new leads' rule matches, in input order (the earliest lead gets the next rep); a
-    lead no rule matches is unassigned."""
+    """The new leads' rule matches at the batch's instant, in input order (the earliest lead
+    gets the next rep); a lead no rule matches is unassigned."""
     picked: list[Item] = []
     for cid, lead in first.items():
         if cid not in new_ids:
             continue
         lead_id = new_ids[cid]
-        batch.recorder.started(lead_id, batch.source, lead.fields)
-        m = match(rules, lead.fields)
+        batch.recorder.started(lead_id, batch.source, lead.fields, now)
+        m = match(rules, lead.fields, now, unparsed)
         if m is None:
             batch.recorder.unassigned(lead_id, "no_rule_matched")
             batch.no_rule.append(lead_id)

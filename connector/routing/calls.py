@@ -17,7 +17,7 @@ decision's ``at``) on the earlier side of that boundary, by the length of the wa
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -26,7 +26,7 @@ from connector.core.config import OrgConfig, Team
 from connector.core.hours import WeeklyHours
 from connector.routing.availability import Window, config_windows, periods
 from connector.routing.decisions import rule_fields, trace_key, trace_rules
-from connector.routing.rules import CompiledRule, Match
+from connector.routing.rules import Match, RuleSet
 
 
 @dataclass(frozen=True)
@@ -109,7 +109,7 @@ class TraceCache:
 
     MAX_KEPT = 4096
 
-    def __init__(self, rules: Sequence[CompiledRule], size: int = 1024) -> None:
+    def __init__(self, rules: RuleSet, size: int = 1024) -> None:
         self.rules = rules
         self.size = size
         self._fields = rule_fields(rules)
@@ -120,11 +120,13 @@ class TraceCache:
         where ``tail`` is the JSON text of the rest's members (no braces)."""
         try:
             key: tuple[object, ...] = (source, trace_key(self._fields, fields))
-            start = self._text.get(key)
+            start = self._text.get(key) if self.rules.timeless else None
         except TypeError:  # an unhashable value (a list or an object): not kept
             key, start = (), None
+        if not self.rules.timeless:  # a relative date: the trace depends on the instant too
+            key = ()
         if start is None:
-            tried, values = trace_rules(self.rules, fields)
+            tried, values = trace_rules(self.rules, fields, now)
             start = json.dumps({"source": source, "rules": tried, "values": values})[:-1]
             if key and len(start) <= self.MAX_KEPT:
                 if len(self._text) >= self.size:

@@ -38,14 +38,15 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import date, datetime
 from typing import Any, Protocol
 
 from sqlalchemy import Connection, TextClause, text
 
 import db
 from connector.core.config import OrgConfig
-from connector.routing.rules import CompiledRule
+from connector.core.rule_syntax import Not, Test
+from connector.routing.rules import CompiledRule, Node, RuleSet, Values, conjuncts
 from connector.routing.rules import _norm as norm
 
 SKIP_REASONS = ("inactive", "capped", "away", "off_shift", "current_owner")
@@ -71,34 +72,80 @@ class SeatRow(Protocol):
     def assigned_in_epoch(self) -> int: ...
 
 
+def _json_arg(value: object) -> object:
+    return value.isoformat() if isinstance(value, date) else value
+
+
+def trace_check(node: Node, v: Values) -> dict[str, Any]:
+    """One condition's result for a trace: a test's field, operator and arguments (the
+    original ``Field: [values]`` form as ``allowed``), a group's parts."""
+    c = node.cond
+    ok = node.check(v)
+    if isinstance(c, Test):
+        if c.plain and c.type == "text" and not c.case_sensitive:
+            return {"field": c.field, "allowed": sorted({norm(a) for a in c.args}), "ok": ok}
+        out: dict[str, Any] = {"field": c.field, "op": c.op, "args": [_json_arg(a) for a in c.args]}
+        if c.type != "text":
+            out["type"] = c.type
+        if c.case_sensitive:
+            out["case_sensitive"] = True
+        out["ok"] = ok
+        return out
+    kind = "not" if isinstance(c, Not) else c.kind
+    return {"group": kind, "ok": ok, "checks": [trace_check(k, v) for k in node.children]}
+
+
+LISTED = 20
+"""The rules a trace lists before its match; the ones after them are counted, not listed."""
+
+
+def _traced(
+    rule: CompiledRule, v: Values, fields: Mapping[str, object], values: dict[str, Any]
+) -> dict[str, Any]:
+    checks = [trace_check(n, v) for n in conjuncts(rule.node)] if rule.node else []
+    for name in rule.fields:
+        values[name] = fields.get(name)
+    team = rule.team
+    if rule.zone is not None and all(c["ok"] for c in checks):
+        row = rule.zone.row(v)
+        team = row.team if row is not None else None
+        checks.append(
+            {"territory": rule.zone.name, "row": row.where if row else None, "ok": bool(row)}
+        )
+    return {
+        "index": rule.index,
+        "name": rule.name,
+        "team": team,
+        "matched": all(c["ok"] for c in checks),
+        "checks": checks,
+    }
+
+
 def trace_rules(
-    rules: Sequence[CompiledRule], fields: Mapping[str, object]
+    rules: RuleSet, fields: Mapping[str, object], now: datetime | None = None
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Each rule tried, in order, up to the first match, with every condition's result.
+    """Each rule tried, in order, up to the first match, with every condition's result
+    (relative dates read at ``now``); after ``LISTED`` rules that did not match, one entry
+    ``{"not_listed": n}`` counts the next ones that did not either, then the match.
 
     Returns (rules, values): the field values a condition looked at are kept apart, so
     retention can remove them from a decision without losing its shape.
     """
     tried: list[dict[str, Any]] = []
     values: dict[str, Any] = {}
+    v = Values(fields, now, None)
     for rule in rules:
-        checks = []
-        for field, allowed in rule.conditions:
-            value = fields.get(field)
-            values[field] = value
-            ok = value is not None and norm(value) in allowed
-            checks.append({"field": field, "allowed": sorted(allowed), "ok": ok})
-        matched = all(c["ok"] for c in checks)
-        tried.append(
-            {
-                "index": rule.index,
-                "name": rule.name,
-                "team": rule.team,
-                "matched": matched,
-                "checks": checks,
-            }
-        )
-        if matched:
+        if len(tried) == LISTED:
+            m = rules.first(v, start=rule.index)
+            stop = m.rule_index if m is not None else len(rules)
+            if stop > rule.index:
+                tried.append({"not_listed": stop - rule.index})
+            if m is not None:
+                tried.append(_traced(rules[stop], v, fields, values))
+            break
+        entry = _traced(rule, v, fields, values)
+        tried.append(entry)
+        if entry["matched"]:
             break
     return tried, values
 
@@ -257,15 +304,15 @@ def _shared_key(d: Mapping[str, Any], sla_minutes: int | None) -> tuple[object, 
     )
 
 
-def rule_fields(rules: Sequence[CompiledRule]) -> list[str]:
+def rule_fields(rules: RuleSet) -> list[str]:
     """The fields ``rules`` look at, sorted: what a lead's trace depends on (``trace_key``)."""
-    return sorted({f for r in rules for f, _ in r.conditions})
+    return rules.fields
 
 
 class DecisionRecorder:
     """Collects one batch's decisions; ``flush`` writes them in the caller's transaction."""
 
-    def __init__(self, cfg: OrgConfig, rules: Sequence[CompiledRule], kind: str = "route") -> None:
+    def __init__(self, cfg: OrgConfig, rules: RuleSet, kind: str = "route") -> None:
         self.cfg = cfg
         self.rules = rules
         self.kind = kind
@@ -284,19 +331,22 @@ class DecisionRecorder:
         """The decision recorded so far for one lead (a live reference)."""
         return self._entry(lead_id).detail
 
-    def started(self, lead_id: int, source: str, fields: Mapping[str, object]) -> None:
-        """The lead is new and its rules are about to be matched: trace them (a trace depends
-        only on the values of the fields the rules look at, so a batch traces each distinct
-        combination once)."""
+    def started(
+        self, lead_id: int, source: str, fields: Mapping[str, object], now: datetime | None = None
+    ) -> None:
+        """The lead is new and its rules are about to be matched at ``now``: trace them (a
+        trace depends only on the values of the fields the rules look at, and on the instant,
+        one for the batch, so a batch traces each distinct combination once)."""
         try:
             key = trace_key(self._fields, fields)
         except TypeError:  # an unhashable value (a list or an object): no cache
-            tried, values = trace_rules(self.rules, fields)
+            tried, values = trace_rules(self.rules, fields, now)
         else:
             try:
                 tried, values = self._traces[key]
             except KeyError:
-                tried, values = self._traces.setdefault(key, trace_rules(self.rules, fields))
+                traced = trace_rules(self.rules, fields, now)
+                tried, values = self._traces.setdefault(key, traced)
         self._entry(lead_id).detail.update({"source": source, "rules": tried, "values": values})
 
     def judged_at(self, lead_ids: Sequence[int], at: datetime, batch: int) -> None:

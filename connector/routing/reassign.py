@@ -41,7 +41,7 @@ from connector.routing.availability import member_candidate as candidate_of
 from connector.routing.decisions import DecisionRecorder
 from connector.routing.rep_state import RepState, state_now
 from connector.routing.rotation import Seat, next_owners
-from connector.routing.rules import compile_rules
+from connector.routing.rules import org_rules
 
 log = logging.getLogger(__name__)
 
@@ -309,7 +309,7 @@ def _record_decision(
     detail: Mapping[str, Any],
 ) -> None:
     """The reassignment's decision: the team pick, and what moved from whom."""
-    recorder = DecisionRecorder(cfg, compile_rules(cfg.rules), kind="reassign")
+    recorder = DecisionRecorder(cfg, org_rules(cfg), kind="reassign")
     recorder.team_pick(team.name, team.epoch, members, list(candidates), [cur.lead_id], [member_id])
     recorder.detail(cur.lead_id).update(
         {

@@ -73,7 +73,7 @@ from connector.routing.batch import overflow_order
 from connector.routing.decisions import expand, member_ids
 from connector.routing.domains import AccountRow, lead_domains
 from connector.routing.rotation import Seat, pick_available
-from connector.routing.rules import compile_rules, match
+from connector.routing.rules import match, org_rules
 from connector.routing.teams import rotation_fingerprint
 
 _SQL = db.queries("simulate")
@@ -244,7 +244,7 @@ class _Replay:
     def __init__(self, cfg: OrgConfig, history: History) -> None:
         self.cfg = cfg
         self.history = history
-        self.rules = compile_rules(cfg.rules)
+        self.rules = org_rules(cfg)
         self.result = Simulation(outcomes=[])
         self.loads: Counter[LoadKey] = Counter(history.loads_before)
         self.epochs = _start_epochs(history)
@@ -286,7 +286,7 @@ class _Replay:
         away = frozenset().union(*(x.away for x in batch))
         groups: dict[str, list[HistoryLead]] = defaultdict(list)
         for lead in batch:
-            m = match(self.rules, lead.fields)
+            m = match(self.rules, lead.fields, at)
             if m is None:
                 self.result.outcomes.append(Replayed(lead, None, None, "no_rule_matched"))
             elif not (
@@ -522,12 +522,12 @@ def _recent_before(conn: Connection, cfg: OrgConfig, since: datetime) -> dict[st
 def _mirror(conn: Connection, cfg: OrgConfig, leads: Sequence[HistoryLead]) -> Mirror:
     """The mirror rows the leads of the proposed config's account_owner rules can match, in
     one statement."""
-    rules = compile_rules(cfg.rules)
+    rules = org_rules(cfg)
     kind = cfg.crm.kind
     parents: set[str] = set()
     domains: set[str] = set()
     for lead in leads:
-        m = match(rules, lead.fields)
+        m = match(rules, lead.fields, lead.judged_at)
         if m is None or cfg.rules[m.rule_index].route_to != "account_owner":
             continue
         if lead.parent_id:

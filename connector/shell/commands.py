@@ -149,10 +149,14 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         cfg = source.config
         members = sum(len(t.members) for t in cfg.teams)
         active = sum(1 for t in cfg.teams for m in t.members if m.active)
-        default = any(r.when is None for r in cfg.rules)
+        default = any(r.when is None and r.territory is None for r in cfg.rules)
+        rows = sum(len(t.table.rows) for t in cfg.territories.values())
+        tables = (
+            f", {len(cfg.territories)} territory tables ({rows} rows)" if cfg.territories else ""
+        )
         print(
             f"org {cfg.org}: {cfg.crm.kind} {cfg.crm.object}, {len(cfg.teams)} teams, "
-            f"{members} members ({active} active), {len(cfg.rules)} rules"
+            f"{members} members ({active} active), {len(cfg.rules)} rules{tables}"
             + ("" if default else " (no default rule: unmatched leads stay unassigned)")
         )
         for warning in cfg.warnings():

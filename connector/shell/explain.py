@@ -87,22 +87,65 @@ def _rep(d: Mapping[str, Any]) -> str:
     return f"{d.get('name')} ({d.get('crm_user_id')})"
 
 
-def _rule_line(rule: Mapping[str, Any], values: Mapping[str, Any] | None) -> str:
-    head = f'  rule {rule["index"]} "{rule["name"]}" -> team {rule["team"]}: '
+def describe_check(c: Mapping[str, Any]) -> str:
+    """One recorded condition as text: ``Country in ca|us``, ``Employees gte 1000``,
+    ``any of (...)``, ``territory na (row rows[3])``."""
+    if "territory" in c:
+        row = f" (row {c['row']})" if c.get("row") else ""
+        return f"territory {c['territory']}{row}"
+    if "group" in c:
+        inner = "; ".join(describe_check(k) for k in c["checks"])
+        return f"not ({inner})" if c["group"] == "not" else f"{c['group']} of ({inner})"
+    if "allowed" in c:
+        return f"{c['field']} in {'|'.join(c['allowed'])}"
+    args = c.get("args") or []
+    shown = "|".join(str(a) for a in args)
+    if c["op"] == "between" and len(args) == 2:
+        shown = f"{args[0]} and {args[1]}"
+    kind = f" ({c['type']})" if c.get("type") else ""
+    return f"{c['field']}{kind} {c['op']}" + (f" {shown}" if shown else "")
+
+
+def _fields_in(c: Mapping[str, Any]) -> list[str]:
+    if "field" in c:
+        return [c["field"]]
+    return [f for k in c.get("checks", []) for f in _fields_in(k)]
+
+
+def _has(values: Mapping[str, Any] | None, name: str) -> str:
+    if values is None:
+        return "value purged by retention"
+    if values.get(name) is None:
+        return "lead has no value"
+    return f"lead has {values[name]!r}"
+
+
+def rule_line(rule: Mapping[str, Any], values: Mapping[str, Any] | None) -> str:
+    """One rule of a decision's trace: matched (by what), or the conditions that failed
+    with the lead's values (shared by explain and the dashboard)."""
+    if "not_listed" in rule:
+        return f"  {rule['not_listed']} more rules did not match (not listed)"
+    team = rule["team"] if rule["team"] is not None else "of its territory"
+    head = f'  rule {rule["index"]} "{rule["name"]}" -> team {team}: '
     if rule["matched"]:
-        why = ", ".join(f"{c['field']} in {'|'.join(c['allowed'])}" for c in rule["checks"])
+        why = ", ".join(describe_check(c) for c in rule["checks"])
         return head + "matched" + (f" ({why})" if why else " (default rule)")
     misses = []
     for c in rule["checks"]:
         if c["ok"]:
             continue
-        if values is None:
-            has = "value purged by retention"
-        elif values.get(c["field"]) is None:
-            has = "lead has no value"
+        if "allowed" in c:
+            misses.append(
+                f"{c['field']}: wanted {'|'.join(c['allowed'])}, {_has(values, c['field'])}"
+            )
+        elif "territory" in c:
+            misses.append(f"{describe_check(c)}: no row covers the lead")
         else:
-            has = f"lead has {values[c['field']]!r}"
-        misses.append(f"{c['field']}: wanted {'|'.join(c['allowed'])}, {has}")
+            names = list(dict.fromkeys(_fields_in(c)))
+            has = ", ".join(
+                _has(values, n) if len(names) == 1 else f"{n}: {_has(values, n)}" for n in names
+            )
+            misses.append(f"{describe_check(c)}: {has}")
     return head + "no match (" + "; ".join(misses) + ")"
 
 
@@ -141,7 +184,7 @@ def _decision_lines(n: int, d: Mapping[str, Any]) -> list[str]:
         lines.extend(_judged_lines(d))
         values = d.get("values")
         for rule in d.get("rules", []):
-            lines.append(_rule_line(rule, values))
+            lines.append(rule_line(rule, values))
         if not d.get("rules"):
             lines.append("  no rule tried")
         if "account" in d:

@@ -112,13 +112,17 @@ class _GracefulServer(uvicorn.Server):
 
 
 def start_scheduler(
-    engine: Engine, configs: Mapping[str, OrgConfig], adapters: Adapters
+    engine: Engine,
+    configs: Mapping[str, OrgConfig],
+    adapters: Adapters,
+    metrics: Metrics | None = None,
 ) -> BackgroundScheduler:
     scheduler = BackgroundScheduler(timezone="UTC")
     for cfg in configs.values():
         if not cfg.poll.enabled:
             continue
-        poller = Poller(engine, cfg, adapters.get(cfg.org))
+        unparsed = metrics.unparsed(cfg.org) if metrics is not None else None
+        poller = Poller(engine, cfg, adapters.get(cfg.org), unparsed=unparsed)
         scheduler.add_job(
             _safe_poll,
             "interval",
@@ -493,7 +497,7 @@ def run_service(
     adapters = Adapters(configs, engine)
     metrics = Metrics(engine, configs)
     stop = threading.Event()
-    sched = start_scheduler(engine, configs, adapters) if scheduler else None
+    sched = start_scheduler(engine, configs, adapters, metrics) if scheduler else None
     app = (
         _receiver_app(
             engine,

@@ -23,7 +23,7 @@ from connector.shell.dashboard.figures import (
     start_of_day,
     team_windows,
 )
-from connector.shell.explain import NotFound, load_explanation
+from connector.shell.explain import NotFound, load_explanation, rule_line
 from connector.shell.status import org_status
 
 _SQL: dict[str, TextClause] = {k: text(v) for k, v in db.queries("dashboard").items()}
@@ -66,6 +66,8 @@ class LeadStory:
     assignment: dict[str, Any] | None
     events: list[dict[str, Any]] = field(default_factory=list)
     outbox: list[dict[str, Any]] = field(default_factory=list)
+    # the latest routing decision's rules tried, as `connector explain` writes them
+    rules: list[str] = field(default_factory=list)
     skipped: dict[str, Any] | None = None
     # `connector explain --json`'s decisions (candidates, skip reasons, the pick); none for a
     # lead merged into another
@@ -186,11 +188,16 @@ def lead_story(engine: Engine, cfg: OrgConfig, lead_id: int) -> LeadStory | None
             decisions = load_explanation(engine, cfg, lead.crm_id)["decisions"]
         except NotFound:  # merged or purged since the read above
             decisions = []
+    # the latest routing decision's rules tried, as `connector explain` writes them
+    routed = [d for d in decisions if d["kind"] == "route"]
+    last = routed[-1] if routed else {}
+    rules = [rule_line(r, last.get("values")).strip() for r in last.get("rules", [])]
     return LeadStory(
         lead=dict(lead._mapping),
         assignment=dict(assignment._mapping) if assignment is not None else None,
         events=events,
         outbox=outbox,
         skipped=dict(skipped._mapping) if skipped is not None else None,
+        rules=rules,
         decisions=decisions,
     )
