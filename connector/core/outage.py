@@ -19,6 +19,8 @@ from collections.abc import Callable
 
 from connector.core.errors import DatabaseUnavailable
 
+# a success this soon after the first failure does not end an outage (``recovered``)
+SETTLE_S = 1.0
 SUMMARY_EVERY_S = 30.0
 
 AFTERMATH_S = 5.0
@@ -87,11 +89,13 @@ class Outage:
 
     def recovered(self) -> None:
         """A connection opened or a statement succeeded: the database is back if it was
-        down."""
+        down for at least ``SETTLE_S``. Sooner, the success is most likely of a statement
+        that was already running on another connection when the first failure came (it was
+        answered before the server went), not a sign that the server is back."""
         if self.down_since is None:
             return
         with self._lock:
-            if self.down_since is None:
+            if self.down_since is None or self.clock() - self.down_since < SETTLE_S:
                 return
             self._back_at = self.clock()
             down_s, total, detail = self._state(self._back_at)
