@@ -1,11 +1,12 @@
 """A local SMTP relay for the notification tests (aiosmtpd): STARTTLS required with a
-self-signed certificate made by the openssl command, AUTH LOGIN/PLAIN checked against one
-user, every accepted message kept."""
+self-signed certificate (made with the cryptography package: no openssl command needed),
+AUTH LOGIN/PLAIN checked against one user, every accepted message kept."""
 
 from __future__ import annotations
 
+import datetime
+import ipaddress
 import ssl
-import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -16,22 +17,44 @@ from typing import Any
 
 from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import AuthResult, LoginPassword
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.x509.oid import NameOID
 
 from tests.helpers.ports import free_port
 
 
 def self_signed(folder: Path) -> tuple[Path, Path]:
-    cert, key = folder / "smtp.crt", folder / "smtp.key"
-    subprocess.run(
-        [
-            "openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-            "-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1",
-            "-addext", "subjectAltName=IP:127.0.0.1",
-        ],
-        check=True,
-        capture_output=True,
-    )  # fmt: skip
-    return cert, key
+    """A one-day certificate for 127.0.0.1 and its key, as PEM files in ``folder``."""
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = folder / "smtp.crt", folder / "smtp.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.TraditionalOpenSSL,
+            serialization.NoEncryption(),
+        )
+    )
+    return cert_path, key_path
 
 
 @dataclass
