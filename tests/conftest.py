@@ -116,3 +116,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         # default blocks of consecutive tests they all landed on one worker: 250 s of slow
         # tests in a row, the run's critical path.)
         items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+@pytest.fixture(autouse=True)
+def _database_outage_record_up() -> None:
+    """Each test starts with the process's outage record up: one test's outage must not
+    silence the next test's first warning (the record is process-wide, as in the service)."""
+    from connector.core import outage
+
+    outage.DATABASE.down_since = None

@@ -109,6 +109,25 @@ def test_configure_logging_leaves_a_runner_s_logging_alone() -> None:
         assert root.handlers == [theirs]
 
 
+def test_scheduler_job_runs_are_not_logged_at_info_but_its_errors_are() -> None:
+    out = io.StringIO()
+    executors = logging.getLogger("apscheduler.executors.default")
+    try:
+        with bare_root():
+            configure_logging("info", "text", out)
+            executors.info('Running job "_safe_poll"')
+            executors.error('Job "_safe_poll" raised an exception')
+            configure_logging("debug", "text", out)
+            executors.info('Job "_safe_poll" executed successfully')
+    finally:
+        logging.getLogger("apscheduler.executors").setLevel(logging.NOTSET)
+    lines = [line.split(" ", 2)[2] for line in out.getvalue().splitlines()]
+    assert lines == [
+        'ERROR apscheduler.executors.default Job "_safe_poll" raised an exception',
+        'INFO apscheduler.executors.default Job "_safe_poll" executed successfully',
+    ]
+
+
 def test_configure_logging_refuses_an_unknown_level() -> None:
     with bare_root() as root:
         with pytest.raises(UsageError) as exc:

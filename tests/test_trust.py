@@ -262,14 +262,19 @@ def test_the_inbox_writes_its_rows_before_it_waits_for_a_teams_lock(
     org = SfOrg(sf, engine)
     intake = org.leads(3, org.intake)
     owned = org.leads(2, org.person)
-    app, _ = running_app(engine, {"acme": org.cfg})
-    with serve_in_thread(app) as base, httpx.Client(base_url=base, timeout=10) as client:
+    # The events are received by an app without a worker (they wait in the inbox: a served
+    # app's own worker could route them before the team's lock is taken) and drained by the
+    # worker of an app that is never served.
+    receiver = create_app(engine, {"acme": org.cfg})
+    with serve_in_thread(receiver) as base, httpx.Client(base_url=base, timeout=10) as client:
         resp = client.post(
             f"/webhooks/salesforce/acme/{OUTBOUND_SECRET}",
             content=message(intake + owned),
             headers=SOAP_HEADERS,
         )
         assert resp.content == ack_response()
+    assert len(list_events(engine, "acme", "pending")) == len(intake) + len(owned)
+    app, _ = running_app(engine, {"acme": org.cfg})
     drained: list[int] = []
     written = written_while_routing_waits(
         engine,

@@ -15,6 +15,10 @@ from connector.core.errors import UsageError
 FORMATS = ("text", "json")
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
 _MARK = "_connector_handler"  # set on the handler configure_logging installs
+CHATTY = ("apscheduler.executors",)
+"""Loggers that write a line per routine event at INFO (APScheduler: two per job run, so a
+1-second poll wrote 7,200 lines an hour). Below ``--log-level debug`` they log warnings
+and errors only (a job that raised, a run missed)."""
 
 # The attributes every LogRecord has; anything else on a record came from ``extra=``.
 _STANDARD = frozenset(
@@ -61,7 +65,8 @@ def log_format_from(arg: str | None, env: Mapping[str, str]) -> str:
 
 def configure_logging(level: str, fmt: str, stream: TextIO | None = None) -> None:
     """Send every logger's records (uvicorn's too: its servers are built with
-    ``log_config=None``) to ``stream`` (stderr) in ``fmt``, at ``level``.
+    ``log_config=None``) to ``stream`` (stderr) in ``fmt``, at ``level`` (``CHATTY`` loggers
+    at warning unless the level is debug).
 
     Like ``logging.basicConfig``, it leaves alone a process whose logging someone else set up
     already (a test runner calling ``main`` in-process); a handler it installed itself is
@@ -81,3 +86,7 @@ def configure_logging(level: str, fmt: str, stream: TextIO | None = None) -> Non
     setattr(handler, _MARK, True)
     root.addHandler(handler)
     root.setLevel(numeric)
+    for name in CHATTY:
+        logging.getLogger(name).setLevel(
+            logging.NOTSET if numeric <= logging.DEBUG else max(numeric, logging.WARNING)
+        )
