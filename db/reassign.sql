@@ -1,7 +1,8 @@
 -- Named SQL for reassignment (`connector reassign`, rep deactivation, SLA re-route).
 -- Lock order inside one transaction: the lead's current assignment row -> its unsent outbox
 -- rows -> the team row of the rep who gets the lead (the same lock that serialises new
--- leads' rotation) -> move_assignment -> record_decisions -> COMMIT. The dispatcher claims
+-- leads' rotation) -> [rotate_pick: route_team decides a rotation's pick] -> move_assignment
+-- -> count_turns -> record_decisions -> COMMIT. The dispatcher claims
 -- with SKIP LOCKED and finishes only rows still claimed by it, so a write replaced here is
 -- never also recorded as sent.
 
@@ -61,10 +62,34 @@ WHERE t.org = :org AND t.in_config AND m.in_config
        OR (CAST(:rep_key AS text) IS NOT NULL AND salesforce_id_18(m.crm_user_id) = :rep_key))
 ORDER BY t.name, m.position
 
+-- name: rotate_pick
+-- The rotation's next rep for a lead being moved, decided by the router (route_team, the
+-- team already locked here) with the current owner skipped, and not recorded: the move and
+-- count_turns record it. Returns the pick (NULL: nobody else can take it now), the seats as
+-- the decision records them, and the turns credited to reps passed over.
+SELECT status, epoch, member_ids[1] AS member_id, reason, seat_ids, seat_users, seat_names,
+       seat_weights, seat_skips, seat_counts, credit_ids, credit_ns
+FROM route_team(
+    CAST(:org AS text), CAST(:crm_object AS text), CAST(NULL AS text), CAST(:team AS text),
+    CAST(:now AS timestamptz), CAST(:day AS date), CAST(:week AS date), CAST(NULL AS bigint),
+    CAST(:users AS text[]), CAST(:blocked AS text[]), CAST(:per_day AS integer[]),
+    CAST(:per_week AS integer[]), CAST(:team_per_day AS integer),
+    CAST(:team_per_week AS integer), CAST(:max_in_a_row AS integer),
+    ARRAY[CAST(:lead_id AS bigint)], CAST(NULL AS text[]), CAST(NULL AS text[]),
+    CAST(NULL AS integer[]), CAST(NULL AS text[]), CAST(NULL AS integer[]),
+    CAST(NULL AS jsonb), CAST(NULL AS integer[]), false, CAST(:exclude AS bigint), false)
+
+-- name: count_turns
+-- The move's turn: one more lead for the rep who gets it (the old rep's count stays: a lead
+-- taken away is not owed back), its caps' counters, and the turns a rotation's pick credited
+-- (db/functions/routing.sql count_turns, as for a new lead's pick).
+SELECT count_turns(ARRAY[CAST(:member_id AS bigint)], CAST(:credit_ids AS bigint[]),
+                   CAST(:credit_ns AS bigint[]), CAST(:day AS date), CAST(:week AS date))
+
 -- name: move_assignment
 -- One statement: the replaced owner goes to the history, the current row takes the new one,
--- the new rep's rotation count goes up by one (the old rep's stays), every unsent write of
--- the lead becomes superseded, and one new write is queued. Its replaces_owners are the
+-- every unsent write of the lead becomes superseded, and one new write is queued (the turn
+-- is counted by count_turns). Its replaces_owners are the
 -- owners our own earlier writes may have left in the CRM: the owner we last wrote (latest
 -- sent row), writes in flight right now (claimed), and what the replaced unsent rows
 -- carried. The caller locked those rows first (lock_unsent), so this statement's snapshot
@@ -78,10 +103,6 @@ WITH cur AS (
     SELECT id, lead_id, org, team_id, member_id, crm_user_id, epoch, reason, note,
            assigned_at, :reason
     FROM cur
-    RETURNING id
-), bump AS (
-    UPDATE members SET assigned_in_epoch = assigned_in_epoch + 1
-    WHERE id = :member_id
     RETURNING id
 ), prev AS (
     SELECT id, state, owner_id, replaces_owners FROM outbox
@@ -127,7 +148,7 @@ SELECT l.org, moved.lead_id, moved.id, l.crm_object, l.crm_id, moved.crm_user_id
                  WHERE owner IS NOT NULL AND owner <> moved.crm_user_id), '{}')
 FROM moved JOIN leads l ON l.id = moved.lead_id
 RETURNING id, replaces_owners, (SELECT count(*) FROM replaced) AS superseded,
-          (SELECT count(*) FROM hist) AS archived, (SELECT count(*) FROM bump) AS bumped,
+          (SELECT count(*) FROM hist) AS archived,
           (SELECT sum(n) FROM notified) AS notified
 
 -- name: deactivate_member
@@ -187,13 +208,6 @@ INSERT INTO routing_decisions (org, lead_id, kind, detail)
 SELECT :org, cleared.lead_id, 'sla', d.detail::jsonb
 FROM cleared JOIN d ON d.id = cleared.id
 RETURNING lead_id
-
--- name: count_load
--- A reassigned lead counts toward its new rep's caps, like a routed one (member_load).
-INSERT INTO member_load (member_id, period, starts_on, assigned)
-VALUES (:member_id, 'day', :day, 1), (:member_id, 'week', :week, 1)
-ON CONFLICT (member_id, period, starts_on)
-DO UPDATE SET assigned = member_load.assigned + EXCLUDED.assigned
 
 -- name: current_team
 -- The team of a lead's current owner, read without a lock (`reassign --to` checks the rep it

@@ -70,7 +70,7 @@ FROM route_team(
     CAST(:lead_ids AS bigint[]), CAST(:crm_ids AS text[]), CAST(:parent_ids AS text[]),
     CAST(:rule_indexes AS integer[]), CAST(:rule_names AS text[]),
     CAST(:sla_minutes AS integer[]), CAST(:details AS jsonb), CAST(:detail_of AS integer[]),
-    CAST(:final AS boolean))
+    CAST(:final AS boolean), CAST(NULL AS bigint), true)
 
 -- name: route_new_lead
 -- One new lead of a rotation rule, stored, decided and recorded in ONE call (route_team on

@@ -273,6 +273,7 @@ def test_a_database_at_0027_moves_to_the_new_layout_with_nothing_lost(
         assert {
             "salesforce_id_18",
             "rotation_picks",
+            "count_turns",
             "record_assignments",
             "route_team",
             "route_new_lead",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -14,16 +15,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Engine, text
 
-from connector.routing.reassign import (
-    ReassignError,
-    choose_rep,
-    pick_other,
-    reassign_lead,
-)
-from connector.routing.rotation import Seat, next_owners
+from connector.routing.reassign import ReassignError, choose_rep, reassign_lead
+from connector.routing.rotation import Seat, next_owners, pick_available
 from connector.shell.adapters import adapter_for
 from connector.shell.cli import main
 from connector.shell.explain import format_explanation, load_explanation
+from connector.shell.reps import resolve_rep, set_away
 from connector.shell.store import make_engine
 from connector.writeback.dispatch import Dispatcher, guard_writes
 from crm_adapters.base import OwnerWrite
@@ -56,9 +53,12 @@ def dispatch(engine: Engine, org: ReOrg) -> None:
 def test_rotate_accounting_keeps_fairness_among_reps_who_lost_nothing(
     reps: int, ops: list[int]
 ) -> None:
-    """-1 = a new lead; n >= 0 = `--rotate` the n-th lead handed out so far (mod count).
-    The receiver's count goes up by one, the loser's stays; the pick is never the current
-    owner; with equal weights the reps that lost no lead stay within one of each other."""
+    """-1 = a new lead; n >= 0 = `--rotate` the n-th lead handed out so far (mod count), as
+    the router decides it: the rotation's specification (``pick_available``, which
+    tests/test_rotation_sql.py holds pick for pick to the server's ``rotation_picks``) with
+    the current owner skipped as ``current_owner``. The receiver's count goes up by one, the
+    loser's stays; the pick is never the current owner, and nobody is credited; with equal
+    weights the reps that lost no lead stay within one of each other."""
     count = dict.fromkeys(range(reps), 0)
     owner_of: list[int] = []
     lost: set[int] = set()
@@ -70,8 +70,9 @@ def test_rotate_accounting_keeps_fairness_among_reps_who_lost_nothing(
         else:
             i = op % len(owner_of)
             old = owner_of[i]
-            m = pick_other(seats, old)
-            assert m != old
+            picks = pick_available(seats, {old: "current_owner"}, {}, 1)
+            m = picks.turns[0].member_id  # type: ignore[assignment]
+            assert m != old and picks.credited == {}
             assert count[m] == min(count[s] for s in count if s != old)  # fewest, others
             owner_of[i] = m
             lost.add(old)
@@ -80,11 +81,6 @@ def test_rotate_accounting_keeps_fairness_among_reps_who_lost_nothing(
         if keep:
             assert max(keep) - min(keep) <= 1
     assert sum(count.values()) == len(ops)
-
-
-def test_pick_other_with_one_rep_refuses() -> None:
-    with pytest.raises(ValueError, match="no other eligible rep"):
-        pick_other([Seat(1, 1, 0, 0)], 1)
 
 
 class _R:
@@ -196,6 +192,70 @@ def test_rotate_counts_history_and_supersede(engine: Engine, sf: SalesforceSandb
         in text_out
     )
     assert "earlier owners:" in text_out
+
+
+def _away(engine: Engine, org: ReOrg, *names: str) -> None:
+    now = datetime.now(UTC)
+    for name in names:
+        set_away(engine, org.cfg, resolve_rep(org.cfg, name), now + timedelta(days=1), None, now)
+
+
+def _turns(engine: Engine) -> dict[str, tuple[int, int]]:
+    with engine.connect() as conn:
+        rows = conn.execute(text("SELECT name, assigned_in_epoch, credited_in_epoch FROM members"))
+        return {name: (assigned, credited) for name, assigned, credited in rows}
+
+
+def test_rotate_is_the_routers_pick_with_its_credits(engine: Engine, sf: SalesforceSandbox) -> None:
+    """--rotate is decided by the router (route_team), as a new lead would meet the rotation:
+    Grace, away by command and behind her share, is passed over with a credited turn (a
+    plain pick among the available reps other than the owner credits nobody), and Alan gets
+    the lead and its caps' counters."""
+    org = ReOrg(sf, engine)
+    leads = route(engine, org, ["US"] * 5)  # Ada, Alan, Grace, Ada, Alan
+    _away(engine, org, "Grace")
+    m = reassign_lead(engine, org.cfg, leads[0])
+    assert (org.name_of(m.old_owner), org.name_of(m.new_owner)) == ("Ada", "Alan")
+    turns = _turns(engine)
+    assert (turns["Ada"], turns["Alan"], turns["Grace"]) == ((2, 0), (3, 0), (1, 1))
+    with engine.connect() as conn:
+        load = conn.execute(
+            text(
+                "SELECT m.name, l.period, l.assigned FROM member_load l "
+                "JOIN members m ON m.id = l.member_id ORDER BY 1, 2"
+            )
+        ).all()
+    assert [tuple(r) for r in load] == [
+        ("Ada", "day", 2),
+        ("Ada", "week", 2),
+        ("Alan", "day", 3),
+        ("Alan", "week", 3),
+        ("Grace", "day", 1),
+        ("Grace", "week", 1),
+    ]
+    r = load_explanation(engine, org.cfg, leads[0])["decisions"][1]
+    assert [(c["name"], c["count"], c["skip"]) for c in r["candidates"]] == [
+        ("Ada", 2, "current_owner"),
+        ("Alan", 2, None),
+        ("Grace", 1, "away"),
+        ("Edsger", 0, "inactive"),
+    ]
+
+
+def test_rotate_with_nobody_else_available_is_refused_and_nothing_moves(
+    engine: Engine, sf: SalesforceSandbox
+) -> None:
+    org = ReOrg(sf, engine)
+    leads = route(engine, org, ["US"] * 3)
+    _away(engine, org, "Alan", "Grace")
+    before = (table_counts(engine), _turns(engine))
+    with pytest.raises(ReassignError) as exc:
+        reassign_lead(engine, org.cfg, leads[0])
+    assert str(exc.value) == (
+        f"lead {leads[0]}: no other rep of team 'na' can take a lead now; nothing changed"
+    )
+    assert (table_counts(engine), _turns(engine)) == before
+    assert current_owner(engine, leads[0]) == "Ada"
 
 
 def test_reassign_after_sent_write_is_owner_safe(engine: Engine, sf: SalesforceSandbox) -> None:

@@ -10,11 +10,14 @@ supersedes the unsent writes and queues the new write. ``assignments`` keeps UNI
 so the database itself refuses two current owners.
 
 How a reassignment counts in the rotation: the lead counts as one more lead for the rep who
-gets it (exactly like a new lead); the rep who loses it keeps their count (it does not go
-down: a lead taken away is not owed back). ``--rotate`` picks, with the team's rotation, the
-next rep among the team's eligible reps other than the current owner; with equal weights that
-is the rep with the fewest leads in the epoch (ties in config order), so among the reps who
-lost no lead the counts still differ by at most one.
+gets it (exactly like a new lead, with its caps' counters: ``count_turns``, the one place a
+turn is counted); the rep who loses it keeps their count (it does not go down: a lead taken
+away is not owed back). ``--rotate`` (and a deactivated rep's leads, and the SLA re-route) is
+decided by the router itself, ``route_team`` on the server, with the current owner skipped
+(``current_owner``, no credit): the team's rotation as a new lead meets it, with its
+availability, caps, catch-up and credits for the reps it passes over. With equal weights and
+nobody blocked that is the rep with the fewest turns in the epoch (ties in config order), so
+among the reps who lost no lead the counts still differ by at most one.
 
 The new write stays owner-safe: it carries ``replaces_owners`` (the owner we last wrote, and
 writes that were in flight), and the dispatcher writes only over those or an intake owner. A
@@ -38,9 +41,9 @@ from connector.core.crm_kinds import crm_kind
 from connector.core.errors import UsageError
 from connector.routing.availability import Candidate, Periods, eligibility, periods
 from connector.routing.availability import member_candidate as candidate_of
+from connector.routing.calls import team_inputs, team_params
 from connector.routing.decisions import DecisionRecorder
 from connector.routing.rep_state import RepState, state_now
-from connector.routing.rotation import Seat, next_owners
 from connector.routing.rules import org_rules
 
 log = logging.getLogger(__name__)
@@ -95,16 +98,6 @@ class Moved:
     outbox_id: int
     superseded: int
     replaces_owners: tuple[str, ...]
-
-
-def pick_other(seats: Sequence[Seat], current_member_id: int) -> int:
-    """The rotation's next rep among ``seats`` other than the current owner (pure).
-
-    Raises ValueError when no other seat is eligible."""
-    others = [s for s in seats if s.member_id != current_member_id]
-    if not others:
-        raise ValueError("no other eligible rep")
-    return next_owners(others, sum(s.assigned for s in others), 1)[0]
 
 
 def choose_rep(rows: Sequence[Any], rep: str, org: str, prefer_team_id: int | None) -> Rep:
@@ -277,24 +270,71 @@ def check_target(
                 raise unavailable(rep, state, key["crm_id"])
 
 
-def _next_by_rotation(
-    crm_id: str,
-    team_name: str,
-    members: Sequence[_Member],
-    candidates: Sequence[tuple[int, str | None]],
-    current_member_id: int,
-) -> int:
-    """--rotate: the next rep by the rotation among those who can take a lead now (not
-    inactive, away, off shift or capped), counting turns as routing does."""
-    eligible = {mid for mid, r in candidates if r is None}
-    seats = [
-        Seat(m.id, m.weight, m.assigned_in_epoch, m.position) for m in members if m.id in eligible
-    ]
-    if not seats:
+@dataclass(frozen=True)
+class _Choice:
+    """Who gets a moved lead, with what its decision records: the seats as the pick saw them
+    (member ids, weights, turns, skip reasons, in the rotation's order) and the turns the pick
+    credited to reps it passed over."""
+
+    member_id: int
+    crm_user_id: str
+    name: str
+    seats: tuple[list[int], list[int], list[int], list[str | None]]
+    credit_ids: list[int]
+    credit_ns: list[int]
+    when: Periods
+
+
+def _by_rotation(
+    conn: Connection, cfg: OrgConfig, crm_id: str, team: Any, cur: Any, now: datetime
+) -> _Choice:
+    """--rotate: the router's pick (``route_team`` on the server, not recorded) among the
+    team's reps other than the current owner, as a new lead would meet the rotation now."""
+    inputs = team_inputs(cfg.team(team.name))
+    params = team_params(inputs, now)
+    row = conn.execute(
+        _SQL["rotate_pick"],
+        {
+            **params,
+            "org": cfg.org,
+            "crm_object": cfg.crm_object,
+            "lead_id": cur.lead_id,
+            "exclude": cur.member_id,
+        },
+    ).one()
+    if row.member_id is None:
         raise ReassignError(
-            f"lead {crm_id}: no other active rep in team {team_name!r}; nothing changed"
+            f"lead {crm_id}: no other rep of team {team.name!r} can take a lead now; "
+            "nothing changed"
         )
-    return pick_other(seats, current_member_id)
+    k = len(row.seat_ids)
+    i = row.seat_ids.index(row.member_id)
+    return _Choice(
+        row.member_id,
+        row.seat_users[i],
+        row.seat_names[i],
+        (row.seat_ids, row.seat_weights, row.seat_counts[:k], row.seat_skips[:k]),
+        row.credit_ids,
+        row.credit_ns,
+        Periods(params["day"], params["week"]),
+    )
+
+
+def _to_rep(
+    conn: Connection, cfg: OrgConfig, crm_id: str, team: Any, cur: Any, rep: Rep, force: bool
+) -> _Choice:
+    """--to: the named rep, refused when it cannot take a lead now unless ``force``; its
+    decision lists the team's reps with the named one eligible whatever the rotation says."""
+    when, members, candidates, states = _team_candidates(
+        conn, cfg, team.name, team.id, cur.member_id
+    )
+    if not force and not states[rep.member_id].available:
+        raise unavailable(rep, states[rep.member_id], crm_id)
+    by_id = {m.id: m for m in members}
+    ids = [mid for mid, _ in candidates]
+    skips = [None if mid == rep.member_id else r for mid, r in candidates]
+    seats = (ids, [by_id[m].weight for m in ids], [by_id[m].assigned_in_epoch for m in ids], skips)
+    return _Choice(rep.member_id, rep.crm_user_id, rep.name, seats, [], [], when)
 
 
 def _record_decision(
@@ -302,15 +342,14 @@ def _record_decision(
     cfg: OrgConfig,
     cur: Any,
     team: Any,
-    members: Sequence[_Member],
-    candidates: Sequence[tuple[int, str | None]],
-    member_id: int,
+    choice: _Choice,
     row: Any,
     detail: Mapping[str, Any],
 ) -> None:
     """The reassignment's decision: the team pick, and what moved from whom."""
     recorder = DecisionRecorder(cfg, org_rules(cfg), kind="reassign")
-    recorder.team_pick(team.name, team.epoch, members, list(candidates), [cur.lead_id], [member_id])
+    recorder.seat_pick(cur.lead_id, team.name, team.epoch, choice.seats)
+    recorder.picked(cur.lead_id, team.name, choice.member_id, None)
     recorder.detail(cur.lead_id).update(
         {
             **detail,
@@ -339,59 +378,58 @@ def _reassign_in(
     force: bool,
 ) -> Moved:
     cur = _lock_current(conn, cfg, crm_id, expect_owner)
+    rep: Rep | None = None
     if to is not None:
         rep = resolve_rep(conn, cfg, to, cur.team_id)
         if rep.crm_user_id == cur.crm_user_id:
             raise ReassignError(f"lead {crm_id} is already owned by {rep.crm_user_id}")
-        team_id = rep.team_id
-    else:
-        team_id = cur.team_id
+    team_id = rep.team_id if rep is not None else cur.team_id
     locked_teams = conn.execute(
         _SQL["lock_teams_by_id"], {"team_ids": sorted({team_id, cur.team_id})}
     ).all()
     team = next(t for t in locked_teams if t.id == team_id)
-    when, members, candidates, states = _team_candidates(
-        conn, cfg, team.name, team_id, cur.member_id
-    )
-    if to is None:
-        member_id = _next_by_rotation(crm_id, team.name, members, candidates, cur.member_id)
+    if rep is None:
+        choice = _by_rotation(conn, cfg, crm_id, team, cur, datetime.now(UTC))
     else:
-        member_id = rep.member_id
-        if not force and not states[member_id].available:
-            raise unavailable(rep, states[member_id], crm_id)
-        # the named rep is given the lead whatever the rotation says: record it eligible
-        candidates = [(mid, None if mid == member_id else r) for mid, r in candidates]
+        choice = _to_rep(conn, cfg, crm_id, team, cur, rep, force)
     row = conn.execute(
         _SQL["move_assignment"],
         {
             "assignment_id": cur.id,
             "lead_id": cur.lead_id,
             "team_id": team_id,
-            "member_id": member_id,
+            "member_id": choice.member_id,
             "epoch": team.epoch,
             "reason": reason,
             "note": note,
             "old_owner": cur.crm_user_id,
         },
     ).one()
-    # the lead counts toward its new rep's caps (this day and week, in the team's zone)
-    conn.execute(_SQL["count_load"], {"member_id": member_id, "day": when.day, "week": when.week})
-    chosen = next(m for m in members if m.id == member_id)
-    detail = {"reason": reason, "note": note, "mode": "to" if to is not None else "rotate"}
-    _record_decision(conn, cfg, cur, team, members, candidates, member_id, row, detail)
+    conn.execute(
+        _SQL["count_turns"],
+        {
+            "member_id": choice.member_id,
+            "credit_ids": choice.credit_ids,
+            "credit_ns": choice.credit_ns,
+            "day": choice.when.day,
+            "week": choice.when.week,
+        },
+    )
+    detail = {"reason": reason, "note": note, "mode": "to" if rep is not None else "rotate"}
+    _record_decision(conn, cfg, cur, team, choice, row, detail)
     log.info(
         "org %s: lead %s reassigned (%s) from member %d to member %d",
         cfg.org,
         crm_id,
         reason,
         cur.member_id,
-        member_id,
+        choice.member_id,
     )
     return Moved(
         crm_id,
         cur.crm_user_id,
-        chosen.crm_user_id,
-        chosen.name,
+        choice.crm_user_id,
+        choice.name,
         team.name,
         reason,
         int(row.id),

@@ -38,9 +38,48 @@ BEGIN
 END
 $$;
 
+-- THE TURNS' COUNTS: a rotation's picks and the turns credited to the reps it passed over,
+-- added to the members' counts in the epoch, and the picks to their caps' counters (this
+-- day and this week in the team's time zone). Every path that gives a rep a turn counts it
+-- here: record_assignments (a new lead's pick) and a reassignment (db/reassign.sql
+-- count_turns). p_picks may hold NULLs (leads nobody took). Returns the number of picks.
+CREATE OR REPLACE FUNCTION count_turns(
+    p_picks bigint[], p_credit_ids bigint[], p_credit_ns bigint[], p_day date, p_week date
+)
+RETURNS integer
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    n integer;
+BEGIN
+    -- one UPDATE per member row: a member may be picked and credited in the same batch
+    UPDATE members m
+    SET assigned_in_epoch = m.assigned_in_epoch + x.n,
+        credited_in_epoch = m.credited_in_epoch + x.c
+    FROM (SELECT y.id, sum(y.n) AS n, sum(y.c) AS c
+          FROM (SELECT u AS id, 1 AS n, 0 AS c FROM unnest(p_picks) AS u
+                WHERE u IS NOT NULL
+                UNION ALL
+                SELECT c.id, 0, c.n FROM unnest(p_credit_ids, p_credit_ns) AS c (id, n)) y
+          GROUP BY y.id) x
+    WHERE m.id = x.id;
+    INSERT INTO member_load (member_id, period, starts_on, assigned)
+    SELECT u, w.period, w.starts_on, count(*)
+    FROM unnest(p_picks) AS u
+    CROSS JOIN (VALUES ('day', p_day), ('week', p_week)) AS w (period, starts_on)
+    WHERE u IS NOT NULL
+    GROUP BY u, w.period, w.starts_on
+    ON CONFLICT (member_id, period, starts_on)
+    DO UPDATE SET assigned = member_load.assigned + EXCLUDED.assigned;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
+END
+$$;
+
 -- THE RECORDER: every assignment is inserted here, with what goes with it in the same
--- call: the members' rotation counts and credits and the caps' counters (p_turns: a
--- rotation's picks; an account owner's lead is no turn), one outbox row per assignment, and
+-- call: the members' rotation counts and credits and the caps' counters (count_turns, when
+-- p_turns: a rotation's picks; an account owner's lead is no turn), one outbox row per
+-- assignment, and
 -- the leads' decisions. Leads in pick order; a lead whose member is NULL was placed by nobody:
 -- with p_reason it is recorded unassigned (its reason and decision), else nothing is written
 -- for it. Assignment ids follow the picks' order, so ordering a team's assignments by id
@@ -70,29 +109,8 @@ DECLARE
 BEGIN
     -- Plain statements, each run only when it has work: a statement costs its executor
     -- set-up even for one row, and one WITH of every step set up all of them every call.
-    IF p_turns OR cardinality(p_credit_ids) > 0 THEN
-        -- one UPDATE per member row: a member may be picked and credited in the same batch
-        UPDATE members m
-        SET assigned_in_epoch = m.assigned_in_epoch + x.n,
-            credited_in_epoch = m.credited_in_epoch + x.c
-        FROM (SELECT y.id, sum(y.n) AS n, sum(y.c) AS c
-              FROM (SELECT u AS id, 1 AS n, 0 AS c FROM unnest(p_member_ids) AS u
-                    WHERE p_turns AND u IS NOT NULL
-                    UNION ALL
-                    SELECT c.id, 0, c.n FROM unnest(p_credit_ids, p_credit_ns) AS c (id, n)) y
-              GROUP BY y.id) x
-        WHERE m.id = x.id;
-    END IF;
-    IF p_turns THEN
-        -- the caps' counters: this day and this week in the team's time zone
-        INSERT INTO member_load (member_id, period, starts_on, assigned)
-        SELECT u, w.period, w.starts_on, count(*)
-        FROM unnest(p_member_ids) AS u
-        CROSS JOIN (VALUES ('day', p_day), ('week', p_week)) AS w (period, starts_on)
-        WHERE u IS NOT NULL
-        GROUP BY u, w.period, w.starts_on
-        ON CONFLICT (member_id, period, starts_on)
-        DO UPDATE SET assigned = member_load.assigned + EXCLUDED.assigned;
+    IF p_turns THEN  -- a rotation's picks (an account owner's lead is no turn)
+        n := count_turns(p_member_ids, p_credit_ids, p_credit_ns, p_day, p_week);
     END IF;
     -- the assignments in pick order, and one outbox row each
     WITH assigned AS (
@@ -158,6 +176,10 @@ $$;
 -- catch-up. Time off set by `connector rep away` is read here. Leads nobody can take are
 -- recorded unassigned when p_final, else returned unwritten (they go on to the overflow
 -- team). Status 'no_team' (nothing written): the team is not in the database.
+-- A reassignment by rotation (`connector reassign --rotate`, a deactivated rep's leads, the
+-- SLA re-route) decides here too: p_exclude is the lead's current owner (skipped as
+-- 'current_owner', with no credit: a lead taken away is not owed back) and p_record false
+-- returns the pick and its credits unrecorded, for the move to record (db/reassign.sql).
 CREATE OR REPLACE FUNCTION route_team(
     p_org text, p_crm_object text, p_source text, p_team text,
     p_now timestamptz, p_day date, p_week date, p_batch bigint,
@@ -165,11 +187,11 @@ CREATE OR REPLACE FUNCTION route_team(
     p_team_per_day integer, p_team_per_week integer, p_max_in_a_row integer,
     p_lead_ids bigint[], p_crm_ids text[], p_parent_ids text[], p_rule_indexes integer[],
     p_rule_names text[], p_sla_minutes integer[], p_details jsonb, p_detail_of integer[],
-    p_final boolean,
+    p_final boolean, p_exclude bigint, p_record boolean,
     OUT status text, OUT epoch integer, OUT member_ids bigint[], OUT reason text,
     OUT seat_ids bigint[], OUT seat_users text[], OUT seat_names text[],
     OUT seat_weights integer[], OUT seat_skips text[], OUT seat_counts bigint[],
-    OUT away_by_command text[]
+    OUT away_by_command text[], OUT credit_ids bigint[], OUT credit_ns bigint[]
 )
 LANGUAGE plpgsql VOLATILE
 AS $$
@@ -221,7 +243,8 @@ BEGIN
     FROM (
         SELECT mb.id, mb.crm_user_id, mb.name, mb.weight, mb.active,
                mb.assigned_in_epoch + mb.credited_in_epoch AS turns,
-               CASE WHEN NOT mb.active THEN 'inactive'
+               CASE WHEN mb.id = p_exclude THEN 'current_owner'
+                    WHEN NOT mb.active THEN 'inactive'
                     WHEN o.starts_at <= p_now AND p_now < o.until THEN 'away'
                     ELSE p_blocked[array_position(p_users, mb.crm_user_id)] END AS why,
                coalesce(o.starts_at <= p_now AND p_now < o.until, false) AS away_cmd
@@ -293,6 +316,12 @@ BEGIN
                          SELECT unnest(away_by_command)) AS x (u))))
         INTO v_details FROM jsonb_array_elements(p_details) AS e;
     END IF;
+    IF NOT p_record THEN
+        credit_ids := r.credit_ids;
+        credit_ns := r.credit_ns;
+        status := 'picked';
+        RETURN;
+    END IF;
     v_n := record_assignments(
         p_org, p_crm_object, p_source, v_team, epoch, true, p_day, p_week,
         p_lead_ids, r.picks, p_crm_ids, p_parent_ids, p_rule_indexes, p_rule_names,
@@ -336,7 +365,8 @@ BEGIN
                             p_users, p_blocked, p_per_day, p_per_week, p_team_per_day,
                             p_team_per_week, p_max_in_a_row, ARRAY[v_lead], ARRAY[p_crm_id],
                             ARRAY[p_parent_id], ARRAY[p_rule_index], ARRAY[p_rule_name],
-                            ARRAY[p_sla_minutes], jsonb_build_array(p_detail), ARRAY[0], true);
+                            ARRAY[p_sla_minutes], jsonb_build_array(p_detail), ARRAY[0], true,
+                            NULL, true);
             IF r.status = 'no_team' THEN  -- retired while the lead waited: nothing is kept
                 DELETE FROM leads l WHERE l.id = v_lead;
                 status := 'no_team';
