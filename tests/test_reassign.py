@@ -405,6 +405,8 @@ def _worker(
         out.put("ok")
     except ReassignError as exc:
         out.put(str(exc))
+    except Exception as exc:  # the race's answer, not a 120-s wait for one that never comes
+        out.put(f"error: {type(exc).__name__}: {exc}")
     finally:
         engine.dispose()
 
