@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from connector.core.config_loading import load_configs
 from connector.shell.cli import main
 from connector.shell.demo_world import ENV, HS_OWNER_NAMES, HS_PORTAL
 from testbed.waiting import wait_until
@@ -89,6 +90,10 @@ def test_hubspot_sandbox_prints_what_a_config_needs_and_writes_one(
         "org sandbox-hs: hubspot contacts, 2 teams, 4 members (4 active), 2 rules",
         "org sandbox-hs: 4 of 4 active owners verified in the CRM",
     ]
+    # As a real portal's config does, it polls (every 60 s) for contacts whose webhooks never
+    # came; only the demo's config turns the poll off.
+    poll = load_configs(config)["sandbox-hs"].poll
+    assert poll.enabled and poll.interval_seconds == 60
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == 0
 

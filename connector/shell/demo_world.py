@@ -121,14 +121,17 @@ def hubspot_yaml(
     *,
     org: str = "demo-hs",
     written_by: str = "connector demo",
+    poll: bool = False,
 ) -> str:
     """A HubSpot portal routing contacts over the sandbox ``hs``; secrets are ${ENV} names of
-    ``ENV``."""
+    ``ENV``. Without ``poll`` the poll is off (the demo's contacts come only by webhook);
+    with it, the defaults (every 60 s), as a real portal's config has."""
     names = HS_OWNER_NAMES
     amer = "\n".join(f'      - {{crm_user_id: "{owners[i]}", name: {names[i]}}}' for i in range(2))
     intl = "\n".join(
         f'      - {{crm_user_id: "{owners[i]}", name: {names[i]}}}' for i in range(2, 4)
     )
+    poll_block = "" if poll else "poll:\n  enabled: false\n"
     return f"""\
 # Written by `{written_by}`: a HubSpot portal routing contacts.
 org: {org}
@@ -140,9 +143,7 @@ crm:
   limit_per_10s: 100
   webhook_secrets: ["${{DEMO_HS_WEBHOOK_SECRET}}"]
   portal_id: {HS_PORTAL}
-poll:
-  enabled: false
-teams:
+{poll_block}teams:
   - name: americas
     members:
 {amer}

@@ -127,7 +127,7 @@ def _seeded(sandbox: SandboxServer, org: str) -> tuple[list[str], str, list[str]
         return salesforce_info(sandbox, reps, intake), config, list(SF_SECRETS)
     assert isinstance(sandbox, HubSpotSandbox)
     owners = seed_hubspot_owners(sandbox)
-    config = hubspot_yaml(sandbox, owners, org=org, written_by=WRITTEN_BY)
+    config = hubspot_yaml(sandbox, owners, org=org, written_by=WRITTEN_BY, poll=True)
     return hubspot_info(sandbox, owners), config, list(HS_SECRETS)
 
 

@@ -207,7 +207,8 @@ def cmd_send(args: argparse.Namespace) -> int:
             what = "Outbound Message" if isinstance(cfg.crm, SalesforceCrm) else "webhook"
             plural = "" if d.records == 1 else "s"
             print(f"POST {d.shown_url} ({what}, {d.records} record{plural})")
-            print(f"HTTP {response.status_code} {response.text.strip()}")
+            # flushed: on a pipe, the refusal on stderr below must not come before it
+            print(f"HTTP {response.status_code} {response.text.strip()}", flush=True)
             ok = acknowledged(cfg, response)
             taken = taken and ok
             if not ok:
