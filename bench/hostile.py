@@ -53,7 +53,7 @@ crm:
 teams:
   - name: all
     members:
-      - {{crm_user_id: "0055g00000AbCdEAAA", name: Ada}}
+      - {{crm_user_id: "0055g00000AbCdEAAV", name: Ada}}
 rules:
   - {{team: all}}
 """

@@ -54,12 +54,13 @@ FOR UPDATE
 
 -- name: rep_candidates
 -- Members of the org's configured teams whose crm_user_id or name is :rep (names compare
--- case-insensitively); the caller decides (unknown, inactive, ambiguous).
+-- case-insensitively; :rep_key is the stored form of an id, Salesforce's 18 characters); the
+-- caller decides (unknown, inactive, ambiguous).
 SELECT m.id, m.team_id, t.name AS team, m.crm_user_id, m.name, m.active
 FROM members m JOIN teams t ON t.id = m.team_id
 WHERE t.org = :org AND t.in_config AND m.in_config
-  AND (m.crm_user_id = :rep OR lower(m.name) = lower(:rep)
-       OR (CAST(:rep_key AS text) IS NOT NULL AND salesforce_id_18(m.crm_user_id) = :rep_key))
+  AND (m.crm_user_id = :rep OR m.crm_user_id = CAST(:rep_key AS text)
+       OR lower(m.name) = lower(:rep))
 ORDER BY t.name, m.position
 
 -- name: rotate_pick

@@ -117,9 +117,9 @@ def test_every_member_has_its_key_those_a_later_config_adds_too(
     engine: Engine, applied: OrgConfig
 ) -> None:
     more = SAMPLE_YAML.replace(
-        '      - {crm_user_id: "0055g00000AbCdIAAA", name: Barbara Liskov}\n',
-        '      - {crm_user_id: "0055g00000AbCdIAAA", name: Barbara Liskov}\n'
-        '      - {crm_user_id: "0055g00000AbCdJAAA", name: Frances Allen}\n',
+        '      - {crm_user_id: "0055g00000AbCdIAAV", name: Barbara Liskov}\n',
+        '      - {crm_user_id: "0055g00000AbCdIAAV", name: Barbara Liskov}\n'
+        '      - {crm_user_id: "0055g00000AbCdJAAV", name: Frances Allen}\n',
     )
     cfg = parse_config(more, "acme.yaml", SAMPLE_ENV)
     apply_teams(engine, cfg)

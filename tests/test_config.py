@@ -46,8 +46,8 @@ def test_configuration_doc_sample_parses() -> None:
     cfg = parse_config(sample, "docs/configuration.md", SAMPLE_ENV)
     assert cfg.org == "acme" and cfg.crm.kind == "salesforce" and cfg.crm_object == "Lead"
     assert [(m.crm_user_id, m.weight, m.active) for m in cfg.team("na_ae").members] == [
-        ("0055g00000AbCdEAAA", 1, True),
-        ("0055g00000AbCdFAAA", 2, True),
+        ("0055g00000AbCdEAAV", 1, True),
+        ("0055g00000AbCdFAAV", 2, True),
     ]
     assert cfg.rules[0].when == {"Country": ["US", "CA"]}
 
@@ -214,9 +214,9 @@ def test_duplicate_team() -> None:
 
 
 def test_duplicate_member() -> None:
-    text = SAMPLE_YAML.replace("AbCdIAAA", "AbCdHAAA")
+    text = SAMPLE_YAML.replace("AbCdIAAV", "AbCdHAAV")
     assert error(text) == (
-        "acme.yaml:19: teams[1].members[2].crm_user_id: `0055g00000AbCdHAAA` is listed twice "
+        "acme.yaml:19: teams[1].members[2].crm_user_id: `0055g00000AbCdHAAV` is listed twice "
         "(also members[1]); list each rep once"
     )
 
@@ -417,7 +417,7 @@ def test_short_outbound_secret_is_refused_without_echoing_it() -> None:
 
 def test_warnings_name_settings_that_route_nothing() -> None:
     cfg = parse_config(
-        SAMPLE_YAML.replace('intake_owner_ids: ["00G5g000001QueueAAA"]\n', ""), "x.yaml", SAMPLE_ENV
+        SAMPLE_YAML.replace('intake_owner_ids: ["00G5g00000QueueEAB"]\n', ""), "x.yaml", SAMPLE_ENV
     )
     assert cfg.warnings() == [
         "intake_owner_ids: empty: every Salesforce record has an owner, so nothing will be "

@@ -33,16 +33,16 @@ crm:
   object: Lead
   organization_id: 00D5g000004ABCDEA4
   outbound_secrets: ["${SF_OM}"]
-intake_owner_ids: ["00G5g000001QueueAAA"]
+intake_owner_ids: ["00G5g00000QueueEAB"]
 teams:
   - name: na_ae
     overflow_team: row_ae
     members:
-      - {crm_user_id: "0055g00000AbCdEAAA", name: Ada Lovelace, weight: 1}
-      - {crm_user_id: "0055g00000AbCdFAAA", name: Alan Turing, weight: 2}
+      - {crm_user_id: "0055g00000AbCdEAAV", name: Ada Lovelace, weight: 1}
+      - {crm_user_id: "0055g00000AbCdFAAV", name: Alan Turing, weight: 2}
   - name: row_ae
     members:
-      - {crm_user_id: "0055g00000AbCdGAAA", name: Grace Hopper}
+      - {crm_user_id: "0055g00000AbCdGAAV", name: Grace Hopper}
 rules:
   - {team: na_ae, when: {Country: [US, CA]}, route_to: team}
   - {team: row_ae}
@@ -53,7 +53,7 @@ BAD = (
     .replace("overflow_team: row_ae", "overflow_team: row")
     .replace("name: Ada Lovelace, weight: 1", "name: Ada Lovelace, wieght: 1")
     .replace(
-        '"0055g00000AbCdFAAA", name: Alan Turing, weight: 2', "101, name: Alan Turing, weight: 0"
+        '"0055g00000AbCdFAAV", name: Alan Turing, weight: 2', "101, name: Alan Turing, weight: 0"
     )
     .replace("{team: na_ae, when", "{team: na_ea, when")
     .replace("route_to: team}", "route_to: acount_owner}")
@@ -326,9 +326,9 @@ def test_warnings_name_the_file_line_and_key(cli: Path, capsys: pytest.CaptureFi
     cfg = cli / "acme.yaml"
     cfg.write_text(
         GOOD.replace("  organization_id: 00D5g000004ABCDEA4\n", "").replace(
-            '    members:\n      - {crm_user_id: "0055g00000AbCdEAAA"',
+            '    members:\n      - {crm_user_id: "0055g00000AbCdEAAV"',
             "    catch_up: {max_in_a_row: 2}\n    members:\n"
-            '      - {crm_user_id: "0055g00000AbCdEAAA"',
+            '      - {crm_user_id: "0055g00000AbCdEAAV"',
         ),
         encoding="utf-8",
     )

@@ -27,7 +27,7 @@ from tests.helpers.faults import record_figures
 
 pytestmark = [pytest.mark.fault, pytest.mark.slow]
 
-USERS = [f"0055g00000Us{i:03d}AAA" for i in range(6)]
+USERS = [f"0055g00000Us{i:03d}AAB" for i in range(6)]
 ENV = {"ID": "id", "SECRET": "secret"}
 STEPS = {"ingest": 0, "repeat": 0, "edit": 0, "crash": 0, "leads": 0, "epochs": 0}
 

@@ -55,11 +55,11 @@ TEAMS = """
 teams:
   - name: na_ae
     members:
-      - {crm_user_id: "0055g00000AbCdEAAA", name: Ada Lovelace}
-      - {crm_user_id: "0055g00000AbCdFAAA", name: Alan Turing}
+      - {crm_user_id: "0055g00000AbCdEAAV", name: Ada Lovelace}
+      - {crm_user_id: "0055g00000AbCdFAAV", name: Alan Turing}
   - name: row_ae
     members:
-      - {crm_user_id: "0055g00000AbCdGAAA", name: Grace Hopper}
+      - {crm_user_id: "0055g00000AbCdGAAV", name: Grace Hopper}
 """
 SF_AUTH = '{method: client_credentials, client_id: "${SF_ID}", client_secret: "${SF_SECRET}"}'
 

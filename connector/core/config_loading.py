@@ -28,6 +28,7 @@ from connector.core.config_secrets import (
     secret_fields,
     written_secret_problems,
 )
+from connector.core.crm_kinds import CRM_KINDS
 from connector.core.yaml_source import Document, Found, YamlSyntaxError, read_yaml
 
 __all__ = ["ENV_REF", "ConfigProblems", "load_configs", "load_sources", "parse_config"]
@@ -77,6 +78,7 @@ def _problems(
     found += [f for f in resolved_url_problems(doc.data, resolved, secrets) if f.loc not in said]
     unread = _read_territory_files(resolved, base_dir)
     found += unread
+    _canonical_ids(resolved)
     try:
         cfg = OrgConfig.model_validate(resolved)
     except ValidationError as exc:
@@ -94,6 +96,39 @@ def _problems(
     if found:
         return None, _unique(found)
     return cfg, []
+
+
+def _canonical_ids(data: dict[Any, Any]) -> None:
+    """Write the CRM user ids the file names (members, intake owners, notified reps) in the
+    one form their CRM kind stores and compares ids in (``CrmKind.id_key``: a Salesforce id
+    becomes its 18 characters); a value that is no id of that kind stays as written, for
+    validation to judge."""
+    crm = data.get("crm")
+    name = crm.get("kind") if isinstance(crm, dict) else None
+    kind = CRM_KINDS.get(name) if isinstance(name, str) else None
+    if kind is None:
+        return
+
+    def key(value: object) -> object:
+        return kind.id_key(value) if isinstance(value, str) else value
+
+    owners = data.get("intake_owner_ids")
+    if isinstance(owners, list):
+        data["intake_owner_ids"] = [key(o) for o in owners]
+    teams = data.get("teams")
+    notifications = data.get("notifications")
+    holders = [
+        *(m for t in _dicts(teams) for m in _dicts(t.get("members"))),
+        *(_dicts(notifications.get("reps")) if isinstance(notifications, dict) else ()),
+    ]
+    for holder in holders:
+        if "crm_user_id" in holder:
+            holder["crm_user_id"] = key(holder["crm_user_id"])
+
+
+def _dicts(value: object) -> list[dict[Any, Any]]:
+    """The mappings of a list as written (anything else is validation's to report)."""
+    return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
 
 
 def _references(data: dict[Any, Any]) -> list[Found]:

@@ -16,6 +16,7 @@ from sqlalchemy import Engine, text
 import db
 from connector.core import limits
 from connector.core.config import ConfigError, OrgConfig
+from connector.core.crm_kinds import crm_kind
 from connector.core.hours import parse_local_time
 from connector.routing.rep_state import combined
 from connector.shell.availability import rep_states
@@ -43,10 +44,12 @@ def configured_reps(cfg: OrgConfig) -> list[Rep]:
 
 
 def resolve_rep(cfg: OrgConfig, who: str) -> Rep:
-    """The rep named ``who`` (its crm_user_id, else its name, case-insensitive)."""
+    """The rep named ``who`` (its crm_user_id in any form its CRM has, else its name,
+    case-insensitive)."""
     reps = configured_reps(cfg)
+    key = crm_kind(cfg.crm.kind).id_key(who.strip())
     for rep in reps:
-        if rep.crm_user_id == who:
+        if rep.crm_user_id == key:
             return rep
     named = [r for r in reps if r.name.casefold() == who.strip().casefold()]
     if len(named) == 1:

@@ -11,17 +11,17 @@ crm:
   auth: {method: client_credentials, client_id: "${ACME_SF_ID}", client_secret: "${ACME_SF_SECRET}"}
   object: Lead
   outbound_secrets: ["${ACME_OM_SECRET}"]
-intake_owner_ids: ["00G5g000001QueueAAA"]
+intake_owner_ids: ["00G5g00000QueueEAB"]
 teams:
   - name: na_ae
     members:
-      - {crm_user_id: "0055g00000AbCdEAAA", name: Ada Lovelace, weight: 1}
-      - {crm_user_id: "0055g00000AbCdFAAA", name: Alan Turing, weight: 2, active: true}
+      - {crm_user_id: "0055g00000AbCdEAAV", name: Ada Lovelace, weight: 1}
+      - {crm_user_id: "0055g00000AbCdFAAV", name: Alan Turing, weight: 2, active: true}
   - name: row_ae
     members:
-      - {crm_user_id: "0055g00000AbCdGAAA", name: Grace Hopper}
-      - {crm_user_id: "0055g00000AbCdHAAA", name: Edsger Dijkstra}
-      - {crm_user_id: "0055g00000AbCdIAAA", name: Barbara Liskov}
+      - {crm_user_id: "0055g00000AbCdGAAV", name: Grace Hopper}
+      - {crm_user_id: "0055g00000AbCdHAAV", name: Edsger Dijkstra}
+      - {crm_user_id: "0055g00000AbCdIAAV", name: Barbara Liskov}
 rules:
   - {team: na_ae, when: {Country: [US, CA]}}
   - {team: row_ae}
