@@ -377,6 +377,28 @@ def test_what_the_files_no_longer_define_is_dropped(
         )
 
 
+PERCENT = db.Functions(
+    "zz_percent",
+    """
+    CREATE OR REPLACE FUNCTION zz_percent(a integer) RETURNS text LANGUAGE plpgsql AS $$
+    BEGIN
+        RAISE NOTICE 'zz_percent %', a;
+        RETURN format('%s%%', a) || CASE WHEN 'x%' LIKE 'x%' THEN ' like' END;
+    END $$;
+    """,
+)
+
+
+def test_a_server_code_file_runs_as_written_percent_signs_and_all(
+    blank: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    files = db.functions()
+    monkeypatch.setattr(db, "functions", lambda: [*files, PERCENT])
+    migrate(blank)
+    with blank.connect() as conn:
+        assert conn.execute(text("SELECT zz_percent(7)")).scalar() == "7% like"
+
+
 def test_an_extensions_functions_are_left_alone(blank: Engine) -> None:
     assert migrate(blank) == ALL
     with blank.begin() as conn:

@@ -447,6 +447,14 @@ def _check_version(conn: Connection, lock_timeout_s: float) -> bool:
     return True
 
 
+def run_script(conn: Connection, sql: str) -> None:
+    """Run a file of SQL statements as written. The driver reads ``%`` as the start of a
+    placeholder in every statement sent through it, so each is doubled: ``format('%s', x)``
+    or ``RAISE NOTICE '%'`` reach the server unchanged (sent as they are, the first became
+    ``format('$1', x)`` and the second was refused)."""
+    conn.exec_driver_sql(sql.replace("%", "%%"))
+
+
 def _apply(conn: Connection, migration: db.Migration, lock_timeout_s: float) -> bool:
     """Apply one migration in a transaction of its own, unless it is applied already;
     whether it was applied now."""
@@ -456,7 +464,7 @@ def _apply(conn: Connection, migration: db.Migration, lock_timeout_s: float) -> 
         done = {row[0] for row in conn.execute(text(q["applied"]))}
         if migration.version in done:
             return False
-        conn.exec_driver_sql(migration.sql)
+        run_script(conn, migration.sql)
         conn.execute(text(q["record"]), {"version": migration.version, "name": migration.name})
     log.info("applied migration %04d_%s", migration.version, migration.name)
     return True
@@ -487,7 +495,7 @@ def apply_functions(conn: Connection, lock_timeout_s: float) -> bool:
     with conn.begin():
         _begin(conn, lock_timeout_s)
         for f in files:
-            conn.exec_driver_sql(f.sql)
+            run_script(conn, f.sql)
         for statement in conn.execute(text(q["obsolete_server_code"])).scalars().all():
             log.info("dropping %s: db/functions/ no longer defines it", statement[5:])
             conn.exec_driver_sql(statement)
