@@ -46,7 +46,10 @@ org: bench-sf
 crm:
   kind: salesforce
   instance_url: http://127.0.0.1:9
-  auth: {{method: client_credentials, client_id: "x", client_secret: "${{BENCH_SF_SECRET}}"}}
+  auth:
+    method: client_credentials
+    client_id: "${{BENCH_SF_ID}}"
+    client_secret: "${{BENCH_SF_SECRET}}"
   object: Lead
   organization_id: {SF_ORG_ID}
   outbound_secrets: ["${{BENCH_SF_OUTBOUND}}"]
@@ -114,6 +117,19 @@ def hostile_sender(url: str, connections: int) -> None:
         time.sleep(3600)
 
 
+def refused_bodies(admin_url: str) -> int:
+    """Outbound Messages the receiver has answered 403 so far (its /metrics): the hostile
+    sender's bodies, each refused after its full parse."""
+    text = httpx.get(f"{admin_url}/metrics", timeout=10).text
+    return sum(
+        int(float(line.rsplit(" ", 1)[1]))
+        for line in text.splitlines()
+        if line.startswith("connector_webhook_requests_total{")
+        and 'endpoint="salesforce"' in line
+        and 'code="403"' in line
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rate", type=float, default=50.0, help="the other senders' req/s")
@@ -134,6 +150,7 @@ def main() -> None:
         "DATABASE_URL": db_url,
         "BENCH_HS_TOKEN": TOKEN,
         "BENCH_HS_SECRET": SECRET,
+        "BENCH_SF_ID": "x",
         "BENCH_SF_SECRET": "x",
         "BENCH_SF_OUTBOUND": SF_SECRET,
         "CONNECTOR_LOG_LEVEL": "ERROR",
@@ -208,7 +225,9 @@ def main() -> None:
             )
             try:
                 time.sleep(2.0)  # let the hostile sender reach its pace
+                before = refused_bodies(f"http://127.0.0.1:{admin}")
                 attacked = step(hooks, ids[offset : offset + per_phase], args.rate)
+                attacked["hostile_bodies"] = refused_bodies(f"http://127.0.0.1:{admin}") - before
                 offset += per_phase
             finally:
                 sender.terminate()
@@ -227,13 +246,16 @@ def main() -> None:
 
     def figures(res: dict[str, Any]) -> dict[str, Any]:
         lat = res["ack_ms"]
-        return {
+        out = {
             "requests": len(lat),
             "errors": len(res["errors"]),
             "ack_p50_ms": round(pct(lat, 50), 2),
             "ack_p90_ms": round(pct(lat, 90), 2),
             "ack_p99_ms": round(pct(lat, 99), 2),
         }
+        if "hostile_bodies" in res:  # parsed and refused while the phase ran
+            out["hostile_bodies"] = res["hostile_bodies"]
+        return out
 
     result = {
         "benchmark": "hostile",
