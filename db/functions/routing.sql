@@ -334,7 +334,7 @@ $$;
 -- route_new_lead: one new lead of a rotation rule in ONE call: stored under its unique key, then decided and
 -- recorded by route_team (the team locked for this call plus the commit). A repeat gets its
 -- stored outcome (status 'duplicate'), even when its team left the database; 'no_team' when
--- the team is not in the database (nothing written).
+-- the team is not in the database (nothing kept).
 CREATE OR REPLACE FUNCTION route_new_lead(
     p_org text, p_crm_object text, p_source text, p_crm_id text, p_fields jsonb,
     p_parent_id text, p_team text, p_rule_index integer, p_rule_name text,
@@ -354,34 +354,34 @@ DECLARE
     r      record;
 BEGIN
     team := p_team;
-    IF EXISTS (SELECT FROM teams t WHERE t.org = p_org AND t.name = p_team AND t.in_config) THEN
-        INSERT INTO leads (org, crm_object, crm_id, fields, parent_id, source)
-        VALUES (p_org, p_crm_object, p_crm_id, p_fields, p_parent_id, p_source)
-        ON CONFLICT (org, crm_object, crm_id) WHERE merged_into IS NULL DO NOTHING
-        RETURNING id INTO v_lead;
-        IF v_lead IS NOT NULL THEN
-            lead_id := v_lead;
-            r := route_team(p_org, p_crm_object, p_source, p_team, p_now, p_day, p_week, v_lead,
-                            p_users, p_blocked, p_per_day, p_per_week, p_team_per_day,
-                            p_team_per_week, p_max_in_a_row, ARRAY[v_lead], ARRAY[p_crm_id],
-                            ARRAY[p_parent_id], ARRAY[p_rule_index], ARRAY[p_rule_name],
-                            ARRAY[p_sla_minutes], jsonb_build_array(p_detail), ARRAY[0], true,
-                            NULL, true);
-            IF r.status = 'no_team' THEN  -- retired while the lead waited: nothing is kept
-                DELETE FROM leads l WHERE l.id = v_lead;
-                status := 'no_team';
-                lead_id := NULL;
-                RETURN;
-            END IF;
-            status := 'routed';
-            reason := r.reason;
-            member_ids := r.member_ids;
-            seat_ids := r.seat_ids;
-            seat_users := r.seat_users;
-            seat_names := r.seat_names;
-            seat_skips := r.seat_skips;
+    -- the team's presence is route_team's check (under its lock): a new lead of a team
+    -- not in the database is removed again in this call, and the statement keeps nothing
+    INSERT INTO leads (org, crm_object, crm_id, fields, parent_id, source)
+    VALUES (p_org, p_crm_object, p_crm_id, p_fields, p_parent_id, p_source)
+    ON CONFLICT (org, crm_object, crm_id) WHERE merged_into IS NULL DO NOTHING
+    RETURNING id INTO v_lead;
+    IF v_lead IS NOT NULL THEN
+        lead_id := v_lead;
+        r := route_team(p_org, p_crm_object, p_source, p_team, p_now, p_day, p_week, v_lead,
+                        p_users, p_blocked, p_per_day, p_per_week, p_team_per_day,
+                        p_team_per_week, p_max_in_a_row, ARRAY[v_lead], ARRAY[p_crm_id],
+                        ARRAY[p_parent_id], ARRAY[p_rule_index], ARRAY[p_rule_name],
+                        ARRAY[p_sla_minutes], jsonb_build_array(p_detail), ARRAY[0], true,
+                        NULL, true);
+        IF r.status = 'no_team' THEN  -- not in the database (or retired while it waited)
+            DELETE FROM leads l WHERE l.id = v_lead;
+            status := 'no_team';
+            lead_id := NULL;
             RETURN;
         END IF;
+        status := 'routed';
+        reason := r.reason;
+        member_ids := r.member_ids;
+        seat_ids := r.seat_ids;
+        seat_users := r.seat_users;
+        seat_names := r.seat_names;
+        seat_skips := r.seat_skips;
+        RETURN;
     END IF;
     SELECT l.id, a.crm_user_id, t.name, mm.name,
            CASE WHEN a.crm_user_id IS NULL THEN l.unassigned_reason END
