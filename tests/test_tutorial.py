@@ -51,6 +51,7 @@ import pytest
 
 from connector.shell.store import make_embedded_tempdir
 from testbed.waiting import wait_until
+from tests.helpers import curl
 from tests.helpers.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -293,6 +294,8 @@ def session(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Session]
     # This checkout's code, whichever installation's `connector` script runs it.
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env["PATH"] = os.pathsep.join(filter(None, [env.get("PATH"), str(Path(sys.executable).parent)]))
+    if curl.install_if_missing(tmp_path / "bin"):  # a machine with only Python
+        env["PATH"] = os.pathsep.join([str(tmp_path / "bin"), env["PATH"]])
     # world-readable: the embedded server as root
     s = Session(env, ROOT, tmp_path, make_embedded_tempdir("tutorial-"))
     try:

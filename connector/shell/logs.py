@@ -16,9 +16,9 @@ FORMATS = ("text", "json")
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
 _MARK = "_connector_handler"  # set on the handler configure_logging installs
 CHATTY = ("apscheduler.executors",)
-"""Loggers that write a line per routine event at INFO (APScheduler: two per job run, so a
-1-second poll wrote 7,200 lines an hour). Below ``--log-level debug`` they log warnings
-and errors only (a job that raised, a run missed)."""
+"""Loggers that write a line per routine event at INFO (APScheduler: two per job run, 7,200
+lines an hour at a 1-second poll). Below ``--log-level debug`` they log warnings and errors
+only (a job that raised, a run missed)."""
 
 # The attributes every LogRecord has; anything else on a record came from ``extra=``.
 _STANDARD = frozenset(

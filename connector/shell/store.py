@@ -449,9 +449,9 @@ def _check_version(conn: Connection, lock_timeout_s: float) -> bool:
 
 def run_script(conn: Connection, sql: str) -> None:
     """Run a file of SQL statements as written. The driver reads ``%`` as the start of a
-    placeholder in every statement sent through it, so each is doubled: ``format('%s', x)``
-    or ``RAISE NOTICE '%'`` reach the server unchanged (sent as they are, the first became
-    ``format('$1', x)`` and the second was refused)."""
+    placeholder in every statement sent through it (``format('%s', x)`` would reach the
+    server as ``format('$1', x)``, and ``RAISE NOTICE '%'`` would be refused), so each is
+    doubled."""
     conn.exec_driver_sql(sql.replace("%", "%%"))
 
 
