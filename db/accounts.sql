@@ -62,8 +62,9 @@ SELECT record_assignments(
     CAST(:org AS text), CAST(:crm_object AS text), CAST(:source AS text),
     CAST(:team_id AS bigint), CAST(:epoch AS integer), false, CAST(NULL AS date),
     CAST(NULL AS date), CAST(:lead_ids AS bigint[]), CAST(:member_ids AS bigint[]),
-    CAST(:crm_ids AS text[]), CAST(:parent_ids AS text[]), CAST(:rule_indexes AS integer[]),
-    CAST(:rule_names AS text[]), CAST(NULL AS integer[]), CAST(:decisions AS jsonb),
+    CAST(:owner_ids AS text[]), CAST(:crm_ids AS text[]), CAST(:parent_ids AS text[]),
+    CAST(:rule_indexes AS integer[]), CAST(:rule_names AS text[]), CAST(NULL AS integer[]),
+    CAST(:decisions AS jsonb),
     CAST(NULL AS bigint[]), CAST(NULL AS bigint[]), CAST(NULL AS bigint), CAST(NULL AS jsonb),
     CAST(NULL AS integer[]), CAST(NULL AS bigint[]), CAST(NULL AS integer[]),
     CAST(NULL AS text[]), CAST(NULL AS bigint[]), CAST(NULL AS text))

@@ -86,6 +86,7 @@ NAIVE_RECORD = """
 SELECT record_assignments(
     %(org)s, 'Lead', 'api', %(team_id)s, %(epoch)s, true, CAST(%(day)s AS date),
     CAST(%(day)s AS date), ARRAY[%(lead_id)s]::bigint[], ARRAY[%(member_id)s]::bigint[],
+    ARRAY[(SELECT crm_user_id FROM members WHERE id = %(member_id)s)],
     ARRAY[%(crm_id)s]::text[], ARRAY[NULL]::text[], ARRAY[0], ARRAY['rule 0: default'],
     ARRAY[NULL]::integer[], NULL, '{}', '{}', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)
 """

@@ -335,7 +335,8 @@ def test_a_batchs_decisions_keep_each_picks_seats_in_columns(engine: Engine) -> 
 RECORD = text(
     "SELECT record_assignments(CAST(:org AS text), 'Lead', 'api', CAST(:team_id AS bigint), "
     "CAST(:epoch AS integer), true, CAST(:day AS date), CAST(:day AS date), "
-    "CAST(:lead_ids AS bigint[]), CAST(:member_ids AS bigint[]), CAST(:crm_ids AS text[]), "
+    "CAST(:lead_ids AS bigint[]), CAST(:member_ids AS bigint[]), CAST(:owner_ids AS text[]), "
+    "CAST(:crm_ids AS text[]), "
     "CAST(:parent_ids AS text[]), CAST(:rule_indexes AS integer[]), "
     "CAST(:rule_names AS text[]), CAST(:slas AS integer[]), NULL, "
     "CAST(:credit_ids AS bigint[]), CAST(:credit_ns AS bigint[]), CAST(:batch AS bigint), "
@@ -372,6 +373,7 @@ def test_record_assignments_records_each_pick_with_its_seats(engine: Engine) -> 
                 "day": date(2026, 12, 7),
                 "lead_ids": [r.id for r in leads],
                 "member_ids": [b, a, a, None],
+                "owner_ids": ["005B", "005A", "005A", None],
                 "crm_ids": ["L1", "L2", "L3", "L4"],
                 "parent_ids": [None] * 4,
                 "rule_indexes": [1] * 4,

@@ -176,6 +176,7 @@ def record_matched(conn: Connection, cfg: OrgConfig, source: str, rows: Sequence
                 "epoch": group[0].seat.epoch,
                 "lead_ids": [m.candidate.lead_id for m in group],
                 "member_ids": [m.seat.member_id for m in group],
+                "owner_ids": [m.seat.crm_user_id for m in group],
                 "crm_ids": [m.candidate.crm_id for m in group],
                 "parent_ids": [m.candidate.parent_id for m in group],
                 "rule_indexes": [m.candidate.rule_index for m in group],

@@ -35,6 +35,7 @@ DECLARE
     total  bigint := 0;
     slot   bigint := 0;
     able   integer := 0;
+    credited boolean := false;
     excl   integer;
     best   integer;
     dl     bigint;
@@ -54,13 +55,15 @@ BEGIN
     FOR i IN 1..k LOOP
         total := total + weights[i];
         slot := slot + t[i];
-        IF why[i] IS NULL AND lft[i] = 0 THEN
+        IF why[i] IS NOT NULL THEN
+            -- passed over with a credit: capped, off shift, and away unless the team
+            -- catches up
+            cred[i] := why[i] IN ('capped', 'off_shift')
+                       OR (why[i] = 'away' AND max_in_a_row IS NULL);
+        ELSIF lft[i] = 0 THEN
             why[i] := 'capped';
-        END IF;
-        -- passed over with a credit: capped, off shift, and away unless the team catches up
-        cred[i] := coalesce(why[i] IN ('capped', 'off_shift')
-                            OR (why[i] = 'away' AND max_in_a_row IS NULL), false);
-        IF why[i] IS NULL THEN
+            cred[i] := true;
+        ELSE
             able := able + 1;
         END IF;
     END LOOP;
@@ -86,12 +89,13 @@ BEGIN
         LOOP
             best := NULL;
             FOR i IN 1..k LOOP
-                CONTINUE WHEN i = excl OR NOT (why[i] IS NULL OR cred[i])
-                              OR t[i] * total / weights[i] > slot;
-                dl := ((t[i] + 1) * total + weights[i] - 1) / weights[i];
-                IF best IS NULL OR dl < best_dl THEN
+                -- released (its next turn is due) and earlier than the best so far
+                IF (why[i] IS NULL OR cred[i]) AND i IS DISTINCT FROM excl
+                   AND t[i] * total / weights[i] <= slot
+                   AND (best IS NULL
+                        OR ((t[i] + 1) * total + weights[i] - 1) / weights[i] < best_dl) THEN
                     best := i;
-                    best_dl := dl;
+                    best_dl := ((t[i] + 1) * total + weights[i] - 1) / weights[i];
                 END IF;
             END LOOP;
             IF best IS NOT NULL THEN
@@ -99,6 +103,7 @@ BEGIN
                     t[best] := t[best] + 1;
                     gave[best] := gave[best] + 1;
                     slot := slot + 1;
+                    credited := true;
                     CONTINUE;
                 END IF;
             ELSE  -- the away reps' share is not consumed: serve the earliest deadline
@@ -129,11 +134,13 @@ BEGIN
         END IF;
         picks := picks || ids[best];
     END LOOP;
-    FOR i IN 1..k LOOP
-        IF gave[i] > 0 THEN
-            credit_ids := credit_ids || ids[i];
-            credit_ns := credit_ns || gave[i];
-        END IF;
-    END LOOP;
+    IF credited THEN
+        FOR i IN 1..k LOOP
+            IF gave[i] > 0 THEN
+                credit_ids := credit_ids || ids[i];
+                credit_ns := credit_ns || gave[i];
+            END IF;
+        END LOOP;
+    END IF;
 END
 $$;

@@ -6,16 +6,17 @@
 
 -- Their results are single rows (OUT parameters), which a caller assigns as an expression
 -- (`r := route_team(...)`), without a query's set-up. CREATE OR REPLACE cannot change a
--- function's result type, so a database whose functions have the earlier result types (a
--- set of rows; record_assignments: void) gets them dropped first. Only then: a drop gives
+-- function's result type, and a changed list of parameters makes a second function beside
+-- the first, so a database whose functions have earlier result types (a set of rows;
+-- record_assignments: void) or parameters gets them dropped first. Only then: a drop gives
 -- the function a new identity, and a session still holding a plan of the old one would fail
 -- ("cache lookup failed") while other processes route.
 DO $$
 BEGIN
+    -- record_assignments without p_owner_ids (its result void, or integer)
     IF EXISTS (SELECT FROM pg_proc p
                WHERE p.pronamespace = CAST(current_schema() AS regnamespace)
-                 AND p.proname = 'record_assignments'
-                 AND p.prorettype = CAST('void' AS regtype)) THEN
+                 AND p.proname = 'record_assignments' AND p.pronargs = 26) THEN
         DROP FUNCTION record_assignments(text, text, text, bigint, integer, boolean, date,
             date, bigint[], bigint[], text[], text[], integer[], text[], integer[], jsonb,
             bigint[], bigint[], bigint, jsonb, integer[], bigint[], integer[], text[],
@@ -42,7 +43,9 @@ $$;
 -- added to the members' counts in the epoch, and the picks to their caps' counters (this
 -- day and this week in the team's time zone). Every path that gives a rep a turn counts it
 -- here: record_assignments (a new lead's pick) and a reassignment (db/reassign.sql
--- count_turns). p_picks may hold NULLs (leads nobody took). Returns the number of picks.
+-- count_turns). p_picks may hold NULLs (leads nobody took) and a member more than once;
+-- p_credit_ids holds a member at most once. Returns the number of caps' counters written
+-- (two a picked member: its day and its week).
 CREATE OR REPLACE FUNCTION count_turns(
     p_picks bigint[], p_credit_ids bigint[], p_credit_ns bigint[], p_day date, p_week date
 )
@@ -52,23 +55,24 @@ AS $$
 DECLARE
     n integer;
 BEGIN
-    -- one UPDATE per member row: a member may be picked and credited in the same batch
-    UPDATE members m
-    SET assigned_in_epoch = m.assigned_in_epoch + x.n,
-        credited_in_epoch = m.credited_in_epoch + x.c
-    FROM (SELECT y.id, sum(y.n) AS n, sum(y.c) AS c
-          FROM (SELECT u AS id, 1 AS n, 0 AS c FROM unnest(p_picks) AS u
-                WHERE u IS NOT NULL
-                UNION ALL
-                SELECT c.id, 0, c.n FROM unnest(p_credit_ids, p_credit_ns) AS c (id, n)) y
-          GROUP BY y.id) x
-    WHERE m.id = x.id;
+    -- One statement, and no join, grouping or sort to set up: a member's picks are counted
+    -- in the array (array_positions), its credits looked up by position (p_credit_ids holds
+    -- each member once), and the rows reached through the primary key. The caps' counters
+    -- take the picked members' rows the UPDATE returns.
+    WITH bump AS (
+        UPDATE members m
+        SET assigned_in_epoch = m.assigned_in_epoch
+                                + cardinality(array_positions(p_picks, m.id)),
+            credited_in_epoch = m.credited_in_epoch
+                                + coalesce(p_credit_ns[array_position(p_credit_ids, m.id)], 0)
+        WHERE m.id = ANY (p_picks || p_credit_ids)
+        RETURNING m.id, cardinality(array_positions(p_picks, m.id)) AS n
+    )
     INSERT INTO member_load (member_id, period, starts_on, assigned)
-    SELECT u, w.period, w.starts_on, count(*)
-    FROM unnest(p_picks) AS u
+    SELECT b.id, w.period, w.starts_on, b.n
+    FROM bump b
     CROSS JOIN (VALUES ('day', p_day), ('week', p_week)) AS w (period, starts_on)
-    WHERE u IS NOT NULL
-    GROUP BY u, w.period, w.starts_on
+    WHERE b.n > 0
     ON CONFLICT (member_id, period, starts_on)
     DO UPDATE SET assigned = member_load.assigned + EXCLUDED.assigned;
     GET DIAGNOSTICS n = ROW_COUNT;
@@ -79,8 +83,8 @@ $$;
 -- THE RECORDER: every assignment is inserted here, with what goes with it in the same
 -- call: the members' rotation counts and credits and the caps' counters (count_turns, when
 -- p_turns: a rotation's picks; an account owner's lead is no turn), one outbox row per
--- assignment, and
--- the leads' decisions. Leads in pick order; a lead whose member is NULL was placed by nobody:
+-- assignment, and the leads' decisions. Leads in pick order, each with its member and that
+-- member's CRM user id (p_owner_ids); a lead whose member is NULL was placed by nobody:
 -- with p_reason it is recorded unassigned (its reason and decision), else nothing is written
 -- for it. Assignment ids follow the picks' order, so ordering a team's assignments by id
 -- replays its rotation (`connector simulate`). The decisions: p_details is one JSON array of
@@ -93,9 +97,10 @@ $$;
 CREATE OR REPLACE FUNCTION record_assignments(
     p_org text, p_crm_object text, p_source text, p_team_id bigint, p_epoch integer,
     p_turns boolean, p_day date, p_week date,
-    p_lead_ids bigint[], p_member_ids bigint[], p_crm_ids text[], p_parent_ids text[],
-    p_rule_indexes integer[], p_rule_names text[], p_sla_minutes integer[],
-    p_account_matches jsonb, p_credit_ids bigint[], p_credit_ns bigint[],
+    p_lead_ids bigint[], p_member_ids bigint[], p_owner_ids text[], p_crm_ids text[],
+    p_parent_ids text[], p_rule_indexes integer[], p_rule_names text[],
+    p_sla_minutes integer[], p_account_matches jsonb, p_credit_ids bigint[],
+    p_credit_ns bigint[],
     p_batch bigint, p_details jsonb, p_detail_of integer[],
     p_seat_ids bigint[], p_seat_weights integer[], p_seat_skips text[], p_seat_counts bigint[],
     p_reason text
@@ -112,26 +117,30 @@ BEGIN
     IF p_turns THEN  -- a rotation's picks (an account owner's lead is no turn)
         n := count_turns(p_member_ids, p_credit_ids, p_credit_ns, p_day, p_week);
     END IF;
-    -- the assignments in pick order, and one outbox row each
-    WITH assigned AS (
-        INSERT INTO assignments (lead_id, org, team_id, member_id, crm_user_id, epoch,
+    -- The assignments in pick order and one outbox row each, in one statement that sets up
+    -- no join or sort: each lead's assignment id is drawn in pick order (the order of the
+    -- arrays, WITH ORDINALITY) before both inserts read it.
+    WITH p AS (
+        SELECT p.*, nextval('assignments_id_seq') AS assignment_id
+        FROM unnest(p_lead_ids, p_member_ids, p_owner_ids, p_rule_indexes, p_rule_names,
+                    p_sla_minutes, p_crm_ids, p_parent_ids)
+             WITH ORDINALITY AS p (lead_id, member_id, owner_id, rule_index, rule_name,
+                                   sla_minutes, crm_id, parent_id, ord)
+        WHERE p.member_id IS NOT NULL
+    ), assigned AS (
+        INSERT INTO assignments (id, lead_id, org, team_id, member_id, crm_user_id, epoch,
                                  rule_index, rule_name, source, sla_due_at, account_match)
-        SELECT p.lead_id, p_org, p_team_id, p.member_id, m.crm_user_id, p_epoch,
+        SELECT p.assignment_id, p.lead_id, p_org, p_team_id, p.member_id, p.owner_id, p_epoch,
                p.rule_index, p.rule_name, p_source,
                now() + make_interval(mins => p.sla_minutes),
                p_account_matches -> CAST(p.ord - 1 AS integer)
-        FROM unnest(p_lead_ids, p_member_ids, p_rule_indexes, p_rule_names, p_sla_minutes)
-             WITH ORDINALITY AS p (lead_id, member_id, rule_index, rule_name, sla_minutes, ord)
-        JOIN members m ON m.id = p.member_id
-        ORDER BY p.ord
-        RETURNING id, lead_id, crm_user_id
+        FROM p
     )
     INSERT INTO outbox (org, lead_id, assignment_id, crm_object, crm_id, owner_id, parent_id,
                         lead_received_at)
-    SELECT p_org, a.lead_id, a.id, p_crm_object, p.crm_id, a.crm_user_id, p.parent_id, now()
-    FROM assigned a
-    JOIN unnest(p_lead_ids, p_crm_ids, p_parent_ids) AS p (lead_id, crm_id, parent_id)
-      ON p.lead_id = a.lead_id;
+    SELECT p_org, p.lead_id, p.assignment_id, p_crm_object, p.crm_id, p.owner_id, p.parent_id,
+           now()
+    FROM p;
     GET DIAGNOSTICS n = ROW_COUNT;
     IF p_reason IS NOT NULL AND n < cardinality(p_lead_ids) THEN
         UPDATE leads l SET unassigned_reason = p_reason
@@ -208,6 +217,7 @@ DECLARE
     v_first  integer;
     v_skips  text[];
     v_details jsonb := p_details;
+    v_owners text[];
 BEGIN
     SELECT t.id, t.epoch INTO v_team, epoch
     FROM teams t WHERE t.org = p_org AND t.name = p_team AND t.in_config FOR UPDATE;
@@ -322,9 +332,14 @@ BEGIN
         status := 'picked';
         RETURN;
     END IF;
+    -- each pick's CRM user id, for its assignment and outbox row
+    v_owners := '{}';
+    FOREACH v_member IN ARRAY r.picks LOOP
+        v_owners := v_owners || seat_users[array_position(seat_ids, v_member)];
+    END LOOP;
     v_n := record_assignments(
         p_org, p_crm_object, p_source, v_team, epoch, true, p_day, p_week,
-        p_lead_ids, r.picks, p_crm_ids, p_parent_ids, p_rule_indexes, p_rule_names,
+        p_lead_ids, r.picks, v_owners, p_crm_ids, p_parent_ids, p_rule_indexes, p_rule_names,
         p_sla_minutes, NULL, r.credit_ids, r.credit_ns, p_batch, v_details, p_detail_of,
         seat_ids, seat_weights, r.skips, r.counts, CASE WHEN p_final THEN reason END);
     status := 'routed';
