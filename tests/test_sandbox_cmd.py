@@ -98,6 +98,31 @@ def test_hubspot_sandbox_prints_what_a_config_needs_and_writes_one(
     assert proc.wait(timeout=30) == 0
 
 
+def test_ctrl_c_stops_it_even_when_started_with_ctrl_c_ignored(tmp_path: Path) -> None:
+    """A shell's `&` without job control starts its command with SIGINT ignored, and a Python
+    program then gets no KeyboardInterrupt: the sandbox handles SIGINT itself, so Ctrl-C
+    (SIGINT to its process group) still stops it, cleanly."""
+    port = free_port()
+    log = tmp_path / "sandbox.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "connector", "sandbox", "salesforce", "--port", str(port)],
+            cwd=tmp_path,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+        )
+    try:
+        wait_until(lambda: "Ctrl-C stops it" in log.read_text(), 60, "the sandbox")
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(timeout=30) == 0, log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def test_write_config_into_a_missing_folder_is_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -98,13 +98,16 @@ def write_config(path: Path, text: str) -> None:
 
 
 def _wait_for_stop() -> None:
-    """Until Ctrl-C (KeyboardInterrupt) or SIGTERM."""
+    """Until Ctrl-C (SIGINT) or SIGTERM. Both get a handler of their own: a process started
+    with SIGINT ignored (by a shell's `&` without job control, say) inherits that, and
+    Python then raises no KeyboardInterrupt on Ctrl-C."""
     stop = threading.Event()
 
-    def on_term(signum: int, frame: FrameType | None) -> None:
+    def on_signal(signum: int, frame: FrameType | None) -> None:
         stop.set()
 
-    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
     while not stop.wait(1.0):
         pass
 
