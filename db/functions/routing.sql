@@ -210,7 +210,10 @@ DECLARE
     v_recent bigint[] := '{}';
     v_member bigint;
     v_room   integer[];
-    s        record;
+    v_turns  bigint[];
+    v_why    text[];
+    v_active integer;
+    v_away   text[];
     r        record;
     v_n      integer := coalesce(cardinality(p_lead_ids), 0);
     v_k      integer;
@@ -244,12 +247,12 @@ BEGIN
     -- the aggregates take the rows in the order the subquery sorts them (plain aggregates
     -- over a sorted subquery with nothing else at their level; one sort, where an ORDER BY
     -- in each aggregate sorts once per aggregate).
-    SELECT array_agg(y.id) AS ids, array_agg(y.crm_user_id) AS users,
-           array_agg(y.name) AS names, array_agg(y.weight) AS weights,
-           array_agg(y.turns) AS turns, array_agg(y.why) AS why,
-           CAST(count(*) FILTER (WHERE y.active) AS integer) AS active,
-           array_agg(y.crm_user_id) FILTER (WHERE y.away_cmd) AS away_cmd
-    INTO s
+    SELECT coalesce(array_agg(y.id), '{}'), coalesce(array_agg(y.crm_user_id), '{}'),
+           coalesce(array_agg(y.name), '{}'), coalesce(array_agg(y.weight), '{}'),
+           array_agg(y.turns), array_agg(y.why),
+           CAST(count(*) FILTER (WHERE y.active) AS integer),
+           array_agg(y.crm_user_id) FILTER (WHERE y.away_cmd)
+    INTO seat_ids, seat_users, seat_names, seat_weights, v_turns, v_why, v_active, v_away
     FROM (
         SELECT mb.id, mb.crm_user_id, mb.name, mb.weight, mb.active,
                mb.assigned_in_epoch + mb.credited_in_epoch AS turns,
@@ -264,10 +267,6 @@ BEGIN
         ORDER BY NOT mb.active, CASE WHEN mb.active THEN mb.weight END DESC, mb.position,
                  mb.id
     ) y;
-    seat_ids := coalesce(s.ids, '{}');
-    seat_users := coalesce(s.users, '{}');
-    seat_names := coalesce(s.names, '{}');
-    seat_weights := coalesce(s.weights, '{}');
     v_k := cardinality(seat_ids);
     IF p_team_per_day IS NOT NULL OR p_team_per_week IS NOT NULL
        OR cardinality(array_remove(p_per_day || p_per_week, NULL)) > 0 THEN
@@ -298,11 +297,11 @@ BEGIN
     END IF;
     -- reps away by `connector rep away` now, sorted by code point (as Python sorts)
     away_by_command := '{}';
-    IF s.away_cmd IS NOT NULL THEN
+    IF v_away IS NOT NULL THEN
         SELECT array_agg(u ORDER BY u COLLATE "C") INTO away_by_command
-        FROM unnest(s.away_cmd) AS u;
+        FROM unnest(v_away) AS u;
     END IF;
-    r := rotation_picks(seat_ids, seat_weights, s.turns, s.why, v_room, s.active,
+    r := rotation_picks(seat_ids, seat_weights, v_turns, v_why, v_room, v_active,
                         p_max_in_a_row, v_recent, v_n);
     member_ids := r.picks;
     seat_skips := r.skips;
@@ -312,8 +311,8 @@ BEGIN
         -- nobody can take this lead, nor (caps only fill) any after it
         v_skips := r.skips[(v_first - 1) * v_k + 1:v_first * v_k];
         reason := CASE
-            WHEN s.active = 0 OR s.active IS NULL THEN 'no_active_member'
-            WHEN 'capped' = ANY (v_skips[1:s.active]) THEN 'all_capped'
+            WHEN v_active = 0 THEN 'no_active_member'
+            WHEN 'capped' = ANY (v_skips[1:v_active]) THEN 'all_capped'
             ELSE 'none_available' END;
     END IF;
     IF cardinality(away_by_command) > 0 THEN
