@@ -30,7 +30,9 @@ import db
 from connector.core.config import OrgConfig
 from connector.core.config_loading import parse_config
 from connector.routing.assign import Lead, Router
-from connector.routing.simulate import load_history, report, simulate
+from connector.routing.replay_read import load_history
+from connector.routing.replay_report import report
+from connector.routing.simulate import simulate
 from connector.routing.teams import apply_teams
 from connector.shell.store import make_engine
 from testbed.pg import DatabaseFactory, server_url

@@ -22,19 +22,11 @@ from connector.core.config_loading import parse_config
 from connector.intake.accounts_sync import account_rows, store_accounts
 from connector.routing.assign import Lead, Router
 from connector.routing.availability import Candidate
+from connector.routing.replay_history import History, HistoryLead, Mirror, TeamRotation
+from connector.routing.replay_read import load_history
+from connector.routing.replay_report import format_report, report
 from connector.routing.rotation import max_lag
-from connector.routing.simulate import (
-    History,
-    HistoryLead,
-    Mirror,
-    TeamRotation,
-    format_report,
-    load_history,
-    replay_batches,
-    replay_order,
-    report,
-    simulate,
-)
+from connector.routing.simulate import replay_batches, replay_order, simulate
 from connector.routing.teams import apply_teams, rotation_fingerprint
 from connector.shell.cli import main, parse_since
 from connector.shell.reps import end_away, resolve_rep, set_away

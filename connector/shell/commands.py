@@ -267,7 +267,9 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from connector.routing.simulate import format_report, load_history, report, simulate
+    from connector.routing.replay_read import load_history
+    from connector.routing.replay_report import format_report, report
+    from connector.routing.simulate import simulate
 
     cfg = pick_org(_configs(args), args.org)
     since: datetime = args.since
@@ -276,7 +278,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     result = simulate(cfg, history)
     rep = report(cfg, history, result, since)
     if args.plot:
-        from connector.routing.simulate import write_plot
+        from connector.routing.replay_report import write_plot
 
         write_plot(rep, args.plot)
     print(json.dumps(rep, indent=2) if args.json else format_report(rep))
