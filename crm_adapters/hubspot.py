@@ -2,26 +2,21 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
-import math
 import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 import urllib3
 from hubspot import HubSpot
-from hubspot.crm.objects.exceptions import ApiException as ObjectsApiException
-from hubspot.crm.owners.exceptions import ApiException as OwnersApiException
 from urllib3.util.retry import Retry
 
 from crm_adapters.base import (
-    AuthError,
     CrmAccount,
     CrmError,
     CrmRecord,
@@ -33,153 +28,30 @@ from crm_adapters.base import (
 )
 from crm_adapters.batching import HUBSPOT_BATCH_MAX
 from crm_adapters.fields import HUBSPOT_OWNER_PROPERTY
+from crm_adapters.hubspot_errors import (
+    API_EXCEPTIONS,
+    classify_hubspot_exception,
+    classify_hubspot_record_error,
+    header_value,
+    seconds_or_none,
+)
+from crm_adapters.hubspot_limits import (
+    refusal_hold,
+    refused_limiters,
+    shared_limiter,
+    window_budget,
+)
 from crm_adapters.ratelimit import RollingWindowLimiter
 
-__all__ = [
-    "HubSpotAdapter",
-    "HubSpotSettings",
-    "classify_hubspot_exception",
-    "classify_hubspot_http",
-    "classify_hubspot_record_error",
-]
+__all__ = ["HubSpotAdapter", "HubSpotSettings"]
 
 log = logging.getLogger(__name__)
 
 OWNER_PROPERTY = HUBSPOT_OWNER_PROPERTY
 COMPANY_MODIFIED = "hs_lastmodifieddate"
 COMPANY_DOMAIN_PROPERTIES = ("domain", "website")
-_RETRYABLE_CATEGORIES = frozenset(
-    {"INTERNAL_ERROR", "SERVICE_UNAVAILABLE", "TIMEOUT", "LOCKED", "CONFLICT_RETRY"}
-)
 _INVALID_OWNER_RE = re.compile(r"(\d+) is not a valid owner id")
-_API_EXCEPTIONS = (ObjectsApiException, OwnersApiException)
 _WINDOW_PAD = 1.05
-
-
-def _body_dict(body: object) -> dict[str, Any]:
-    if isinstance(body, bytes | bytearray):
-        body = body.decode("utf-8", "replace")
-    if isinstance(body, str):
-        try:
-            body = json.loads(body) if body else None
-        except ValueError:
-            return {}
-    return body if isinstance(body, dict) else {}
-
-
-def _header(headers: Mapping[str, str] | None, name: str) -> str | None:
-    if not headers:
-        return None
-    low = name.lower()
-    for k, v in headers.items():
-        if k.lower() == low:
-            return str(v)
-    return None
-
-
-def window_budget(headers: Mapping[str, str]) -> tuple[int, int] | None:
-    """(max, remaining) of the rolling ten-second window from lower-cased X-HubSpot-RateLimit-*
-    headers, or None when they are missing, not numbers, or for another interval."""
-    try:
-        interval = headers.get("x-hubspot-ratelimit-interval-milliseconds")
-        if interval is not None and int(interval) != 10_000:
-            return None
-        server_max = int(headers["x-hubspot-ratelimit-max"])
-        remaining = int(headers["x-hubspot-ratelimit-remaining"])
-    except (KeyError, ValueError):
-        return None
-    if server_max < 1 or remaining < 0:
-        return None
-    return server_max, remaining
-
-
-def seconds_or_none(value: str | None) -> float | None:
-    """A Retry-After in seconds when it is a positive finite number, else None."""
-    try:
-        seconds = float(value) if value is not None else math.nan
-    except ValueError:
-        return None
-    return seconds if math.isfinite(seconds) and seconds > 0 else None
-
-
-def refusal_hold(policy: str, retry_after: float | None, window: float) -> float:
-    """Seconds to send nothing more on an account after a request-scoped 429: the server's
-    Retry-After when it gave one, else the refused policy's window (SECONDLY: one second),
-    else the limiter's own window."""
-    if retry_after is not None:
-        return retry_after
-    return 1.0 if policy == "SECONDLY" else window
-
-
-def refused_limiters(policy: str, search: bool) -> tuple[str, ...]:
-    """Which of an account's limiters a request-scoped 429 holds: a search refused for the
-    searches' own per-second limit holds searches only; refused for any other policy (the
-    account's ten-second budget, which every call spends) or for none named, it holds every
-    call; any other call's refusal holds the other calls (searches have their own budget)."""
-    if not search:
-        return ("general",)
-    return ("search",) if policy == "SECONDLY" else ("search", "general")
-
-
-def seconds_until_utc_midnight(now: datetime | None = None) -> float:
-    """Seconds to the next UTC midnight (HubSpot's DAILY limit resets around then)."""
-    n = (now or datetime.now(UTC)).astimezone(UTC)
-    midnight = (n + timedelta(days=1)).replace(hour=0, minute=0, second=0, microsecond=0)
-    return max((midnight - n).total_seconds(), 1.0)
-
-
-def classify_hubspot_record_error(category: str, message: str = "") -> CrmError:
-    """Map one per-record error (`category` of a 207 error entry) to an error class."""
-    if category == "RATE_LIMITS":
-        return RateLimitedError(category, message, 1.0, scope="request")
-    if category in _RETRYABLE_CATEGORIES:
-        return RetryableError(category, message)
-    return PermanentError(category or "UNKNOWN", message)
-
-
-def classify_hubspot_http(
-    status: int,
-    body: object = None,
-    headers: Mapping[str, str] | None = None,
-    now: datetime | None = None,
-) -> CrmError:
-    """Map a failed whole-request HTTP answer (status, body, headers) to an error class."""
-    data = _body_dict(body)
-    message = str(data.get("message", ""))
-    category = str(data.get("category") or "")
-    retry_after = seconds_or_none(_header(headers, "Retry-After"))
-    if status == 429:
-        policy = str(data.get("policyName") or "")
-        if policy == "DAILY":
-            return RateLimitedError(
-                "DAILY", message, retry_after or seconds_until_utc_midnight(now), scope="org"
-            )
-        return RateLimitedError(policy or "429", message, retry_after or 1.0, scope="request")
-    if status in (401, 403):
-        return AuthError(category or str(status), message)
-    if status in (0, 408, 423) or status >= 500:
-        return RetryableError(category or str(status), message, retry_after)
-    return PermanentError(category or str(status), message)
-
-
-def classify_hubspot_exception(exc: BaseException) -> CrmError:
-    """Translate hubspot-api-client / urllib3 exceptions into the CrmError hierarchy."""
-    if isinstance(exc, CrmError):
-        return exc
-    if isinstance(exc, _API_EXCEPTIONS):
-        headers = dict(exc.headers) if exc.headers else {}
-        return classify_hubspot_http(int(exc.status or 0), exc.body, headers)
-    if isinstance(exc, urllib3.exceptions.MaxRetryError) and exc.reason is not None:
-        return classify_hubspot_exception(exc.reason)
-    if isinstance(exc, urllib3.exceptions.NewConnectionError | urllib3.exceptions.ProtocolError):
-        return RetryableError("connection", type(exc).__name__)
-    if isinstance(exc, urllib3.exceptions.TimeoutError | TimeoutError):
-        return RetryableError("timeout", type(exc).__name__)
-    if isinstance(exc, urllib3.exceptions.HTTPError | ConnectionError | OSError):
-        return RetryableError("connection", type(exc).__name__)
-    if isinstance(exc, ValueError):
-        return RetryableError("bad_response", type(exc).__name__)
-    return RetryableError("unexpected", type(exc).__name__)
 
 
 @dataclass(frozen=True)
@@ -205,20 +77,6 @@ class HubSpotSettings:
     def modified_property(self) -> str:
         """Contacts keep the legacy `lastmodifieddate`; other objects use `hs_lastmodifieddate`."""
         return "lastmodifieddate" if self.object == "contacts" else "hs_lastmodifieddate"
-
-
-_LIMITERS: dict[tuple[str, str, str], RollingWindowLimiter] = {}
-_LIMITERS_LOCK = threading.Lock()
-
-
-def _shared_limiter(base_url: str, token: str, kind: str, limit: int, window: float) -> Any:
-    """One limiter per (account token, kind) per process, shared by all adapters of it."""
-    key = (base_url, hashlib.sha256(token.encode()).hexdigest()[:16], f"{kind}:{limit}/{window}")
-    with _LIMITERS_LOCK:
-        lim = _LIMITERS.get(key)
-        if lim is None:
-            lim = _LIMITERS[key] = RollingWindowLimiter(limit, window)
-        return lim
 
 
 def _to_ms(dt: datetime) -> int:
@@ -256,7 +114,7 @@ class HubSpotAdapter:
         self._search = client.crm.objects.search_api
         self._owners = client.crm.owners.owners_api
         # Windows are padded a little: the server counts arrival times, we count send times.
-        self._limiter: RollingWindowLimiter = _shared_limiter(
+        self._limiter: RollingWindowLimiter = shared_limiter(
             settings.base_url,
             settings.access_token,
             "general",
@@ -265,7 +123,7 @@ class HubSpotAdapter:
         )
         sps = settings.search_per_s
         s_limit, s_window = (max(1, round(sps)), 1.0) if sps >= 1 else (1, 1.0 / max(sps, 1e-3))
-        self._search_limiter: RollingWindowLimiter = _shared_limiter(
+        self._search_limiter: RollingWindowLimiter = shared_limiter(
             settings.base_url,
             settings.access_token,
             "search",
@@ -309,7 +167,7 @@ class HubSpotAdapter:
         sent_at = time.monotonic()
         try:
             resp = fn(*args, _preload_content=False, _request_timeout=self.settings.timeout, **kw)
-        except _API_EXCEPTIONS as exc:
+        except API_EXCEPTIONS as exc:
             headers = dict(exc.headers) if exc.headers else None
             err = classify_hubspot_exception(exc)
             if not (isinstance(err, RateLimitedError) and err.scope == "request"):
@@ -324,7 +182,7 @@ class HubSpotAdapter:
             # the refused budget's window (the general one's when every call waits), and at
             # most one window of the general limiter: a write waiting here must still end
             # within its claim's lease (connector/writeback/dispatch.py `_keep_lease`)
-            told = seconds_or_none(_header(headers, "Retry-After"))
+            told = seconds_or_none(header_value(headers, "Retry-After"))
             window = max(limiter.window for limiter in limiters)
             held = min(refusal_hold(err.code, told, window), self._limiter.window)
             for limiter in limiters:

@@ -20,15 +20,9 @@ from crm_adapters.base import (
     RateLimitedError,
     RetryableError,
 )
-from crm_adapters.hubspot import (
-    HubSpotAdapter,
-    HubSpotSettings,
-    classify_hubspot_http,
-    classify_hubspot_record_error,
-    refusal_hold,
-    refused_limiters,
-    window_budget,
-)
+from crm_adapters.hubspot import HubSpotAdapter, HubSpotSettings
+from crm_adapters.hubspot_errors import classify_hubspot_http, classify_hubspot_record_error
+from crm_adapters.hubspot_limits import refusal_hold, refused_limiters, window_budget
 from crm_adapters.salesforce import (
     SalesforceAdapter,
     SalesforceSettings,
