@@ -41,7 +41,8 @@ from connector.routing.assign import Lead, Router
 from connector.routing.teams import apply_teams
 from connector.shell.adapters import adapter_for
 from connector.shell.store import make_engine
-from connector.writeback.dispatch import Dispatcher, DispatchStats
+from connector.writeback.dispatch import Dispatcher
+from connector.writeback.stats import DispatchStats
 from crm_adapters.base import CrmAdapter, CrmRecord, OwnerWrite, WriteOutcome
 from crm_sandboxes import HubSpotSandbox, SalesforceSandbox
 from testbed.crm_orgs import hubspot_org, salesforce_org

@@ -227,9 +227,9 @@ def test_admin_app_without_configs_has_no_dashboard(engine: Engine) -> None:
 
 
 def test_retry_is_the_cli_retry(engine: Engine, world: World) -> None:
-    """The page's action and `connector outbox retry` share dispatch.retry_dead: the same SQL
+    """The page's action and `connector outbox retry` share finished.retry_dead: the same SQL
     run twice (page, then the function) finds nothing left to do."""
-    from connector.writeback.dispatch import retry_dead
+    from connector.writeback.finished import retry_dead
 
     row = dead_row(engine)
     with dashboard(engine, world) as c:

@@ -15,8 +15,10 @@ from connector.routing.assign import Lead, Router
 from connector.routing.teams import apply_teams
 from connector.shell.adapters import adapter_for
 from connector.shell.store import make_engine
-from connector.writeback.dispatch import Dispatcher, DispatchStats, finished_rows, retry_dead
+from connector.writeback.dispatch import Dispatcher
+from connector.writeback.finished import finished_rows, retry_dead
 from connector.writeback.outcomes import Dead, requests_of
+from connector.writeback.stats import DispatchStats
 from crm_sandboxes import HubSpotSandbox, SalesforceSandbox
 from testbed.crm_orgs import hubspot_org, salesforce_org
 from testbed.pg import with_database

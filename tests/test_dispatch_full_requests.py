@@ -17,9 +17,10 @@ from collections.abc import Callable
 import pytest
 from sqlalchemy import Engine, event
 
-from connector.writeback import dispatch
-from connector.writeback.dispatch import Dispatcher, DispatchStats
+from connector.writeback import claiming
+from connector.writeback.dispatch import Dispatcher
 from connector.writeback.outcomes import Claimed, Sent, plan_round, requests_of
+from connector.writeback.stats import DispatchStats
 from crm_adapters.memory import ServedRequest
 from tests.helpers.memory_orgs import ORG, MemoryOrg, memory_org
 
@@ -32,7 +33,7 @@ class OldPolicyDispatcher(Dispatcher):
     other partial request goes out at once."""
 
     def _claim(self, token: str) -> list[Claimed]:
-        sql = dispatch._SQL
+        sql = claiming._SQL
         max_batch = self.adapter.max_batch
         with self.engine.begin() as conn:
             conn.execute(sql["claim_lock"], {"org": self.org})
@@ -56,7 +57,7 @@ class OldPolicyDispatcher(Dispatcher):
                     sql["others_in_flight"], {"org": self.org, "token": token}
                 ).scalar_one()
             ):
-                raise dispatch._Deferred
+                raise claiming.ClaimDeferred
             batches = requests_of(claimed, max_batch)
             full_claim = len(claimed) >= self.claim_limit and len(batches) > 1
             if full_claim and len(batches[-1]) < max_batch:
@@ -71,7 +72,7 @@ class CheckAfterClaimDispatcher(Dispatcher):
     statement instead of before it."""
 
     def _claim(self, token: str) -> list[Claimed]:
-        sql = dispatch._SQL
+        sql = claiming._SQL
         with self.engine.begin() as conn:
             conn.execute(sql["claim_lock"], {"org": self.org})
             rows = conn.execute(
@@ -96,7 +97,7 @@ class CheckAfterClaimDispatcher(Dispatcher):
             )
             if plan.released:
                 if not plan.kept:
-                    raise dispatch._Deferred
+                    raise claiming.ClaimDeferred
                 conn.execute(sql["release"], {"ids": plan.released, "token": token})
         return plan.kept
 

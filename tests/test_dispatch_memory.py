@@ -15,7 +15,8 @@ import pytest
 from sqlalchemy import Engine, text
 
 from connector.core.floor import ClaimFloor
-from connector.writeback.dispatch import Claimed, Dispatcher, retry_dead
+from connector.writeback.dispatch import Claimed, Dispatcher
+from connector.writeback.finished import retry_dead
 from crm_adapters.base import PermanentError, RetryableError
 from crm_adapters.memory import MemoryCrm, ServedRequest
 from tests.helpers.clocks import Ticks

@@ -28,7 +28,8 @@ from connector.shell.adapters import Adapters, adapter_for
 from connector.shell.retention import purge
 from connector.shell.service import serve_in_thread
 from connector.shell.status import org_status
-from connector.writeback.dispatch import Dispatcher, finished_rows, retry_dead
+from connector.writeback.dispatch import Dispatcher
+from connector.writeback.finished import finished_rows, retry_dead
 from crm_adapters.salesforce_ids import to_18
 from crm_sandboxes import HubSpotSandbox, SalesforceSandbox
 from testbed.crm_orgs import (

@@ -331,7 +331,7 @@ def cmd_dispatch(args: argparse.Namespace) -> int:
 
 
 def cmd_outbox(args: argparse.Namespace) -> int:
-    from connector.writeback.dispatch import finished_rows, retry_dead
+    from connector.writeback.finished import finished_rows, retry_dead
 
     cfg = pick_org(_configs(args), args.org)
     engine = open_database([cfg])

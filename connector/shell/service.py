@@ -46,7 +46,8 @@ from connector.shell.listeners import (
 )
 from connector.shell.notifying import add_alert_jobs, start_notifiers
 from connector.shell.store import warn_if_vacuum_off
-from connector.writeback.dispatch import Dispatcher, DispatchStats
+from connector.writeback.dispatch import Dispatcher
+from connector.writeback.stats import DispatchStats
 from connector.writeback.wakeups import announce, listener_for
 from crm_adapters.base import CrmAdapter
 

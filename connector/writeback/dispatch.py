@@ -30,6 +30,11 @@ CRM no longer has is `dead`. Neither CRM offers
 a conditional batch update (Salesforce's If-Unmodified-Since works on single sObject Rows
 only), so a person's change that lands between that read and the write (one request round
 trip, typically well under a second) can still be overwritten.
+
+This module holds the ``Dispatcher``: its rounds (claim, read owners, write, record), the
+lease kept meanwhile, and its loops. The claim's transaction is
+``connector.writeback.claiming``'s, the rounds' counts are ``connector.writeback.stats``'
+``DispatchStats``, and listing or requeuing finished rows is ``connector.writeback.finished``'s.
 """
 
 from __future__ import annotations
@@ -41,7 +46,6 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -55,6 +59,7 @@ from connector.core.floor import ClaimFloor
 from connector.core.leases import DEFAULT_LEASE_S, HeldRows, LeaseKeeper
 from connector.core.ownership import owner_key
 from connector.core.pacing import NOMINAL_CALLS_PER_S, Spacer, pacing_for
+from connector.writeback.claiming import ClaimDeferred, claim_rows
 from connector.writeback.outcomes import (
     Claimed,
     Dead,
@@ -72,20 +77,13 @@ from connector.writeback.outcomes import (
     lease_valid,
     lease_wants_renewal,
     outcome_error,
-    plan_round,
     requests_of,
     unexpected_error,
 )
+from connector.writeback.stats import DispatchStats
 from crm_adapters.base import AuthError, CrmAdapter, CrmError, OwnerWrite
 
-__all__ = [
-    "Claimed",
-    "DispatchStats",
-    "Dispatcher",
-    "finished_rows",
-    "guard_writes",
-    "retry_dead",
-]
+__all__ = ["Claimed", "Dispatcher", "guard_writes"]
 
 log = logging.getLogger(__name__)
 
@@ -93,42 +91,8 @@ _SQL: dict[str, TextClause] = {k: text(v) for k, v in db.queries("outbox").items
 _RENEW_HELD = db.pyformat(db.queries("outbox")["renew_held"])
 
 
-class _Deferred(Exception):
-    """A claim not worth a CRM request yet (see Dispatcher.claim)."""
-
-
 class _TakenBack(Exception):
     """A lease renewal found rows of the claim no longer ours."""
-
-
-@dataclass
-class DispatchStats:
-    claimed: int = 0
-    sent: int = 0
-    retried: int = 0
-    dead: int = 0
-    requests: int = 0
-    stale: int = 0
-    superseded: int = 0
-    reads: int = 0
-    renewals: int = 0  # leases extended before a CRM call (a quarter of the lease gone)
-    errors: dict[str, int] = field(default_factory=dict)
-
-    def add(self, other: DispatchStats) -> None:
-        self.claimed += other.claimed
-        self.sent += other.sent
-        self.retried += other.retried
-        self.dead += other.dead
-        self.requests += other.requests
-        self.stale += other.stale
-        self.superseded += other.superseded
-        self.reads += other.reads
-        self.renewals += other.renewals
-        for k, v in other.errors.items():
-            self.errors[k] = self.errors.get(k, 0) + v
-
-    def count_error(self, code: str) -> None:
-        self.errors[code] = self.errors.get(code, 0) + 1
 
 
 class Dispatcher:
@@ -211,80 +175,29 @@ class Dispatcher:
         """
         try:
             return self._claim(token)
-        except _Deferred:
+        except ClaimDeferred:
             return []
 
     def _claim(self, token: str) -> list[Claimed]:
-        max_batch = self.adapter.max_batch
         floor, full = self.floor.next_claim()
-        with self.engine.begin() as conn:
-            conn.execute(_SQL["claim_lock"], {"org": self.org})
-            # every claim frees the leases that ended since this thread's previous rescue (a
-            # full claim: all of them)
-            since = None if full else getattr(self._local, "rescued_at", None)
-            freed = conn.execute(_SQL["rescue_expired"], {"org": self.org, "since": since}).one()
-            rescued_at, rescued = freed.at, list(freed.ids)
-            if rescued:
-                log.warning(
-                    "org %s: %d outbox rows had an expired lease; claimable again",
-                    self.org,
-                    len(rescued),
-                )
-            if conn.execute(_SQL["paused_until"], {"org": self.org}).first() is not None:
-                # Returning commits the rescue. A full claim counts as done: while the org is
-                # paused nothing is claimed, and reading from the start on every poll would
-                # only cost time (with a snapshot held open, a lot of it).
-                self._committed(rescued_at, rescued, [], full)
-                return []
-            # Asked before the claim: under claim_lock other claims can only finish, so "none
-            # in flight" stays true through the claim, which then excludes no parent. Asked
-            # after it, a claim that finished in between would pass for "none", though the
-            # claim skipped its parents' rows: a tail that is not the tail.
-            others = bool(
-                conn.execute(
-                    _SQL["others_in_flight"], {"org": self.org, "token": token}
-                ).scalar_one()
-            )
-            rows = conn.execute(
-                _SQL["claim"],
-                {
-                    "org": self.org,
-                    "token": token,
-                    "limit": self.claim_limit,
-                    "lease_seconds": self.lease_seconds,
-                    "floor": floor,
-                },
-            ).all()
-            kind = self.adapter.kind
-            claimed = [
-                Claimed(
-                    r.id,
-                    r.crm_id,
-                    r.owner_id,
-                    r.parent_id,
-                    r.attempts,
-                    float(r.age),
-                    frozenset(owner_key(kind, o) for o in r.replaces_owners),
-                )
-                for r in rows
-            ]
-            plan = plan_round(claimed, max_batch, self.claim_limit, others_in_flight=others)
-            if plan.released:
-                if not plan.kept:
-                    # rolls the claim back (the floor learns nothing: the next claim reads
-                    # from where this one did)
-                    raise _Deferred
-                conn.execute(_SQL["release"], {"ids": plan.released, "token": token})
-            skipped, top = None, 0
-            if claimed:
-                top = max(c.id for c in claimed)
-                skipped = conn.execute(
-                    _SQL["lowest_skipped"], {"org": self.org, "floor": floor, "top": top}
-                ).scalar_one()
-        self._committed(rescued_at, rescued, [c.id for c in claimed], full)
-        if claimed:
-            self.floor.skipped(skipped, floor, top)
-        return plan.kept
+        # every claim frees the leases that ended since this thread's previous rescue (a
+        # full claim: all of them)
+        since = None if full else getattr(self._local, "rescued_at", None)
+        done = claim_rows(
+            self.engine,
+            self.org,
+            token,
+            kind=self.adapter.kind,
+            max_batch=self.adapter.max_batch,
+            limit=self.claim_limit,
+            lease_seconds=self.lease_seconds,
+            floor=floor,
+            since=since,
+        )
+        self._committed(done.rescued_at, done.rescued, [c.id for c in done.claimed], full)
+        if done.claimed:
+            self.floor.skipped(done.skipped, floor, done.top)
+        return done.kept
 
     def _committed(
         self, rescued_at: datetime, rescued: list[int], ids: list[int], full: bool
@@ -583,24 +496,3 @@ class Dispatcher:
             full = stats.claimed >= self.adapter.max_batch
             if not stats.claimed and self.nudge is None:
                 stop.wait(poll_interval)
-
-
-def finished_rows(
-    engine: Engine, org: str, state: str = "dead", limit: int = 100
-) -> list[dict[str, Any]]:
-    """Dead rows (with the CRM's reason) or superseded ones (with the owner found)."""
-    with engine.connect() as conn:
-        return [
-            dict(r._mapping)
-            for r in conn.execute(
-                _SQL["list_finished"], {"org": org, "state": state, "limit": limit}
-            )
-        ]
-
-
-def retry_dead(engine: Engine, org: str, ids: Sequence[int] | None = None) -> int:
-    """Requeue dead rows (all of the org's, or the given ids); returns how many."""
-    with engine.begin() as conn:
-        return len(
-            conn.execute(_SQL["retry_dead"], {"org": org, "ids": list(ids) if ids else None}).all()
-        )

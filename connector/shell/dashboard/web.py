@@ -22,7 +22,7 @@ from connector.notify.dispatch import retry_dead as retry_dead_notifications
 from connector.routing.rep_state import SKIP_WORDS
 from connector.shell.dashboard import data, figures, security
 from connector.shell.reps import away_command, back_command
-from connector.writeback.dispatch import retry_dead
+from connector.writeback.finished import retry_dead
 
 log = logging.getLogger(__name__)
 
