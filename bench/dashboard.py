@@ -45,8 +45,9 @@ from connector.routing.teams import apply_teams
 from connector.shell.admin import create_admin_app
 from connector.shell.dashboard import data
 from connector.shell.dashboard.figures import hour_slots, start_of_day
+from connector.shell.migrations import migrate
 from connector.shell.service import serve_in_thread
-from connector.shell.store import make_engine, migrate, sqlalchemy_url
+from connector.shell.store import make_engine, sqlalchemy_url
 from testbed.harness import ENV
 from testbed.pg import DatabaseFactory, server_url, with_database
 

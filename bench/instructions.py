@@ -43,7 +43,8 @@ import db
 from connector.core.config_loading import parse_config
 from connector.routing.assign import _ROUTE_LEAD, Lead, Router
 from connector.routing.teams import apply_teams
-from connector.shell.store import make_engine, migrate
+from connector.shell.migrations import migrate
+from connector.shell.store import make_engine
 from testbed.harness import CEILING, ENV, team_yaml
 
 RESULTS = Path(__file__).parent / "results"

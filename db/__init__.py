@@ -3,7 +3,7 @@ module.
 
 The schema is ``migrations/`` (versioned: tables, indexes, constraints; the first is the
 baseline, ``BASELINE``) plus ``functions/`` (functions, views and triggers as ``CREATE OR
-REPLACE``, applied in file-name order on every migrate: connector/shell/store.py).
+REPLACE``, applied in file-name order on every migrate: connector/shell/migrations.py).
 
 A query file holds blocks that start with ``-- name: some_name``; code refers to queries by
 name, so every statement the connector runs can be read (and reviewed) in one place.

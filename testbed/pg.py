@@ -38,13 +38,9 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
 from connector.core.database import create_engine
-from connector.shell.store import (
-    make_embedded_tempdir,
-    make_engine,
-    migrate,
-    sqlalchemy_url,
-    start_embedded,
-)
+from connector.shell.embedded_pg import make_embedded_tempdir, start_embedded
+from connector.shell.migrations import migrate
+from connector.shell.store import make_engine, sqlalchemy_url
 from testbed.waiting import wait_until
 
 _counter = itertools.count()

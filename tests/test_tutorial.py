@@ -49,7 +49,7 @@ from pathlib import Path
 
 import pytest
 
-from connector.shell.store import make_embedded_tempdir
+from connector.shell.embedded_pg import make_embedded_tempdir
 from testbed.waiting import wait_until
 from tests.helpers import curl
 from tests.helpers.ports import free_port

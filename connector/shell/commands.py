@@ -39,7 +39,8 @@ def _configs(args: argparse.Namespace) -> dict[str, OrgConfig]:
 
 def cmd_migrate(args: argparse.Namespace) -> int:
     from connector.routing.teams import apply_teams
-    from connector.shell.store import database_url, make_engine, migrate
+    from connector.shell.migrations import migrate
+    from connector.shell.store import database_url, make_engine
 
     configs = (
         list(all_orgs(_configs(args)))

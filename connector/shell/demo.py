@@ -45,10 +45,12 @@ from connector.shell.demo_world import (
     World,
     make_world,
 )
+from connector.shell.embedded_pg import make_embedded_tempdir, start_embedded
+from connector.shell.migrations import migrate
 from connector.shell.notifying import start_notifiers
 from connector.shell.service import serve_in_thread, start_dispatchers, start_scheduler
 from connector.shell.status import org_status
-from connector.shell.store import make_embedded_tempdir, make_engine, migrate, start_embedded
+from connector.shell.store import make_engine
 from crm_adapters.base import AccountSource
 from crm_sandboxes import HubSpotSandbox, SalesforceSandbox, SlackSandbox
 

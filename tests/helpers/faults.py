@@ -378,7 +378,8 @@ class DedicatedPostgres:
 def dedicated_database(pg: DedicatedPostgres, name: str) -> str:
     """A new database ``name`` on ``pg``, migrated; its URL."""
     from connector.core.database import create_engine
-    from connector.shell.store import make_engine, migrate, sqlalchemy_url
+    from connector.shell.migrations import migrate
+    from connector.shell.store import make_engine, sqlalchemy_url
     from testbed.pg import with_database
 
     admin = create_engine(sqlalchemy_url(pg.url), isolation_level="AUTOCOMMIT")
