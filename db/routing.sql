@@ -75,8 +75,7 @@ FROM route_team(
 -- name: route_new_lead
 -- One new lead of a rotation rule, stored, decided and recorded in ONE call (route_team on
 -- the server): the team row is locked for this statement plus the commit.
-SELECT status, lead_id, team, owner_id, owner_name, reason, member_ids, seat_ids, seat_users,
-       seat_names, seat_skips
+SELECT status, lead_id, team, owner_id, owner_name, reason, member_ids, seat_ids, seat_skips
 FROM route_new_lead(
     CAST(:org AS text), CAST(:crm_object AS text), CAST(:source AS text),
     CAST(:crm_id AS text), CAST(:fields AS jsonb), CAST(:parent_id AS text),

@@ -125,7 +125,7 @@ class Router:
         """The outcome a ``route_new_lead`` row says."""
         if row is None:
             raise AssertionError("route_new_lead returned no row")
-        status, _, team, owner_id, owner_name, reason, picks, ids, users, names, skips = row
+        status, _, team, owner_id, owner_name, reason, picks, ids, skips = row
         cid = params["crm_id"]
         if status == "no_team":
             raise RoutingError(
@@ -135,11 +135,9 @@ class Router:
         if status == "duplicate":
             return Outcome(cid, "duplicate", team, owner_id, owner_name, reason)
         candidates = tuple(zip(ids, skips, strict=True))
-        member_id = picks[0]
-        if member_id is None:
+        if picks[0] is None:
             return Outcome(cid, "unassigned", team, reason=reason, candidates=candidates)
-        i = ids.index(member_id)
-        return assigned_outcome(cid, team, users[i], names[i], candidates)
+        return assigned_outcome(cid, team, owner_id, owner_name, candidates)
 
     def assign_many(self, leads: Sequence[Lead], source: str) -> list[Outcome]:
         """Store and assign a batch in one transaction, with the same guarantees (and the

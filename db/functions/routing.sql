@@ -29,9 +29,12 @@ BEGIN
             text[], text[], integer[], integer[], integer, integer, integer, bigint[], text[],
             text[], integer[], text[], integer[], jsonb, integer[], boolean);
     END IF;
+    -- route_new_lead returning the seats' users and names (its owner's are owner_id and
+    -- owner_name)
     IF EXISTS (SELECT FROM pg_proc p
                WHERE p.pronamespace = CAST(current_schema() AS regnamespace)
-                 AND p.proname = 'route_new_lead' AND p.proretset) THEN
+                 AND p.proname = 'route_new_lead'
+                 AND (p.proretset OR 'seat_users' = ANY (p.proargnames))) THEN
         DROP FUNCTION route_new_lead(text, text, text, text, jsonb, text, text, integer, text,
             timestamptz, date, date, text[], text[], integer[], integer[], integer, integer,
             integer, jsonb, integer);
@@ -345,10 +348,11 @@ BEGIN
 END
 $$;
 
--- route_new_lead: one new lead of a rotation rule in ONE call: stored under its unique key, then decided and
--- recorded by route_team (the team locked for this call plus the commit). A repeat gets its
--- stored outcome (status 'duplicate'), even when its team left the database; 'no_team' when
--- the team is not in the database (nothing kept).
+-- route_new_lead: one new lead of a rotation rule in ONE call: stored under its unique key,
+-- then decided and recorded by route_team (the team locked for this call plus the commit).
+-- Its owner (CRM user id and name) is in owner_id and owner_name, the seats it met in seat_ids
+-- and seat_skips. A repeat gets its stored outcome (status 'duplicate'), even when its team
+-- left the database; 'no_team' when the team is not in the database (nothing kept).
 CREATE OR REPLACE FUNCTION route_new_lead(
     p_org text, p_crm_object text, p_source text, p_crm_id text, p_fields jsonb,
     p_parent_id text, p_team text, p_rule_index integer, p_rule_name text,
@@ -358,13 +362,14 @@ CREATE OR REPLACE FUNCTION route_new_lead(
     p_detail jsonb, p_sla_minutes integer,
     OUT status text, OUT lead_id bigint, OUT team text, OUT owner_id text,
     OUT owner_name text, OUT reason text, OUT member_ids bigint[], OUT seat_ids bigint[],
-    OUT seat_users text[], OUT seat_names text[], OUT seat_skips text[]
+    OUT seat_skips text[]
 )
 LANGUAGE plpgsql VOLATILE
 AS $$
 #variable_conflict use_column
 DECLARE
     v_lead bigint;
+    v_seat integer;
     r      record;
 BEGIN
     team := p_team;
@@ -392,9 +397,10 @@ BEGIN
         reason := r.reason;
         member_ids := r.member_ids;
         seat_ids := r.seat_ids;
-        seat_users := r.seat_users;
-        seat_names := r.seat_names;
         seat_skips := r.seat_skips;
+        v_seat := array_position(r.seat_ids, r.member_ids[1]);  -- NULL: nobody took it
+        owner_id := r.seat_users[v_seat];
+        owner_name := r.seat_names[v_seat];
         RETURN;
     END IF;
     SELECT l.id, a.crm_user_id, t.name, mm.name,
