@@ -48,7 +48,8 @@ from connector.shell.demo_world import (
 from connector.shell.embedded_pg import make_embedded_tempdir, start_embedded
 from connector.shell.migrations import migrate
 from connector.shell.notifying import start_notifiers
-from connector.shell.service import serve_in_thread, start_dispatchers, start_scheduler
+from connector.shell.scheduling import start_scheduler
+from connector.shell.service import serve_in_thread, start_dispatchers
 from connector.shell.status import org_status
 from connector.shell.store import make_engine
 from crm_adapters.base import AccountSource

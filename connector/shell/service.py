@@ -28,7 +28,6 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from sqlalchemy import Engine
 from starlette.applications import Starlette
 
-from connector.core import outage
 from connector.core.config import ConfigError, OrgConfig
 from connector.core.crm_kinds import org_pacing
 from connector.core.leases import DEFAULT_LEASE_S
@@ -36,7 +35,6 @@ from connector.core.metrics import Metrics
 from connector.core.pacing import Nudges, Spacer
 from connector.intake.admission import DEFAULT_MAX_CONNECTIONS_PER_PEER
 from connector.intake.http_server import build_server
-from connector.intake.poller import Poller
 from connector.shell.adapters import Adapters
 from connector.shell.fd_limits import DEFAULT_MAX_CONNECTIONS
 from connector.shell.listeners import (
@@ -44,7 +42,8 @@ from connector.shell.listeners import (
     check_admin_binding,
     public_connection_cap,
 )
-from connector.shell.notifying import add_alert_jobs, start_notifiers
+from connector.shell.notifying import start_notifiers
+from connector.shell.scheduling import start_scheduler
 from connector.shell.store import warn_if_vacuum_off
 from connector.writeback.dispatch import Dispatcher
 from connector.writeback.stats import DispatchStats
@@ -110,70 +109,6 @@ class _GracefulServer(uvicorn.Server):
         finally:
             for sig, handler in original.items():
                 signal.signal(sig, handler)
-
-
-def start_scheduler(
-    engine: Engine,
-    configs: Mapping[str, OrgConfig],
-    adapters: Adapters,
-    metrics: Metrics | None = None,
-) -> BackgroundScheduler:
-    scheduler = BackgroundScheduler(timezone="UTC")
-    for cfg in configs.values():
-        if not cfg.poll.enabled:
-            continue
-        unparsed = metrics.unparsed(cfg.org) if metrics is not None else None
-        poller = Poller(engine, cfg, adapters.get(cfg.org), unparsed=unparsed)
-        scheduler.add_job(
-            _safe_poll,
-            "interval",
-            args=[poller],
-            seconds=cfg.poll.interval_seconds,
-            id=f"poll-{cfg.org}",
-            max_instances=1,
-            coalesce=True,
-            next_run_time=None if cfg.poll.interval_seconds > 3600 else _now(),
-        )
-    add_alert_jobs(scheduler, engine, configs)
-    scheduler.add_job(
-        _safe_purge,
-        "interval",
-        args=[engine, list(configs.values())],
-        seconds=PURGE_INTERVAL_SECONDS,
-        id="purge",
-        max_instances=1,
-        coalesce=True,
-    )
-    scheduler.start()
-    return scheduler
-
-
-PURGE_INTERVAL_SECONDS = 6 * 3600
-
-
-def _safe_purge(engine: Engine, configs: Sequence[OrgConfig]) -> None:
-    from connector.shell.retention import purge
-
-    for cfg in configs:
-        try:
-            purge(engine, cfg.org, cfg.retention_days)
-        except Exception as exc:
-            if not outage.counted("retention purges", exc):
-                log.exception("org %s: retention purge failed; the next round will retry", cfg.org)
-
-
-def _now() -> Any:
-    from datetime import UTC, datetime
-
-    return datetime.now(UTC)
-
-
-def _safe_poll(poller: Poller) -> None:
-    try:
-        poller.poll_once()
-    except Exception as exc:
-        if not outage.counted("polls", exc):
-            log.exception("org %s: poll failed; the next round will retry", poller.cfg.org)
 
 
 def _record_stats(metrics: Metrics | None, org: str, adapter: CrmAdapter) -> Any:
@@ -450,6 +385,64 @@ def _shut_down(
     log.info("connector stopped")
 
 
+def _public_limits(
+    engine: Engine,
+    configs: Mapping[str, OrgConfig],
+    *,
+    receiver: bool,
+    admin: bool,
+    max_connections: int,
+    max_connections_per_peer: int | None,
+    trusted_proxies: Sequence[Any],
+) -> dict[str, Any]:
+    """The public listener's limits; with a receiver, its settings are checked first (a bad
+    value stops the start here, in one line) and its connection cap is fitted to the
+    open-file limit."""
+    if receiver:
+        from connector.intake.receivers import unauthenticated_bytes_from_env
+
+        unauthenticated_bytes_from_env()
+        max_connections = public_connection_cap(engine, configs, max_connections, admin=admin)
+    return {
+        "max_connections": max_connections,
+        "max_connections_per_peer": max_connections_per_peer,
+        "trusted_proxies": trusted_proxies,
+    }
+
+
+def _start_writers(
+    engine: Engine,
+    configs: Mapping[str, OrgConfig],
+    adapters: Adapters,
+    metrics: Metrics,
+    stop: threading.Event,
+    app: Any,
+    dispatchers_per_org: int,
+    lease_seconds: float | None,
+) -> tuple[Nudges | None, list[threading.Thread]]:
+    """The dispatchers (``dispatchers_per_org`` an org; 0: none) and the notifiers, started.
+    The inbox worker wakes the org's dispatchers when its round has owner writes: this
+    process's own, or with none here (`connector serve`, `run --dispatchers 0`) those of
+    `connector dispatch` processes, through the database (connector/writeback/wakeups.py)."""
+    dispatch = dispatchers_per_org > 0
+    nudges = Nudges() if dispatch and app is not None else None
+    if app is not None:
+        wake_dispatchers_of(app, engine, nudges)
+    if not dispatch:
+        return nudges, []
+    threads = start_dispatchers(
+        engine,
+        configs,
+        adapters,
+        stop,
+        dispatchers_per_org,
+        metrics,
+        lease_seconds or DEFAULT_LEASE_S,
+        nudges=nudges,
+    )
+    return nudges, threads + start_notifiers(engine, configs, stop)
+
+
 def run_service(
     engine: Engine,
     configs: Mapping[str, OrgConfig],
@@ -481,19 +474,15 @@ def run_service(
     """
     if admin_port is not None:
         check_admin_binding(admin_host, admin_token)
-    if receiver:
-        from connector.intake.receivers import unauthenticated_bytes_from_env
-
-        unauthenticated_bytes_from_env()  # a bad value stops the start here, in one line
-    limits = {
-        "max_connections": public_connection_cap(
-            engine, configs, max_connections, admin=admin_port is not None
-        )
-        if receiver
-        else max_connections,
-        "max_connections_per_peer": max_connections_per_peer,
-        "trusted_proxies": trusted_proxies,
-    }
+    limits = _public_limits(
+        engine,
+        configs,
+        receiver=receiver,
+        admin=admin_port is not None,
+        max_connections=max_connections,
+        max_connections_per_peer=max_connections_per_peer,
+        trusted_proxies=trusted_proxies,
+    )
     warn_if_vacuum_off(engine)
     adapters = Adapters(configs, engine)
     metrics = Metrics(engine, configs)
@@ -512,29 +501,10 @@ def run_service(
         if receiver
         else None
     )
-    # The inbox worker wakes the org's dispatchers when its round has owner writes: this
-    # process's own, or with none here (`connector serve`, `run --dispatchers 0`) those of
-    # `connector dispatch` processes, through the database (connector/writeback/wakeups.py).
-    dispatch = dispatch and dispatchers_per_org > 0
-    nudges = Nudges() if dispatch and app is not None else None
-    if app is not None:
-        wake_dispatchers_of(app, engine, nudges)
-    threads = (
-        start_dispatchers(
-            engine,
-            configs,
-            adapters,
-            stop,
-            dispatchers_per_org,
-            metrics,
-            lease_seconds or DEFAULT_LEASE_S,
-            nudges=nudges,
-        )
-        if dispatch
-        else []
+    dispatchers = dispatchers_per_org if dispatch else 0
+    nudges, threads = _start_writers(
+        engine, configs, adapters, metrics, stop, app, dispatchers, lease_seconds
     )
-    if dispatch:
-        threads += start_notifiers(engine, configs, stop)
     admin = _admin_listener(engine, configs, metrics, admin_host, admin_port, admin_token)
     try:
         with admin as admin_url:
