@@ -130,26 +130,22 @@ class Forked:
         self.send_signal(signal.SIGKILL)
 
 
-def run(
-    argv: list[str], env: dict[str, str], folder: Path, cwd: Path, timeout: float = 300
-) -> subprocess.CompletedProcess[str]:
-    """Run ``connector ARGV`` forked and wait; its output is kept in two new files in
-    ``folder``."""
-    folder.mkdir(parents=True, exist_ok=True)
-    out, err = (folder / f"{os.urandom(6).hex()}.{n}" for n in ("out", "err"))
-    return finish(Forked(argv, env, out, cwd, err), out, err, timeout)
+def wait_or_kill(proc: Forked, timeout: float = 300) -> int:
+    """``proc``'s exit status; killed (and the TimeoutExpired raised) after ``timeout`` s."""
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise
 
 
 def finish(
     proc: Forked, out: Path, err: Path, timeout: float = 300
 ) -> subprocess.CompletedProcess[str]:
-    """Wait for ``proc`` (killed after ``timeout`` s) and read what it wrote."""
-    try:
-        code = proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        raise
+    """Wait for ``proc`` (killed after ``timeout`` s) and read what it wrote to ``out`` and
+    ``err``."""
+    code = wait_or_kill(proc, timeout)
     return subprocess.CompletedProcess(
         proc.args, code, out.read_text(encoding="utf-8"), err.read_text(encoding="utf-8")
     )
