@@ -26,7 +26,6 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
-import multiprocessing as mp
 import os
 import resource
 import subprocess
@@ -390,10 +389,11 @@ class RunResult:
 def worker_context() -> Any:
     """Workers are forked from a fork server that imported this module once (no connection,
     no thread, no engine: nothing a child could share by accident), so starting 32 of them
-    costs milliseconds, not 32 interpreter starts (about 0.8 s of CPU each)."""
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload([__name__])
-    return ctx
+    costs milliseconds, not 32 interpreter starts (about 0.8 s of CPU each). It is the fork
+    server of testbed/processes.py (a process has one), which imports this module too."""
+    from testbed.processes import fork_context
+
+    return fork_context()
 
 
 def run(

@@ -17,6 +17,7 @@ from sqlalchemy import Engine, text
 
 import db
 from connector.shell.cli import main
+from testbed.processes import Forked, finish
 
 CONFIG = """
 org: acme
@@ -445,7 +446,7 @@ def test_auto_migrate_off_refuses_an_old_schema(
     )
 
 
-# --- acceptance: real subprocesses at once ---------------------------------------------------
+# --- acceptance: real processes at once ------------------------------------------------------
 
 FILES, LEADS, REPS = 16, 10_000, 10
 
@@ -455,16 +456,19 @@ def _connector() -> list[str]:
     return [str(exe)] if exe.exists() else [sys.executable, "-m", "connector"]
 
 
-def _run_all(cmds: list[list[str]], env: dict[str, str]) -> list[subprocess.CompletedProcess[str]]:
-    procs = [
-        subprocess.Popen(c, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for c in cmds
-    ]
-    results = []
-    for p, c in zip(procs, cmds, strict=True):
-        out, err = p.communicate(timeout=300)
-        results.append(subprocess.CompletedProcess(c, p.returncode, out, err))
-    return results
+def _run_all(
+    argvs: list[list[str]], env: dict[str, str], folder: Path
+) -> list[subprocess.CompletedProcess[str]]:
+    """``connector ARGV`` for each, all at once, each a process of its own forked from the
+    fork server (testbed/processes.py: the same main() without an interpreter start's ~0.8 s
+    of imports each); their stdout and stderr kept apart."""
+    folder.mkdir(exist_ok=True)
+    started = []
+    for argv in argvs:
+        n = len(list(folder.iterdir()))
+        out, err = folder / f"{n}.out", folder / f"{n}.err"
+        started.append((Forked(argv, env, out, Path.cwd(), err), out, err))
+    return [finish(proc, out, err) for proc, out, err in started]
 
 
 @pytest.mark.slow
@@ -496,9 +500,9 @@ def test_16_ingest_processes_at_once(db_url: str, engine: Engine, tmp_path: Path
         "CONNECTOR_CONFIG": str(cfg),
     }
     env.pop("CONNECTOR_AUTO_MIGRATE", None)
-    cmds = [[*_connector(), "ingest", "--no-verify", "--org", "acme", str(p)] for p in files]
+    cmds = [["ingest", "--no-verify", "--org", "acme", str(p)] for p in files]
 
-    results = _run_all(cmds, env)
+    results = _run_all(cmds, env, tmp_path / "first")
     assert [(r.returncode, r.stderr) for r in results] == [(0, "")] * FILES
     assert sum(int(r.stdout.split(": ")[1].split(" new")[0]) for r in results) == LEADS
 
@@ -519,7 +523,7 @@ def test_16_ingest_processes_at_once(db_url: str, engine: Engine, tmp_path: Path
     assert max(got) - min(got) <= 1, got
     before = table_counts(engine)
 
-    again = _run_all(cmds, env)
+    again = _run_all(cmds, env, tmp_path / "again")
     assert [r.returncode for r in again] == [0] * FILES
     for r in again:
         assert " 0 new (0 assigned, 0 unassigned), " in r.stdout

@@ -14,8 +14,6 @@ order in which modules run.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +25,7 @@ from connector.routing.assign import Lead, Router
 from connector.routing.teams import apply_teams
 from connector.shell.store import make_engine
 from testbed.pg import DatabaseFactory
+from testbed.processes import Forked, wait_or_kill
 from tests.helpers.faults import (
     ROOT,
     SECRETS,
@@ -57,16 +56,9 @@ class HostileRun:
 
 
 def _one_shot(args: list[str], env: dict[str, str], log: Path) -> int:
-    with open(log, "wb") as f:
-        return subprocess.run(
-            [sys.executable, "-m", "connector", "--log-level", "INFO", *args],
-            env=env,
-            stdout=f,
-            stderr=subprocess.STDOUT,
-            cwd=ROOT,
-            timeout=120,
-            check=False,
-        ).returncode
+    """``connector ARGS`` forked from the fork server (testbed/processes.py), its output in
+    ``log``; its exit status."""
+    return wait_or_kill(Forked(["--log-level", "INFO", *args], env, log, ROOT), 120)
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,6 @@ go on writing the rest of a claim it no longer holds.
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -20,6 +18,7 @@ from sqlalchemy import Engine, Row, text
 
 from connector.routing.assign import Lead, Router
 from connector.routing.teams import apply_teams
+from testbed.processes import Forked, wait_or_kill
 from testbed.waiting import wait_until
 from tests.helpers.faults import (
     ROOT,
@@ -85,29 +84,14 @@ def test_paused_dispatcher_is_overtaken_and_its_late_result_ignored(
     sf.set_latency(0.0)
 
     b_log = tmp_path / "dispatch-b.log"
-    with open(b_log, "wb") as f:
-        b = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "connector.shell.cli",
-                "--log-level",
-                "INFO",
-                "--config",
-                str(config_dir),
-                "dispatch",
-                "--once",
-                "--timeout",
-                "30",
-                *lease,
-            ],
-            env=env,
-            stdout=f,
-            stderr=subprocess.STDOUT,
-            cwd=ROOT,
-            timeout=60,
-            check=False,
-        )
+    once = ["--timeout", "30", *lease]
+    b = Forked(
+        ["--log-level", "INFO", "--config", str(config_dir), "dispatch", "--once", *once],
+        env,
+        b_log,
+        ROOT,
+    )
+    wait_or_kill(b, 60)
     assert b.returncode == 0, b_log.read_text()[-2000:]
     with engine.connect() as conn:
         before = conn.execute(SNAPSHOT).all()

@@ -11,12 +11,12 @@ from __future__ import annotations
 import json
 import random
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine, text
 
+from testbed.processes import Forked, finish
 from tests.helpers.faults import (
     ROOT,
     TwoOrgs,
@@ -38,17 +38,12 @@ SF_LEADS, HS_LEADS, POISON_SHARE = 1_000, 600, 0.01
 
 def _connector(
     args: list[str], env: dict[str, str], log: Path, timeout: float = 120
-) -> subprocess.CompletedProcess[bytes]:
-    with open(log, "wb") as f:
-        return subprocess.run(
-            [sys.executable, "-m", "connector", "--log-level", "INFO", *args],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=f,
-            cwd=ROOT,
-            timeout=timeout,
-            check=False,
-        )
+) -> subprocess.CompletedProcess[str]:
+    """``connector ARGS`` forked from the fork server (testbed/processes.py), its stderr in
+    ``log`` and its stdout returned."""
+    out = log.with_suffix(".out")
+    proc = Forked(["--log-level", "INFO", *args], env, out, ROOT, err=log)
+    return finish(proc, out, log, timeout)
 
 
 def test_exactly_the_poison_records_end_dead(
@@ -82,11 +77,11 @@ def test_exactly_the_poison_records_end_dead(
         )
         assert r.returncode == 0, r
     r = _connector([*cfg, "dispatch", "--once", "--timeout", "60"], env, tmp_path / "dispatch.log")
-    dispatch_out = r.stdout.decode()
+    dispatch_out = r.stdout
     assert r.returncode == 0, (dispatch_out, (tmp_path / "dispatch.log").read_text()[-2000:])
     listing = _connector(
         [*cfg, "outbox", "list", "--org", "demo-sf"], env, tmp_path / "list.log"
-    ).stdout.decode()
+    ).stdout
 
     with engine.connect() as conn:
         dead: dict[str, str] = {

@@ -5,7 +5,6 @@ to run at once."""
 from __future__ import annotations
 
 import logging
-import multiprocessing as mp
 import random
 import string
 import threading
@@ -25,6 +24,7 @@ from connector.routing.teams import apply_teams
 from connector.shell.migrations import functions_behind, migrate, pending_migrations
 from connector.shell.store import make_engine, vacuum_warning, vacuum_warning_for
 from crm_adapters.salesforce_ids import id_key, to_18
+from testbed.harness import worker_context
 from testbed.pg import DatabaseFactory, blank_database
 from tests.helpers.blocking import wait_until_blocked
 
@@ -428,7 +428,7 @@ def _migrate_worker(url: str, barrier: Any, out: Any) -> None:
 @pytest.mark.slow
 def test_concurrent_migrate_on_a_blank_database(blank: Engine) -> None:
     url = blank.url.render_as_string(hide_password=False)
-    ctx = mp.get_context("spawn")
+    ctx = worker_context()  # forked from the fork server: no interpreter start
     barrier = ctx.Barrier(4)
     out = ctx.Queue()
     procs = [ctx.Process(target=_migrate_worker, args=(url, barrier, out)) for _ in range(4)]

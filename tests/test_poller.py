@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import multiprocessing as mp
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -17,6 +16,7 @@ from connector.shell.adapters import adapter_for
 from connector.shell.store import make_engine
 from crm_sandboxes import SalesforceSandbox
 from testbed.crm_orgs import salesforce_org
+from testbed.harness import worker_context
 from testbed.waiting import wait_until
 
 
@@ -119,7 +119,7 @@ def _one_lead_and_a_lock_holder(
     cfg = _cfg(sf, reps, intake)
     apply_teams(engine, cfg)
     sf.add_record("Lead", owner_id=intake)
-    ctx = mp.get_context("spawn")
+    ctx = worker_context()  # forked from the fork server: no interpreter start
     ready, release = ctx.Event(), ctx.Event()
     other = ctx.Process(target=_hold_poll_lock, args=(db_url, cfg.org, ready, release))
     other.start()

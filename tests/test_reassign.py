@@ -5,7 +5,6 @@ over real HTTP, the real dispatcher; the CLI in-process."""
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from crm_adapters.base import OwnerWrite
 from crm_adapters.salesforce_ids import to_18
 from crm_sandboxes import SalesforceSandbox
 from testbed.crm_orgs import OUTBOUND_SECRET
+from testbed.harness import worker_context
 from tests.helpers.reassign_orgs import (
     ReOrg,
     counts,
@@ -463,7 +463,7 @@ def race(engine: Engine, db_url: str, org: ReOrg, naive: bool) -> tuple[list[str
     lead = route(engine, org, ["US"] * 3)[0]
     owner = org.user["Ada"]
     before = sum(counts(engine).values())
-    ctx = mp.get_context("spawn")
+    ctx = worker_context()  # forked from the fork server: no interpreter start
     barrier, out = ctx.Barrier(2), ctx.Queue()
     env = {
         "SF_ID": org.sf.client_id,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import threading
 from collections import Counter
 from typing import Any
@@ -18,6 +17,7 @@ from connector.routing.leads import MAX_FIELDS_BYTES, assigned_outcome
 from connector.routing.rotation import max_lag
 from connector.routing.teams import apply_teams
 from connector.shell.store import make_engine
+from testbed.harness import worker_context
 from tests.helpers.sample_org import SAMPLE_ENV, SAMPLE_YAML
 
 ENV = {"TOKEN": "unused"}
@@ -202,7 +202,7 @@ def _send_once(db_url: str, yaml_text: str, barrier: Any, out: Any) -> None:
 def test_same_lead_from_4_processes_at_once(
     engine: Engine, db_url: str, applied: OrgConfig
 ) -> None:
-    ctx = mp.get_context("spawn")
+    ctx = worker_context()  # forked from the fork server: no interpreter start
     barrier, out = ctx.Barrier(4), ctx.Queue()
     procs = [
         ctx.Process(target=_send_once, args=(db_url, SAMPLE_YAML, barrier, out)) for _ in "abcd"
