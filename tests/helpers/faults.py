@@ -454,12 +454,18 @@ def soap_body(batch: Sequence[tuple[str, dict[str, str]]], n: int) -> bytes:
     )
 
 
+def no_answer(url: str, exc: httpx.HTTPError) -> int:
+    """A delivery that got no HTTP answer: 0, and the error printed (a failing test shows it)."""
+    print(f"no answer from {url}: {type(exc).__name__}: {exc}", flush=True)
+    return 0
+
+
 def post_soap(client: httpx.Client, url: str, body: bytes) -> int:
     """HTTP status (0 = no answer); acknowledged only when 200 with <Ack>true</Ack>."""
     try:
         r = client.post(url, content=body, headers=OUTBOUND_MESSAGE_HEADERS)
-    except httpx.HTTPError:
-        return 0
+    except httpx.HTTPError as exc:
+        return no_answer(url, exc)
     if r.status_code == 200 and b"<Ack>true</Ack>" not in r.content:
         return -1
     return r.status_code
@@ -476,8 +482,8 @@ def post_hubspot(client: httpx.Client, url: str, body: bytes) -> int:
     headers = signed_headers(ENV["DEMO_HS_WEBHOOK_SECRET"], url, body, now_ms)
     try:
         r = client.post(url, content=body, headers=headers)
-    except httpx.HTTPError:
-        return 0
+    except httpx.HTTPError as exc:
+        return no_answer(url, exc)
     return r.status_code
 
 
