@@ -504,7 +504,8 @@ def run_pgbench(
 
 
 def fairness(engine: Engine, org: str) -> dict[str, Any]:
-    """Check the guarantee in SQL: spread, weighted lag, double owners, outbox rows."""
+    """Check the guarantee in SQL: spread, weighted lag, double owners, owners that disagree
+    with their member (or an owner write with its assignment), outbox rows."""
     with engine.connect() as conn:
         counts = conn.execute(
             text(
@@ -531,6 +532,17 @@ def fairness(engine: Engine, org: str) -> dict[str, Any]:
             text("SELECT count(*), count(DISTINCT lead_id) FROM outbox WHERE org = :org"),
             {"org": org},
         ).one()
+        # the recorder is given each lead's owner beside its member: they must agree, and
+        # the owner write must carry the assignment's owner
+        mismatched = conn.execute(
+            text(
+                "SELECT (SELECT count(*) FROM assignments a JOIN members m ON m.id = a.member_id "
+                "        WHERE a.org = :org AND a.crm_user_id <> m.crm_user_id) "
+                "     + (SELECT count(*) FROM outbox o JOIN assignments a ON a.id = o.assignment_id "
+                "        WHERE o.org = :org AND o.owner_id <> a.crm_user_id)"
+            ),
+            {"org": org},
+        ).scalar_one()
     weights = [w for w, _ in counts]
     ns = [n for _, n in counts]
     total_w, n = sum(weights), sum(ns)
@@ -544,6 +556,7 @@ def fairness(engine: Engine, org: str) -> dict[str, Any]:
         "spread": (max(ns) - min(ns)) if ns else 0,
         "max_lag": lag,
         "double_owners": multi,
+        "owner_mismatches": mismatched,
         "outbox_rows": outbox[0],
         "outbox_leads": outbox[1],
     }

@@ -25,6 +25,7 @@ from connector.writeback.dispatch import Dispatcher
 from crm_adapters.salesforce_ids import id_key
 from crm_sandboxes import HubSpotSandbox, SalesforceSandbox
 from testbed.crm_orgs import OUTBOUND_SECRET, SF_ORG_ID
+from testbed.harness import fairness
 
 DOMAIN_FIELD = "accounts: {domain_field: Domain__c}"
 SF_ENV = {"SF_ID": "sandbox-client", "SF_SECRET": "sandbox-secret", "SF_OUTBOUND": OUTBOUND_SECRET}
@@ -234,6 +235,9 @@ def test_a_matched_lead_does_not_advance_the_rotation(
     # `connector status` tells the two apart
     members = org_status(engine, cfg)["teams"][0]["members"]
     assert [(m["assigned"], m["account_matched"]) for m in members] == [(5, 3), (2, 0)]
+    # matched and rotation leads alike: each assignment's owner is its member's, and so is
+    # its owner write's
+    assert fairness(engine, cfg.org)["owner_mismatches"] == 0
 
 
 def test_contacts_go_to_their_accounts_owner(engine: Engine, sf: SalesforceSandbox) -> None:

@@ -36,7 +36,7 @@ def _assert_fair(engine: Engine) -> None:
     of every other's (a team of equal reps)."""
     report = fairness(engine, "bench")
     assert report["leads"] == LEADS and report["assigned"] == LEADS
-    assert report["double_owners"] == 0
+    assert report["double_owners"] == 0 == report["owner_mismatches"]
     assert report["outbox_rows"] == LEADS == report["outbox_leads"]
     assert report["spread"] <= 1, report["counts"]
 
@@ -56,7 +56,9 @@ def test_batched_and_weighted_assignment_stays_within_one_lead(engine: Engine, d
     result = run("project_batch", db_url, yaml_text, _ids("00Qb"), WORKERS, batch=50)
     assert result.errors == []
     report = fairness(engine, "bench")
-    assert report["assigned"] == LEADS and report["double_owners"] == 0
+    assert (
+        report["assigned"] == LEADS and report["double_owners"] == 0 == report["owner_mismatches"]
+    )
     assert report["max_lag"] < 1, report["counts"]
 
 
@@ -155,7 +157,10 @@ def test_caps_and_absences_hold_under_32_processes(engine: Engine, db_url: str) 
     result = run("project", db_url, yaml_text, _ids("00Qc", n), WORKERS, at=MONDAY)
     assert result.errors == []
     report = fairness(engine, "bench")
-    assert report["leads"] == n == report["assigned"] and report["double_owners"] == 0
+    assert (
+        report["leads"] == n == report["assigned"]
+        and report["double_owners"] == 0 == report["owner_mismatches"]
+    )
     assert report["outbox_rows"] == n
     counts = list(owner_counts(engine, "bench").values())
     assert counts[:3] == [0, 0, 0]  # away, away, off shift
