@@ -536,9 +536,11 @@ def fairness(engine: Engine, org: str) -> dict[str, Any]:
         # the owner write must carry the assignment's owner
         mismatched = conn.execute(
             text(
-                "SELECT (SELECT count(*) FROM assignments a JOIN members m ON m.id = a.member_id "
-                "        WHERE a.org = :org AND a.crm_user_id <> m.crm_user_id) "
-                "     + (SELECT count(*) FROM outbox o JOIN assignments a ON a.id = o.assignment_id "
+                "SELECT (SELECT count(*) FROM assignments a"
+                "        JOIN members m ON m.id = a.member_id"
+                "        WHERE a.org = :org AND a.crm_user_id <> m.crm_user_id)"
+                "     + (SELECT count(*) FROM outbox o"
+                "        JOIN assignments a ON a.id = o.assignment_id"
                 "        WHERE o.org = :org AND o.owner_id <> a.crm_user_id)"
             ),
             {"org": org},
