@@ -1,4 +1,4 @@
-"""Benchmark: where one lead's time goes, call by call (issue 11 item 1).
+"""Benchmark: where one lead's time goes, call by call.
 
     .venv/bin/python -m bench.single [--calls N]
 
