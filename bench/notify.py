@@ -1,4 +1,4 @@
-"""Benchmark: rep notifications from assignment to Slack's acceptance (issue 37 item 6).
+"""Benchmark: rep notifications from assignment to Slack's acceptance.
 
     .venv/bin/python -m bench.notify [--rate 200] [--seconds 15] [--reps 10]
                                      [--one-channel-seconds 30] [--one-channel-rate 20]
