@@ -110,13 +110,14 @@ def test_batches_of_a_plain_team_are_fair_under_32_processes(engine: Engine, db_
 
 
 def test_checker_catches_the_naive_rotation(engine: Engine, db_url: str) -> None:
-    """Same workers, same checker, the seed article's ORDER BY ... LIMIT 1 FOR UPDATE."""
+    """Same workers, same checker, the seed article's ORDER BY ... LIMIT 1 FOR UPDATE. A
+    thousand leads are plenty: six runs on 2 cores left a spread of 368-405 leads."""
     yaml_text = team_yaml(10)
     _prepare(engine, yaml_text)
-    result = run("naive", db_url, yaml_text, _ids("00Qn", 4000), WORKERS)
+    result = run("naive", db_url, yaml_text, _ids("00Qn", 1000), WORKERS)
     assert result.errors == []
     report = fairness(engine, "bench")
-    assert report["assigned"] == 4000
+    assert report["assigned"] == 1000
     assert report["spread"] > 1, "the naive rotation went unnoticed: the checker is too weak"
 
 
@@ -179,7 +180,7 @@ def test_checker_catches_a_cap_counted_outside_the_lock(engine: Engine, db_url: 
     cap = 50
     yaml_text = caps_yaml({i: f"caps: {{per_day: {cap}}}" for i in range(10)}, {})
     _prepare(engine, yaml_text)
-    n = 800  # at most 500 can be placed
+    n = 600  # at most 500 can be placed; four runs on 2 cores gave a rep 53 or 54
     result = run("naive_caps", db_url, yaml_text, _ids("00Qk", n), WORKERS, at=MONDAY)
     assert result.errors == []
     counts = owner_counts(engine, "bench")

@@ -29,6 +29,8 @@ pytestmark = [pytest.mark.fault, pytest.mark.slow]
 
 USERS = [f"0055g00000Us{i:03d}AAB" for i in range(6)]
 ENV = {"ID": "id", "SECRET": "secret"}
+# Each run draws new examples (no fixed seed), so the runs together cover more than one does.
+EXAMPLES, MAX_STEPS = 30, 30
 STEPS = {"ingest": 0, "repeat": 0, "edit": 0, "crash": 0, "leads": 0, "epochs": 0}
 
 
@@ -178,10 +180,10 @@ def test_routing_model_holds_under_random_ingests_edits_and_crashes(engine: Engi
     run_state_machine_as_test(
         machine,
         settings=settings(
-            max_examples=40,
-            stateful_step_count=30,
+            max_examples=EXAMPLES,
+            stateful_step_count=MAX_STEPS,
             deadline=None,
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
         ),
     )
-    record_figures("routing_model", {"examples": 40, "max_steps": 30, **STEPS})
+    record_figures("routing_model", {"examples": EXAMPLES, "max_steps": MAX_STEPS, **STEPS})

@@ -324,7 +324,7 @@ def test_fuzz_random_bytes(body: bytes) -> None:
         assert exc.code in {"malformed_json", "not_an_array", "bad_event"}
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(_json | st.lists(_event_like, max_size=5))
 def test_fuzz_json_shapes(value: object) -> None:
     try:
