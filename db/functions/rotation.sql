@@ -15,15 +15,42 @@
 -- per lead, every seat's skip reason and its count at that pick (flat: seat i of lead j at
 -- (j - 1) * cardinality(ids) + i; counts advance by picks, as a decision records them), and
 -- the turns credited to the seats passed over.
+--
+-- Its result is a named composite type, as route_team's and route_new_lead's are
+-- (db/functions/routing.sql): a function with OUT parameters rebuilds its result's row type
+-- from its pg_proc row on every call, a named type's comes from the type cache.
+DO $$
+BEGIN
+    IF to_regtype('rotation_picks_result') IS NULL THEN
+        CREATE TYPE rotation_picks_result AS (
+            picks bigint[], skips text[], counts bigint[], credit_ids bigint[],
+            credit_ns bigint[]
+        );
+    END IF;
+    -- its earlier form, with OUT parameters (CREATE OR REPLACE cannot change a result type)
+    IF EXISTS (SELECT FROM pg_proc p
+               WHERE p.pronamespace = CAST(current_schema() AS regnamespace)
+                 AND p.proname = 'rotation_picks'
+                 AND p.prorettype = CAST('record' AS regtype)) THEN
+        DROP FUNCTION rotation_picks(bigint[], integer[], bigint[], text[], integer[], integer,
+            integer, bigint[], integer);
+    END IF;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION rotation_picks(
     ids bigint[], weights integer[], turns bigint[], blocked text[], room integer[],
-    p_active integer, max_in_a_row integer, recent bigint[], p_count integer,
-    OUT picks bigint[], OUT skips text[], OUT counts bigint[],
-    OUT credit_ids bigint[], OUT credit_ns bigint[]
+    p_active integer, max_in_a_row integer, recent bigint[], p_count integer
 )
+RETURNS rotation_picks_result
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 AS $$
 DECLARE
+    picks  bigint[] := '{}';
+    skips  text[] := '{}';
+    counts bigint[] := '{}';
+    credit_ids bigint[] := '{}';
+    credit_ns  bigint[] := '{}';
     k      integer := coalesce(p_active, 0);
     t      bigint[] := turns;   -- rotation turns: leads and credited turns
     shown  bigint[] := turns;   -- what a decision records: advanced by picks only
@@ -43,9 +70,8 @@ DECLARE
     i      integer;
     j      integer;
 BEGIN
-    picks := '{}'; skips := '{}'; counts := '{}'; credit_ids := '{}'; credit_ns := '{}';
     IF p_count IS NULL OR p_count <= 0 THEN
-        RETURN;
+        RETURN ROW(picks, skips, counts, credit_ids, credit_ns);
     END IF;
     cred := array_fill(false, ARRAY[greatest(k, 1)]);
     gave := array_fill(0::bigint, ARRAY[greatest(k, 1)]);
@@ -142,5 +168,6 @@ BEGIN
             END IF;
         END LOOP;
     END IF;
+    RETURN ROW(picks, skips, counts, credit_ids, credit_ns);
 END
 $$;

@@ -4,15 +4,35 @@
 -- COMMITTED each statement inside takes a fresh snapshot: a read that follows the team lock
 -- sees what the previous lock holder committed.
 
--- Their results are single rows (OUT parameters), which a caller assigns as an expression
--- (`r := route_team(...)`), without a query's set-up. CREATE OR REPLACE cannot change a
--- function's result type, and a changed list of parameters makes a second function beside
--- the first, so a database whose functions have earlier result types (a set of rows;
--- record_assignments: void) or parameters gets them dropped first. Only then: a drop gives
--- the function a new identity, and a session still holding a plan of the old one would fail
--- ("cache lookup failed") while other processes route.
+-- route_team's and route_new_lead's results are single rows of named composite types (as
+-- rotation_picks' is), which a caller assigns as an expression (`r := route_team(...)`),
+-- without a query's set-up: a function with OUT parameters would rebuild its row type from
+-- its pg_proc row on every call, a named type's comes from the type cache. A type is made
+-- when missing; a change to one drops it (and the function returning it) first.
+-- CREATE OR REPLACE cannot change a function's result type, and a changed list of parameters
+-- makes a second function beside the first, so a database whose functions have earlier
+-- result types (OUT parameters, a set of rows; record_assignments: void) or parameters gets
+-- them dropped first. Only then: a drop gives the function a new identity, and a session
+-- still holding a plan of the old one would fail ("cache lookup failed") while other
+-- processes route.
 DO $$
+DECLARE
+    f regprocedure;
 BEGIN
+    IF to_regtype('route_team_result') IS NULL THEN
+        CREATE TYPE route_team_result AS (
+            status text, epoch integer, member_ids bigint[], reason text, seat_ids bigint[],
+            seat_users text[], seat_names text[], seat_weights integer[], seat_skips text[],
+            seat_counts bigint[], away_by_command text[], credit_ids bigint[],
+            credit_ns bigint[]
+        );
+    END IF;
+    IF to_regtype('route_new_lead_result') IS NULL THEN
+        CREATE TYPE route_new_lead_result AS (
+            status text, lead_id bigint, team text, owner_id text, owner_name text,
+            reason text, member_ids bigint[], seat_ids bigint[], seat_skips text[]
+        );
+    END IF;
     -- record_assignments without p_owner_ids (its result void, or integer)
     IF EXISTS (SELECT FROM pg_proc p
                WHERE p.pronamespace = CAST(current_schema() AS regnamespace)
@@ -22,23 +42,15 @@ BEGIN
             bigint[], bigint[], bigint, jsonb, integer[], bigint[], integer[], text[],
             bigint[], text);
     END IF;
-    IF EXISTS (SELECT FROM pg_proc p
-               WHERE p.pronamespace = CAST(current_schema() AS regnamespace)
-                 AND p.proname = 'route_team' AND p.proretset) THEN
-        DROP FUNCTION route_team(text, text, text, text, timestamptz, date, date, bigint,
-            text[], text[], integer[], integer[], integer, integer, integer, bigint[], text[],
-            text[], integer[], text[], integer[], jsonb, integer[], boolean);
-    END IF;
-    -- route_new_lead returning the seats' users and names (its owner's are owner_id and
-    -- owner_name)
-    IF EXISTS (SELECT FROM pg_proc p
-               WHERE p.pronamespace = CAST(current_schema() AS regnamespace)
-                 AND p.proname = 'route_new_lead'
-                 AND (p.proretset OR 'seat_users' = ANY (p.proargnames))) THEN
-        DROP FUNCTION route_new_lead(text, text, text, text, jsonb, text, text, integer, text,
-            timestamptz, date, date, text[], text[], integer[], integer[], integer, integer,
-            integer, jsonb, integer);
-    END IF;
+    -- route_team and route_new_lead with OUT parameters (or returning a set of rows)
+    FOR f IN
+        SELECT p.oid FROM pg_proc p
+        WHERE p.pronamespace = CAST(current_schema() AS regnamespace)
+          AND p.proname IN ('route_team', 'route_new_lead')
+          AND p.prorettype = CAST('record' AS regtype)
+    LOOP
+        EXECUTE format('DROP FUNCTION %s', f);
+    END LOOP;
 END
 $$;
 
@@ -199,16 +211,14 @@ CREATE OR REPLACE FUNCTION route_team(
     p_team_per_day integer, p_team_per_week integer, p_max_in_a_row integer,
     p_lead_ids bigint[], p_crm_ids text[], p_parent_ids text[], p_rule_indexes integer[],
     p_rule_names text[], p_sla_minutes integer[], p_details jsonb, p_detail_of integer[],
-    p_final boolean, p_exclude bigint, p_record boolean,
-    OUT status text, OUT epoch integer, OUT member_ids bigint[], OUT reason text,
-    OUT seat_ids bigint[], OUT seat_users text[], OUT seat_names text[],
-    OUT seat_weights integer[], OUT seat_skips text[], OUT seat_counts bigint[],
-    OUT away_by_command text[], OUT credit_ids bigint[], OUT credit_ns bigint[]
+    p_final boolean, p_exclude bigint, p_record boolean
 )
+RETURNS route_team_result
 LANGUAGE plpgsql VOLATILE
 AS $$
 #variable_conflict use_column
 DECLARE
+    res route_team_result;  -- the result, returned at the end
     v_team   bigint;
     v_recent bigint[] := '{}';
     v_member bigint;
@@ -225,11 +235,11 @@ DECLARE
     v_details jsonb := p_details;
     v_owners text[];
 BEGIN
-    SELECT t.id, t.epoch INTO v_team, epoch
+    SELECT t.id, t.epoch INTO v_team, res.epoch
     FROM teams t WHERE t.org = p_org AND t.name = p_team AND t.in_config FOR UPDATE;
     IF NOT FOUND THEN
-        status := 'no_team';
-        RETURN;
+        res.status := 'no_team';
+        RETURN res;
     END IF;
     -- catch-up's latest owners, newest first, read under the lock. The constant LIMIT is the
     -- largest K (config.py MAX_IN_A_ROW): a LIMIT given as a parameter is unknown to a
@@ -255,7 +265,8 @@ BEGIN
            array_agg(y.turns), array_agg(y.why),
            CAST(count(*) FILTER (WHERE y.active) AS integer),
            array_agg(y.crm_user_id) FILTER (WHERE y.away_cmd)
-    INTO seat_ids, seat_users, seat_names, seat_weights, v_turns, v_why, v_active, v_away
+    INTO res.seat_ids, res.seat_users, res.seat_names, res.seat_weights, v_turns, v_why,
+         v_active, v_away
     FROM (
         SELECT mb.id, mb.crm_user_id, mb.name, mb.weight, mb.active,
                mb.assigned_in_epoch + mb.credited_in_epoch AS turns,
@@ -270,7 +281,7 @@ BEGIN
         ORDER BY NOT mb.active, CASE WHEN mb.active THEN mb.weight END DESC, mb.position,
                  mb.id
     ) y;
-    v_k := cardinality(seat_ids);
+    v_k := cardinality(res.seat_ids);
     IF p_team_per_day IS NOT NULL OR p_team_per_week IS NOT NULL
        OR cardinality(array_remove(p_per_day || p_per_week, NULL)) > 0 THEN
         -- the caps' room, seat by seat: a member the config does not name has the team's
@@ -281,7 +292,7 @@ BEGIN
                                            cap.week - coalesce(w.assigned, 0))) END
                          ORDER BY q.ord)
         INTO v_room
-        FROM unnest(seat_ids, seat_users) WITH ORDINALITY AS q (id, usr, ord)
+        FROM unnest(res.seat_ids, res.seat_users) WITH ORDINALITY AS q (id, usr, ord)
         CROSS JOIN LATERAL (SELECT array_position(p_users, q.usr) AS i) c
         CROSS JOIN LATERAL (
             SELECT CASE WHEN c.i IS NULL THEN p_team_per_day ELSE p_per_day[c.i] END AS day,
@@ -299,52 +310,54 @@ BEGIN
         ) w ON true;
     END IF;
     -- reps away by `connector rep away` now, sorted by code point (as Python sorts)
-    away_by_command := '{}';
+    res.away_by_command := '{}';
     IF v_away IS NOT NULL THEN
-        SELECT array_agg(u ORDER BY u COLLATE "C") INTO away_by_command
+        SELECT array_agg(u ORDER BY u COLLATE "C") INTO res.away_by_command
         FROM unnest(v_away) AS u;
     END IF;
-    r := rotation_picks(seat_ids, seat_weights, v_turns, v_why, v_room, v_active,
+    r := rotation_picks(res.seat_ids, res.seat_weights, v_turns, v_why, v_room, v_active,
                         p_max_in_a_row, v_recent, v_n);
-    member_ids := r.picks;
-    seat_skips := r.skips;
-    seat_counts := r.counts;
+    res.member_ids := r.picks;
+    res.seat_skips := r.skips;
+    res.seat_counts := r.counts;
     v_first := array_position(r.picks, NULL);
     IF v_first IS NOT NULL THEN
         -- nobody can take this lead, nor (caps only fill) any after it
         v_skips := r.skips[(v_first - 1) * v_k + 1:v_first * v_k];
-        reason := CASE
+        res.reason := CASE
             WHEN v_active = 0 THEN 'no_active_member'
             WHEN 'capped' = ANY (v_skips[1:v_active]) THEN 'all_capped'
             ELSE 'none_available' END;
     END IF;
-    IF cardinality(away_by_command) > 0 THEN
+    IF cardinality(res.away_by_command) > 0 THEN
         -- with those a lead met in the teams it overflowed from, sorted by code point
         SELECT jsonb_agg(e || jsonb_build_object('away_by_command', (
                    SELECT to_jsonb(array_agg(x.u ORDER BY x.u COLLATE "C"))
                    FROM (SELECT jsonb_array_elements_text(coalesce(e -> 'away_by_command',
                                                                    '[]'))
                          UNION
-                         SELECT unnest(away_by_command)) AS x (u))))
+                         SELECT unnest(res.away_by_command)) AS x (u))))
         INTO v_details FROM jsonb_array_elements(p_details) AS e;
     END IF;
     IF NOT p_record THEN
-        credit_ids := r.credit_ids;
-        credit_ns := r.credit_ns;
-        status := 'picked';
-        RETURN;
+        res.credit_ids := r.credit_ids;
+        res.credit_ns := r.credit_ns;
+        res.status := 'picked';
+        RETURN res;
     END IF;
     -- each pick's CRM user id, for its assignment and outbox row
     v_owners := '{}';
     FOREACH v_member IN ARRAY r.picks LOOP
-        v_owners := v_owners || seat_users[array_position(seat_ids, v_member)];
+        v_owners := v_owners || res.seat_users[array_position(res.seat_ids, v_member)];
     END LOOP;
     v_n := record_assignments(
-        p_org, p_crm_object, p_source, v_team, epoch, true, p_day, p_week,
+        p_org, p_crm_object, p_source, v_team, res.epoch, true, p_day, p_week,
         p_lead_ids, r.picks, v_owners, p_crm_ids, p_parent_ids, p_rule_indexes, p_rule_names,
         p_sla_minutes, NULL, r.credit_ids, r.credit_ns, p_batch, v_details, p_detail_of,
-        seat_ids, seat_weights, r.skips, r.counts, CASE WHEN p_final THEN reason END);
-    status := 'routed';
+        res.seat_ids, res.seat_weights, r.skips, r.counts,
+        CASE WHEN p_final THEN res.reason END);
+    res.status := 'routed';
+    RETURN res;
 END
 $$;
 
@@ -359,20 +372,19 @@ CREATE OR REPLACE FUNCTION route_new_lead(
     p_now timestamptz, p_day date, p_week date,
     p_users text[], p_blocked text[], p_per_day integer[], p_per_week integer[],
     p_team_per_day integer, p_team_per_week integer, p_max_in_a_row integer,
-    p_detail jsonb, p_sla_minutes integer,
-    OUT status text, OUT lead_id bigint, OUT team text, OUT owner_id text,
-    OUT owner_name text, OUT reason text, OUT member_ids bigint[], OUT seat_ids bigint[],
-    OUT seat_skips text[]
+    p_detail jsonb, p_sla_minutes integer
 )
+RETURNS route_new_lead_result
 LANGUAGE plpgsql VOLATILE
 AS $$
 #variable_conflict use_column
 DECLARE
+    res route_new_lead_result;  -- the result, returned at the end
     v_lead bigint;
     v_seat integer;
     r      record;
 BEGIN
-    team := p_team;
+    res.team := p_team;
     -- the team's presence is route_team's check (under its lock): a new lead of a team
     -- not in the database is removed again in this call, and the statement keeps nothing
     INSERT INTO leads (org, crm_object, crm_id, fields, parent_id, source)
@@ -380,7 +392,7 @@ BEGIN
     ON CONFLICT (org, crm_object, crm_id) WHERE merged_into IS NULL DO NOTHING
     RETURNING id INTO v_lead;
     IF v_lead IS NOT NULL THEN
-        lead_id := v_lead;
+        res.lead_id := v_lead;
         r := route_team(p_org, p_crm_object, p_source, p_team, p_now, p_day, p_week, v_lead,
                         p_users, p_blocked, p_per_day, p_per_week, p_team_per_day,
                         p_team_per_week, p_max_in_a_row, ARRAY[v_lead], ARRAY[p_crm_id],
@@ -389,32 +401,33 @@ BEGIN
                         NULL, true);
         IF r.status = 'no_team' THEN  -- not in the database (or retired while it waited)
             DELETE FROM leads l WHERE l.id = v_lead;
-            status := 'no_team';
-            lead_id := NULL;
-            RETURN;
+            res.status := 'no_team';
+            res.lead_id := NULL;
+            RETURN res;
         END IF;
-        status := 'routed';
-        reason := r.reason;
-        member_ids := r.member_ids;
-        seat_ids := r.seat_ids;
-        seat_skips := r.seat_skips;
+        res.status := 'routed';
+        res.reason := r.reason;
+        res.member_ids := r.member_ids;
+        res.seat_ids := r.seat_ids;
+        res.seat_skips := r.seat_skips;
         v_seat := array_position(r.seat_ids, r.member_ids[1]);  -- NULL: nobody took it
-        owner_id := r.seat_users[v_seat];
-        owner_name := r.seat_names[v_seat];
-        RETURN;
+        res.owner_id := r.seat_users[v_seat];
+        res.owner_name := r.seat_names[v_seat];
+        RETURN res;
     END IF;
     SELECT l.id, a.crm_user_id, t.name, mm.name,
            CASE WHEN a.crm_user_id IS NULL THEN l.unassigned_reason END
-    INTO lead_id, owner_id, team, owner_name, reason
+    INTO res.lead_id, res.owner_id, res.team, res.owner_name, res.reason
     FROM leads l
     LEFT JOIN assignments a ON a.lead_id = l.id
     LEFT JOIN teams t ON t.id = a.team_id
     LEFT JOIN members mm ON mm.id = a.member_id
     WHERE l.org = p_org AND l.crm_object = p_crm_object AND l.crm_id = p_crm_id
       AND l.merged_into IS NULL;
-    status := CASE WHEN FOUND THEN 'duplicate' ELSE 'no_team' END;
+    res.status := CASE WHEN FOUND THEN 'duplicate' ELSE 'no_team' END;
     IF NOT FOUND THEN
-        team := p_team;
+        res.team := p_team;
     END IF;
+    RETURN res;
 END
 $$;
