@@ -3,7 +3,7 @@
 
 python3 dev.py demo        the main job: a burst of leads routed on an embedded Postgres
 python3 dev.py test [ARGS] the whole test suite (ARGS go to pytest), on pytest-xdist workers
-                           (3 a core; one per core with TEST_DATABASE_URL) unless ARGS
+                           (cores + 4; one per core with TEST_DATABASE_URL) unless ARGS
                            choose (`-n 0`, `-p no:xdist`) or use --pdb
 python3 dev.py lint        ruff (lint + format check) and mypy
 python3 dev.py lock [ARGS] rewrite requirements.lock from pyproject.toml (pip-compile: pins
@@ -71,16 +71,17 @@ def ensure_venv() -> None:
 
 
 def worker_count() -> int:
-    """Three workers a core this process may use: the suite spends much of its time waiting
-    on clocks (CRM outages, Retry-After, HTTP deadlines, processes killed and restarted), and
-    the extra workers fill the cores meanwhile. Measured on 2 cores in one sitting (tests
-    marked slow first, handed out one at a time): 4 workers 213 s with the cores 90% busy,
-    6 workers 198 s with them 97% busy."""
+    """Four workers more than the cores this process may use: the suite spends much of its
+    time waiting on clocks (CRM outages, Retry-After, HTTP deadlines, processes killed and
+    restarted), and the extra workers fill the cores meanwhile (how many tests wait does not
+    grow with the cores). Measured on 2 cores in one sitting (tests marked slow first, handed
+    out one at a time): 4 workers 213 s with the cores 90% busy, 6 workers 198 s with them 97%
+    busy."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         cores = os.cpu_count() or 1
-    return 3 * cores
+    return cores + 4
 
 
 def xdist_args(args: list[str]) -> list[str]:

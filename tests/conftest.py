@@ -110,7 +110,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.timeout(SLOW_TIMEOUT_S))
     if os.environ.get("PYTEST_XDIST_WORKER"):
         # Under xdist the slow tests go first (a stable sort: every worker collects the same
-        # order). Without TEST_DATABASE_URL dev.py gives 3 workers a core `--maxschedchunk
+        # order). Without TEST_DATABASE_URL dev.py gives cores + 4 workers `--maxschedchunk
         # 1` (each holds its running test and one more), so the slow ones spread over the
         # workers as they come free and the short ones fill in at the end. (With xdist's
         # default blocks of consecutive tests they all landed on one worker: 250 s of slow

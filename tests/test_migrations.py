@@ -70,6 +70,14 @@ CATALOG = {
         JOIN pg_namespace n ON n.oid = c.relnamespace
         WHERE n.nspname = 'public' AND NOT t.tgisinternal ORDER BY 1, 2
     """,
+    "row_types": """
+        SELECT c.relname, a.attname, format_type(a.atttypid, a.atttypmod)
+        FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+        JOIN pg_attribute a ON a.attrelid = c.oid
+        WHERE n.nspname = 'public' AND c.relkind = 'c' AND a.attnum > 0
+          AND NOT a.attisdropped
+        ORDER BY 1, a.attnum
+    """,
     "functions": """
         SELECT p.proname, pg_get_function_arguments(p.oid),
                pg_get_function_result(p.oid), l.lanname, p.provolatile, p.proisstrict,
@@ -369,6 +377,28 @@ def test_what_the_files_no_longer_define_is_dropped(
             conn.execute(text("SELECT count(*) FROM pg_proc WHERE proname = 'route_team'")).scalar()
             == 1
         )
+
+
+def test_a_row_type_whose_columns_changed_is_made_again_with_its_functions(
+    blank: Engine,
+) -> None:
+    """db/functions/_result_types.sql: a result type that is no longer the file's (here an
+    older shape of route_new_lead_result) is dropped with the function returning it, and
+    both are made again as the files define them."""
+    assert migrate(blank) == ALL
+    before = catalog(blank)
+    assert ("route_new_lead_result", "seat_skips", "text[]") in before["row_types"]
+    with blank.begin() as conn:
+        conn.execute(text("DROP TYPE route_new_lead_result CASCADE"))
+        conn.execute(text("CREATE TYPE route_new_lead_result AS (status text, lead_id bigint)"))
+        conn.execute(
+            text(
+                "CREATE FUNCTION route_new_lead() RETURNS route_new_lead_result "
+                "LANGUAGE sql AS $$ SELECT 'x', 1 $$"
+            )
+        )
+    assert migrate(blank) == []
+    assert catalog(blank) == before
 
 
 PERCENT = db.Functions(

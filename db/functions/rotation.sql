@@ -16,28 +16,7 @@
 -- (j - 1) * cardinality(ids) + i; counts advance by picks, as a decision records them), and
 -- the turns credited to the seats passed over.
 --
--- Its result is a named composite type, as route_team's and route_new_lead's are
--- (db/functions/routing.sql): a function with OUT parameters rebuilds its result's row type
--- from its pg_proc row on every call, a named type's comes from the type cache.
-DO $$
-BEGIN
-    IF to_regtype('rotation_picks_result') IS NULL THEN
-        CREATE TYPE rotation_picks_result AS (
-            picks bigint[], skips text[], counts bigint[], credit_ids bigint[],
-            credit_ns bigint[]
-        );
-    END IF;
-    -- its earlier form, with OUT parameters (CREATE OR REPLACE cannot change a result type)
-    IF EXISTS (SELECT FROM pg_proc p
-               WHERE p.pronamespace = CAST(current_schema() AS regnamespace)
-                 AND p.proname = 'rotation_picks'
-                 AND p.prorettype = CAST('record' AS regtype)) THEN
-        DROP FUNCTION rotation_picks(bigint[], integer[], bigint[], text[], integer[], integer,
-            integer, bigint[], integer);
-    END IF;
-END
-$$;
-
+-- Its result type, rotation_picks_result, is in db/functions/_result_types.sql.
 CREATE OR REPLACE FUNCTION rotation_picks(
     ids bigint[], weights integer[], turns bigint[], blocked text[], room integer[],
     p_active integer, max_in_a_row integer, recent bigint[], p_count integer

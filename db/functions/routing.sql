@@ -4,35 +4,15 @@
 -- COMMITTED each statement inside takes a fresh snapshot: a read that follows the team lock
 -- sees what the previous lock holder committed.
 
--- route_team's and route_new_lead's results are single rows of named composite types (as
--- rotation_picks' is), which a caller assigns as an expression (`r := route_team(...)`),
--- without a query's set-up: a function with OUT parameters would rebuild its row type from
--- its pg_proc row on every call, a named type's comes from the type cache. A type is made
--- when missing; a change to one drops it (and the function returning it) first.
--- CREATE OR REPLACE cannot change a function's result type, and a changed list of parameters
--- makes a second function beside the first, so a database whose functions have earlier
--- result types (OUT parameters, a set of rows; record_assignments: void) or parameters gets
--- them dropped first. Only then: a drop gives the function a new identity, and a session
--- still holding a plan of the old one would fail ("cache lookup failed") while other
--- processes route.
+-- route_team's and route_new_lead's results are single rows of named composite types
+-- (db/functions/_result_types.sql), which a caller assigns as an expression
+-- (`r := route_team(...)`), without a query's set-up. A changed list of parameters makes a
+-- second function beside the first, so a database whose record_assignments has earlier
+-- parameters (or result type: void) gets it dropped first. Only then: a drop gives the
+-- function a new identity, and a session still holding a plan of the old one would fail
+-- ("cache lookup failed") while other processes route.
 DO $$
-DECLARE
-    f regprocedure;
 BEGIN
-    IF to_regtype('route_team_result') IS NULL THEN
-        CREATE TYPE route_team_result AS (
-            status text, epoch integer, member_ids bigint[], reason text, seat_ids bigint[],
-            seat_users text[], seat_names text[], seat_weights integer[], seat_skips text[],
-            seat_counts bigint[], away_by_command text[], credit_ids bigint[],
-            credit_ns bigint[]
-        );
-    END IF;
-    IF to_regtype('route_new_lead_result') IS NULL THEN
-        CREATE TYPE route_new_lead_result AS (
-            status text, lead_id bigint, team text, owner_id text, owner_name text,
-            reason text, member_ids bigint[], seat_ids bigint[], seat_skips text[]
-        );
-    END IF;
     -- record_assignments without p_owner_ids (its result void, or integer)
     IF EXISTS (SELECT FROM pg_proc p
                WHERE p.pronamespace = CAST(current_schema() AS regnamespace)
@@ -42,15 +22,6 @@ BEGIN
             bigint[], bigint[], bigint, jsonb, integer[], bigint[], integer[], text[],
             bigint[], text);
     END IF;
-    -- route_team and route_new_lead with OUT parameters (or returning a set of rows)
-    FOR f IN
-        SELECT p.oid FROM pg_proc p
-        WHERE p.pronamespace = CAST(current_schema() AS regnamespace)
-          AND p.proname IN ('route_team', 'route_new_lead')
-          AND p.prorettype = CAST('record' AS regtype)
-    LOOP
-        EXECUTE format('DROP FUNCTION %s', f);
-    END LOOP;
 END
 $$;
 
