@@ -54,6 +54,7 @@ BURST_S = 30.0  # the deliveries are spread over this, so the kills land through
 KILL_EVERY_S = 0.2
 MIN_KILL_PHASE_S = 6.0
 MAX_KILL_PHASE_S = 15.0
+MIN_KILLS = 20
 LEASE_S = 2
 SOAP_BATCH, HS_BATCH = 10, 16
 
@@ -123,8 +124,10 @@ def test_kill9_every_200ms_loses_nothing(
         started = time.monotonic()
         while not stop_kills.is_set():
             elapsed = time.monotonic() - started
-            if elapsed >= MAX_KILL_PHASE_S or (
-                senders_done.is_set() and elapsed >= MIN_KILL_PHASE_S
+            # at least MIN_KILLS, however slowly a busy machine restarts the processes
+            if kills >= MIN_KILLS and (
+                elapsed >= MAX_KILL_PHASE_S
+                or (senders_done.is_set() and elapsed >= MIN_KILL_PHASE_S)
             ):
                 return
             # not synchronisation: the kill rhythm is the scenario
@@ -199,7 +202,7 @@ def test_kill9_every_200ms_loses_nothing(
     assert inv.dead == 0 and inv.open_outbox == 0
     assert inv.crm_mismatches == [], inv.crm_mismatches[:10]
     assert fairness_violations(engine, configs) == []
-    assert kills >= 20, figures
+    assert kills >= MIN_KILLS, figures
     assert repeat_requests + hs_repeat_requests <= kills * in_flight_per_process, figures
     assert set(codes.values()) == {0}, codes
     assert_clean_logs([log for p in procs for log in p.logs])
