@@ -25,23 +25,22 @@ RETURNS rotation_picks_result
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 AS $$
 DECLARE
-    picks  bigint[] := '{}';
-    skips  text[] := '{}';
-    counts bigint[] := '{}';
-    credit_ids bigint[] := '{}';
-    credit_ns  bigint[] := '{}';
+    -- Arrays start NULL (an append to NULL makes the array, a subscript of NULL reads NULL):
+    -- each initialised variable is an expression PL/pgSQL sets up once per transaction.
+    -- turns, room and blocked are worked on in place: t, lft, why below are their names.
+    picks  bigint[];
+    skips  text[];
+    counts bigint[];
+    credit_ids bigint[];
+    credit_ns  bigint[];
     k      integer := coalesce(p_active, 0);
-    t      bigint[] := turns;   -- rotation turns: leads and credited turns
     shown  bigint[] := turns;   -- what a decision records: advanced by picks only
-    lft    integer[] := room;
-    why    text[] := blocked;
-    cred   boolean[];
-    gave   bigint[];
-    hist   bigint[] := '{}';
+    cred   boolean[];           -- passed over with a credit (NULL: no)
+    gave   bigint[];            -- turns credited (NULL: none)
+    hist   bigint[];
     total  bigint := 0;
     slot   bigint := 0;
     able   integer := 0;
-    credited boolean := false;
     excl   integer;
     best   integer;
     dl     bigint;
@@ -50,30 +49,29 @@ DECLARE
     j      integer;
 BEGIN
     IF p_count IS NULL OR p_count <= 0 THEN
-        RETURN ROW(picks, skips, counts, credit_ids, credit_ns);
+        RETURN ROW('{}'::bigint[], '{}'::text[], '{}'::bigint[], '{}'::bigint[],
+                   '{}'::bigint[]);
     END IF;
-    cred := array_fill(false, ARRAY[greatest(k, 1)]);
-    gave := array_fill(0::bigint, ARRAY[greatest(k, 1)]);
     IF max_in_a_row IS NOT NULL THEN
         hist := coalesce(recent[1:max_in_a_row], '{}');
     END IF;
     FOR i IN 1..k LOOP
         total := total + weights[i];
-        slot := slot + t[i];
-        IF why[i] IS NOT NULL THEN
+        slot := slot + turns[i];
+        IF blocked[i] IS NOT NULL THEN
             -- passed over with a credit: capped, off shift, and away unless the team
             -- catches up
-            cred[i] := why[i] IN ('capped', 'off_shift')
-                       OR (why[i] = 'away' AND max_in_a_row IS NULL);
-        ELSIF lft[i] = 0 THEN
-            why[i] := 'capped';
+            cred[i] := blocked[i] IN ('capped', 'off_shift')
+                       OR (blocked[i] = 'away' AND max_in_a_row IS NULL);
+        ELSIF room[i] = 0 THEN
+            blocked[i] := 'capped';
             cred[i] := true;
         ELSE
             able := able + 1;
         END IF;
     END LOOP;
     FOR j IN 1..p_count LOOP
-        skips := skips || why;
+        skips := skips || blocked;
         counts := counts || shown;
         IF able = 0 THEN
             picks := picks || NULL::bigint;
@@ -86,7 +84,7 @@ BEGIN
            AND hist[1:max_in_a_row] <@ ARRAY[hist[1]] THEN
             excl := array_position(ids[1:k], hist[1]);
             IF excl IS NOT NULL
-               AND NOT (why[excl] IS NULL AND slot * weights[excl] >= t[excl] * total
+               AND NOT (blocked[excl] IS NULL AND slot * weights[excl] >= turns[excl] * total
                         AND max_in_a_row * total >= (max_in_a_row + 1) * weights[excl]) THEN
                 excl := NULL;
             END IF;
@@ -95,26 +93,26 @@ BEGIN
             best := NULL;
             FOR i IN 1..k LOOP
                 -- released (its next turn is due) and earlier than the best so far
-                IF (why[i] IS NULL OR cred[i]) AND i IS DISTINCT FROM excl
-                   AND t[i] * total / weights[i] <= slot
+                IF (blocked[i] IS NULL OR cred[i]) AND i IS DISTINCT FROM excl
+                   AND turns[i] * total / weights[i] <= slot
                    AND (best IS NULL
-                        OR ((t[i] + 1) * total + weights[i] - 1) / weights[i] < best_dl) THEN
+                        OR ((turns[i] + 1) * total + weights[i] - 1) / weights[i] < best_dl)
+                THEN
                     best := i;
-                    best_dl := ((t[i] + 1) * total + weights[i] - 1) / weights[i];
+                    best_dl := ((turns[i] + 1) * total + weights[i] - 1) / weights[i];
                 END IF;
             END LOOP;
             IF best IS NOT NULL THEN
-                IF why[best] IS NOT NULL THEN  -- its turn is credited; the schedule moves on
-                    t[best] := t[best] + 1;
-                    gave[best] := gave[best] + 1;
+                IF blocked[best] IS NOT NULL THEN  -- credited; the schedule moves on
+                    turns[best] := turns[best] + 1;
+                    gave[best] := coalesce(gave[best], 0) + 1;
                     slot := slot + 1;
-                    credited := true;
                     CONTINUE;
                 END IF;
             ELSE  -- the away reps' share is not consumed: serve the earliest deadline
                 FOR i IN 1..k LOOP
-                    CONTINUE WHEN i = excl OR why[i] IS NOT NULL;
-                    dl := ((t[i] + 1) * total + weights[i] - 1) / weights[i];
+                    CONTINUE WHEN i = excl OR blocked[i] IS NOT NULL;
+                    dl := ((turns[i] + 1) * total + weights[i] - 1) / weights[i];
                     IF best IS NULL OR dl < best_dl THEN
                         best := i;
                         best_dl := dl;
@@ -123,13 +121,13 @@ BEGIN
             END IF;
             EXIT;
         END LOOP;
-        t[best] := t[best] + 1;
+        turns[best] := turns[best] + 1;
         shown[best] := shown[best] + 1;
         slot := slot + 1;
-        IF lft[best] IS NOT NULL THEN
-            lft[best] := lft[best] - 1;
-            IF lft[best] = 0 THEN
-                why[best] := 'capped';
+        IF room[best] IS NOT NULL THEN
+            room[best] := room[best] - 1;
+            IF room[best] = 0 THEN
+                blocked[best] := 'capped';
                 cred[best] := true;
                 able := able - 1;
             END IF;
@@ -139,7 +137,7 @@ BEGIN
         END IF;
         picks := picks || ids[best];
     END LOOP;
-    IF credited THEN
+    IF gave IS NOT NULL THEN
         FOR i IN 1..k LOOP
             IF gave[i] > 0 THEN
                 credit_ids := credit_ids || ids[i];
@@ -147,6 +145,7 @@ BEGIN
             END IF;
         END LOOP;
     END IF;
-    RETURN ROW(picks, skips, counts, credit_ids, credit_ns);
+    RETURN ROW(picks, coalesce(skips, '{}'), coalesce(counts, '{}'), coalesce(credit_ids, '{}'),
+               coalesce(credit_ns, '{}'));
 END
 $$;

@@ -12,16 +12,17 @@
 -- function a new identity, and a session still holding a plan of the old one would fail
 -- ("cache lookup failed") while other processes route.
 DO $$
+DECLARE
+    f regprocedure;
 BEGIN
-    -- record_assignments without p_owner_ids (its result void, or integer)
-    IF EXISTS (SELECT FROM pg_proc p
-               WHERE p.pronamespace = CAST(current_schema() AS regnamespace)
-                 AND p.proname = 'record_assignments' AND p.pronargs = 26) THEN
-        DROP FUNCTION record_assignments(text, text, text, bigint, integer, boolean, date,
-            date, bigint[], bigint[], text[], text[], integer[], text[], integer[], jsonb,
-            bigint[], bigint[], bigint, jsonb, integer[], bigint[], integer[], text[],
-            bigint[], text);
-    END IF;
+    -- record_assignments with other parameters (without p_owner_ids, without p_notify)
+    FOR f IN
+        SELECT p.oid FROM pg_proc p
+        WHERE p.pronamespace = CAST(current_schema() AS regnamespace)
+          AND p.proname = 'record_assignments' AND p.pronargs <> 28
+    LOOP
+        EXECUTE format('DROP FUNCTION %s', f);
+    END LOOP;
 END
 $$;
 
@@ -78,7 +79,9 @@ $$;
 -- decision is written by the caller); a pick's part (batch, epoch, chosen member and seats:
 -- p_seat_ids and p_seat_weights for every lead, p_seat_skips and p_seat_counts flat, one run
 -- of the seats' length per lead) goes in columns, read back through decision_details. Every
--- lead given here was inserted by this transaction, so now() is its received_at. Returns the
+-- lead given here was inserted by this transaction, so now() is its received_at. p_notify:
+-- whether the org queues notifications, as the caller read it before it took the team's lock
+-- (route_team: that read is not held up behind other leads); NULL: read here. Returns the
 -- number of assignments recorded.
 CREATE OR REPLACE FUNCTION record_assignments(
     p_org text, p_crm_object text, p_source text, p_team_id bigint, p_epoch integer,
@@ -89,7 +92,7 @@ CREATE OR REPLACE FUNCTION record_assignments(
     p_credit_ns bigint[],
     p_batch bigint, p_details jsonb, p_detail_of integer[],
     p_seat_ids bigint[], p_seat_weights integer[], p_seat_skips text[], p_seat_counts bigint[],
-    p_reason text
+    p_reason text, p_notify boolean DEFAULT NULL
 )
 RETURNS integer
 LANGUAGE plpgsql VOLATILE
@@ -151,7 +154,7 @@ BEGIN
         WHERE p_details -> p.detail_of IS NOT NULL
           AND (p.member_id IS NOT NULL OR p_reason IS NOT NULL);
     END IF;
-    IF n > 0 THEN
+    IF n > 0 AND p_notify IS NOT FALSE THEN
         -- the reps' notifications (db/functions/notifications.sql; nothing when the org has
         -- none)
         PERFORM queue_notifications(p_org, p_lead_ids, p_member_ids, '{assigned}', 'assigned',
@@ -191,7 +194,7 @@ AS $$
 DECLARE
     res route_team_result;  -- the result, returned at the end
     v_team   bigint;
-    v_recent bigint[] := '{}';
+    v_recent bigint[];  -- NULL until the first is read
     v_member bigint;
     v_room   integer[];
     v_turns  bigint[];
@@ -199,14 +202,19 @@ DECLARE
     v_active integer;
     v_away   text[];
     r        record;
-    v_n      integer := coalesce(cardinality(p_lead_ids), 0);
+    v_n      integer;
     v_k      integer;
     v_first  integer;
     v_skips  text[];
-    v_details jsonb := p_details;
     v_owners text[];
+    v_notify boolean;
 BEGIN
-    SELECT t.id, t.epoch INTO v_team, res.epoch
+    -- the team's lock, and whether the org queues notifications, read before the lock is
+    -- waited for (the subquery is evaluated with the team's row, before its lock is taken)
+    SELECT t.id, t.epoch,
+           EXISTS (SELECT FROM notify_settings s
+                   WHERE s.org = p_org AND cardinality(s.channels) > 0)
+    INTO v_team, res.epoch, v_notify
     FROM teams t WHERE t.org = p_org AND t.name = p_team AND t.in_config FOR UPDATE;
     IF NOT FOUND THEN
         res.status := 'no_team';
@@ -252,7 +260,6 @@ BEGIN
         ORDER BY NOT mb.active, CASE WHEN mb.active THEN mb.weight END DESC, mb.position,
                  mb.id
     ) y;
-    v_k := cardinality(res.seat_ids);
     IF p_team_per_day IS NOT NULL OR p_team_per_week IS NOT NULL
        OR cardinality(array_remove(p_per_day || p_per_week, NULL)) > 0 THEN
         -- the caps' room, seat by seat: a member the config does not name has the team's
@@ -287,13 +294,14 @@ BEGIN
         FROM unnest(v_away) AS u;
     END IF;
     r := rotation_picks(res.seat_ids, res.seat_weights, v_turns, v_why, v_room, v_active,
-                        p_max_in_a_row, v_recent, v_n);
+                        p_max_in_a_row, v_recent, coalesce(cardinality(p_lead_ids), 0));
     res.member_ids := r.picks;
     res.seat_skips := r.skips;
     res.seat_counts := r.counts;
     v_first := array_position(r.picks, NULL);
     IF v_first IS NOT NULL THEN
         -- nobody can take this lead, nor (caps only fill) any after it
+        v_k := cardinality(res.seat_ids);
         v_skips := r.skips[(v_first - 1) * v_k + 1:v_first * v_k];
         res.reason := CASE
             WHEN v_active = 0 THEN 'no_active_member'
@@ -308,7 +316,7 @@ BEGIN
                                                                    '[]'))
                          UNION
                          SELECT unnest(res.away_by_command)) AS x (u))))
-        INTO v_details FROM jsonb_array_elements(p_details) AS e;
+        INTO p_details FROM jsonb_array_elements(p_details) AS e;
     END IF;
     IF NOT p_record THEN
         res.credit_ids := r.credit_ids;
@@ -324,9 +332,9 @@ BEGIN
     v_n := record_assignments(
         p_org, p_crm_object, p_source, v_team, res.epoch, true, p_day, p_week,
         p_lead_ids, r.picks, v_owners, p_crm_ids, p_parent_ids, p_rule_indexes, p_rule_names,
-        p_sla_minutes, NULL, r.credit_ids, r.credit_ns, p_batch, v_details, p_detail_of,
+        p_sla_minutes, NULL, r.credit_ids, r.credit_ns, p_batch, p_details, p_detail_of,
         res.seat_ids, res.seat_weights, r.skips, r.counts,
-        CASE WHEN p_final THEN res.reason END);
+        CASE WHEN p_final THEN res.reason END, v_notify);
     res.status := 'routed';
     RETURN res;
 END
