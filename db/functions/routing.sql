@@ -98,8 +98,7 @@ RETURNS integer
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
-    k integer := coalesce(cardinality(p_seat_ids), 0);
-    n integer := 0;
+    n integer;
 BEGIN
     -- Plain statements, each run only when it has work: a statement costs its executor
     -- set-up even for one row, and one WITH of every step set up all of them every call.
@@ -147,8 +146,10 @@ BEGIN
                END,
                p_batch, CASE WHEN p.member_id IS NOT NULL THEN p_epoch END, p.member_id,
                p_seat_ids, p_seat_weights,
-               p_seat_counts[(p.ord - 1) * k + 1:p.ord * k],
-               p_seat_skips[(p.ord - 1) * k + 1:p.ord * k]
+               p_seat_counts[(p.ord - 1) * cardinality(p_seat_ids) + 1
+                             :p.ord * cardinality(p_seat_ids)],
+               p_seat_skips[(p.ord - 1) * cardinality(p_seat_ids) + 1
+                            :p.ord * cardinality(p_seat_ids)]
         FROM unnest(p_lead_ids, p_member_ids, p_detail_of)
              WITH ORDINALITY AS p (lead_id, member_id, detail_of, ord)
         WHERE p_details -> p.detail_of IS NOT NULL
@@ -288,10 +289,19 @@ BEGIN
         ) w ON true;
     END IF;
     -- reps away by `connector rep away` now, sorted by code point (as Python sorts)
-    res.away_by_command := '{}';
-    IF v_away IS NOT NULL THEN
+    IF v_away IS NULL THEN
+        res.away_by_command := '{}';
+    ELSE
         SELECT array_agg(u ORDER BY u COLLATE "C") INTO res.away_by_command
         FROM unnest(v_away) AS u;
+        -- in the decisions, with those a lead met in the teams it overflowed from
+        SELECT jsonb_agg(e || jsonb_build_object('away_by_command', (
+                   SELECT to_jsonb(array_agg(x.u ORDER BY x.u COLLATE "C"))
+                   FROM (SELECT jsonb_array_elements_text(coalesce(e -> 'away_by_command',
+                                                                   '[]'))
+                         UNION
+                         SELECT unnest(res.away_by_command)) AS x (u))))
+        INTO p_details FROM jsonb_array_elements(p_details) AS e;
     END IF;
     r := rotation_picks(res.seat_ids, res.seat_weights, v_turns, v_why, v_room, v_active,
                         p_max_in_a_row, v_recent, coalesce(cardinality(p_lead_ids), 0));
@@ -307,16 +317,6 @@ BEGIN
             WHEN v_active = 0 THEN 'no_active_member'
             WHEN 'capped' = ANY (v_skips[1:v_active]) THEN 'all_capped'
             ELSE 'none_available' END;
-    END IF;
-    IF cardinality(res.away_by_command) > 0 THEN
-        -- with those a lead met in the teams it overflowed from, sorted by code point
-        SELECT jsonb_agg(e || jsonb_build_object('away_by_command', (
-                   SELECT to_jsonb(array_agg(x.u ORDER BY x.u COLLATE "C"))
-                   FROM (SELECT jsonb_array_elements_text(coalesce(e -> 'away_by_command',
-                                                                   '[]'))
-                         UNION
-                         SELECT unnest(res.away_by_command)) AS x (u))))
-        INTO p_details FROM jsonb_array_elements(p_details) AS e;
     END IF;
     IF NOT p_record THEN
         res.credit_ids := r.credit_ids;
