@@ -79,27 +79,31 @@ BEGIN
         END IF;
         -- catch-up: no (K+1)-th lead in a row while another rep can take it, unless that rep
         -- is already ahead of its share, or its share is more than K of every K+1 leads
-        excl := NULL;
-        IF max_in_a_row IS NOT NULL AND able > 1 AND cardinality(hist) >= max_in_a_row
-           AND hist[1:max_in_a_row] <@ ARRAY[hist[1]] THEN
-            excl := array_position(ids[1:k], hist[1]);
-            IF excl IS NOT NULL
-               AND NOT (blocked[excl] IS NULL AND slot * weights[excl] >= turns[excl] * total
-                        AND max_in_a_row * total >= (max_in_a_row + 1) * weights[excl]) THEN
-                excl := NULL;
+        -- (tested in a block of its own: PL/pgSQL sets up a whole condition the first time it
+        -- runs in a transaction, however little of it a team without catch-up evaluates)
+        IF max_in_a_row IS NOT NULL THEN
+            excl := NULL;
+            IF able > 1 AND cardinality(hist) >= max_in_a_row
+               AND hist[1:max_in_a_row] <@ ARRAY[hist[1]] THEN
+                excl := array_position(ids[1:k], hist[1]);
+                IF excl IS NOT NULL
+                   AND NOT (blocked[excl] IS NULL
+                            AND slot * weights[excl] >= turns[excl] * total
+                            AND max_in_a_row * total >= (max_in_a_row + 1) * weights[excl]) THEN
+                    excl := NULL;
+                END IF;
             END IF;
         END IF;
         LOOP
             best := NULL;
             FOR i IN 1..k LOOP
                 -- released (its next turn is due) and earlier than the best so far
+                dl := ((turns[i] + 1) * total + weights[i] - 1) / weights[i];
                 IF (blocked[i] IS NULL OR cred[i]) AND i IS DISTINCT FROM excl
                    AND turns[i] * total / weights[i] <= slot
-                   AND (best IS NULL
-                        OR ((turns[i] + 1) * total + weights[i] - 1) / weights[i] < best_dl)
-                THEN
+                   AND (best IS NULL OR dl < best_dl) THEN
                     best := i;
-                    best_dl := ((turns[i] + 1) * total + weights[i] - 1) / weights[i];
+                    best_dl := dl;
                 END IF;
             END LOOP;
             IF best IS NOT NULL THEN

@@ -209,6 +209,10 @@ DECLARE
     v_skips  text[];
     v_owners text[];
     v_notify boolean;
+    -- whether any cap is set: worked out before the lock (each expression PL/pgSQL runs is set
+    -- up on its first run in a transaction, and what runs under the lock holds up the team)
+    v_capped boolean := p_team_per_day IS NOT NULL OR p_team_per_week IS NOT NULL
+                        OR cardinality(array_remove(p_per_day || p_per_week, NULL)) > 0;
 BEGIN
     -- the team's lock, and whether the org queues notifications, read before the lock is
     -- waited for (the subquery is evaluated with the team's row, before its lock is taken)
@@ -261,8 +265,7 @@ BEGIN
         ORDER BY NOT mb.active, CASE WHEN mb.active THEN mb.weight END DESC, mb.position,
                  mb.id
     ) y;
-    IF p_team_per_day IS NOT NULL OR p_team_per_week IS NOT NULL
-       OR cardinality(array_remove(p_per_day || p_per_week, NULL)) > 0 THEN
+    IF v_capped THEN
         -- the caps' room, seat by seat: a member the config does not name has the team's
         -- caps; NULL: no cap (least and greatest skip NULLs, so a NULL room is left only
         -- when neither is set). A count is read only for a cap that is set.
