@@ -27,7 +27,8 @@ AS $$
 DECLARE
     -- Arrays start NULL (an append to NULL makes the array, a subscript of NULL reads NULL):
     -- each initialised variable is an expression PL/pgSQL sets up once per transaction.
-    -- turns, room and blocked are worked on in place: t, lft, why below are their names.
+    -- The parameters turns (which counts credited turns too), room and blocked (which takes
+    -- 'capped' when a cap fills) are worked on in place.
     picks  bigint[];
     skips  text[];
     counts bigint[];
