@@ -6,7 +6,8 @@
 -- it (a NULL member: nobody); p_kinds holds one kind for all or one per lead; p_event starts
 -- each row's dedupe key (the assignment event: 'assigned', or 'moved:' and the history id).
 -- With no notify_settings row for the org (notifications off) it returns after that one
--- primary-key probe, so the routing path does no other work. Reps in opted_out get no row.
+-- primary-key probe (route_team reads the same before its lock and, with notifications off,
+-- has record_assignments skip the call). Reps in opted_out get no row.
 -- Returns the number of rows queued.
 CREATE OR REPLACE FUNCTION queue_notifications(
     p_org text, p_lead_ids bigint[], p_member_ids bigint[], p_kinds text[], p_event text,
