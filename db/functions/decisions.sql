@@ -1,5 +1,5 @@
 -- How recorded routing decisions are read (db/functions/: applied on every migrate, see
--- connector/shell/store.py apply_functions).
+-- connector/shell/migrations.py apply_functions).
 
 -- routing_decisions as readers see them, one detail whoever wrote the row: a pick recorded in
 -- columns (seat_ids and the rest) is folded into detail.

@@ -1,5 +1,5 @@
 -- Salesforce ids in their canonical form (db/functions/: applied on every migrate, see
--- connector/shell/store.py apply_functions).
+-- connector/shell/migrations.py apply_functions).
 
 -- The 18-character form of a 15- or 18-character Salesforce id; anything else unchanged.
 -- An 18-character id's own suffix decides the case of its first 15 characters (it may have

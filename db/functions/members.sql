@@ -1,5 +1,5 @@
 -- Members' side tables kept by trigger (db/functions/: applied on every migrate, see
--- connector/shell/store.py apply_functions).
+-- connector/shell/migrations.py apply_functions).
 
 -- Every new member gets its row in member_keys, the never-updated table that assignments'
 -- foreign key checks (a members row is updated by every batch that picks its rep, and

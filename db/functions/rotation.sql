@@ -1,5 +1,5 @@
 -- The rotation's picks on the server (db/functions/: applied on every migrate, see
--- connector/shell/store.py apply_functions).
+-- connector/shell/migrations.py apply_functions).
 
 -- The weighted rotation for the next p_count leads of a team: the production form of
 -- connector/routing/rotation.py pick_available (the executable specification, which

@@ -1,30 +1,14 @@
--- Server-side routing (db/functions/: applied on every migrate, see connector/shell/store.py
--- apply_functions): the one recorder (record_assignments), the one router (route_team) and
--- a new lead's one round trip (route_new_lead). Each is VOLATILE plpgsql, so at READ
--- COMMITTED each statement inside takes a fresh snapshot: a read that follows the team lock
--- sees what the previous lock holder committed.
+-- Server-side routing (db/functions/: applied on every migrate, see
+-- connector/shell/migrations.py apply_functions): the one recorder (record_assignments), the
+-- one router (route_team) and a new lead's one round trip (route_new_lead). Each is VOLATILE
+-- plpgsql, so at READ COMMITTED each statement inside takes a fresh snapshot: a read that
+-- follows the team lock sees what the previous lock holder committed.
 
 -- route_team's and route_new_lead's results are single rows of named composite types
 -- (db/functions/_result_types.sql), which a caller assigns as an expression
--- (`r := route_team(...)`), without a query's set-up. A changed list of parameters makes a
--- second function beside the first, so a database whose record_assignments has earlier
--- parameters (or result type: void) gets it dropped first. Only then: a drop gives the
--- function a new identity, and a session still holding a plan of the old one would fail
--- ("cache lookup failed") while other processes route.
-DO $$
-DECLARE
-    f regprocedure;
-BEGIN
-    -- record_assignments with other parameters (without p_owner_ids, without p_notify)
-    FOR f IN
-        SELECT p.oid FROM pg_proc p
-        WHERE p.pronamespace = CAST(current_schema() AS regnamespace)
-          AND p.proname = 'record_assignments' AND p.pronargs <> 28
-    LOOP
-        EXECUTE format('DROP FUNCTION %s', f);
-    END LOOP;
-END
-$$;
+-- (`r := route_team(...)`), without a query's set-up. A function whose list of parameters
+-- changed is a new function: the old one is dropped at the end of the migrate, with whatever
+-- else the files no longer define (apply_functions).
 
 -- THE TURNS' COUNTS: a rotation's picks and the turns credited to the reps it passed over,
 -- added to the members' counts in the epoch, and the picks to their caps' counters (this
@@ -203,7 +187,7 @@ DECLARE
     v_active integer;
     v_away   text[];
     r        record;
-    v_n      integer;
+    v_n      integer;  -- record_assignments' count (an assignment, not a PERFORM query)
     v_k      integer;
     v_first  integer;
     v_skips  text[];

@@ -1,5 +1,5 @@
 -- A team's seats as the routing reads them (db/functions/: applied on every migrate, see
--- connector/shell/store.py apply_functions).
+-- connector/shell/migrations.py apply_functions).
 
 -- team_seats: team_candidates' query (db/routing.sql) as a STABLE SQL function the planner
 -- inlines (reassignment reads it under the team lock).
